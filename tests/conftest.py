@@ -1,0 +1,36 @@
+"""Repository-wide test configuration: offline, no W&B network, shared fixtures."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.pop("ATROPOS_API_KEY", None)
+os.environ.pop("ATROPOS_PROXY_URL", None)
+
+from tests.helpers.procs import free_port  # noqa: E402
+
+
+@pytest.fixture
+def port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """Directory of the offline tiny causal LM + tokenizer (built once, cached on disk)."""
+    from atroposlib.tiny_model import ensure_tiny_model
+
+    return Path(ensure_tiny_model())
