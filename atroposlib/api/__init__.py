@@ -1,0 +1,26 @@
+"""The rollout API service: environments post scored groups, the trainer pulls batches.
+
+``app`` (for ``uvicorn atroposlib.api:app``) is built on first access from
+``ATROPOS_*`` environment variables; ``create_app(settings)`` builds one explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atroposlib.api.server import create_app
+from atroposlib.api.settings import APISettings
+from atroposlib.api.store import RolloutStore
+
+__all__ = ["APISettings", "RolloutStore", "app", "create_app"]
+
+_app: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app(APISettings())
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

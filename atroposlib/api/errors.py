@@ -1,0 +1,125 @@
+"""Domain errors of the rollout API and their single mapping to HTTP responses."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ApiError",
+    "GroupInconsistentError",
+    "QueueFullError",
+    "StorageError",
+    "UnknownEnvError",
+    "install_error_handlers",
+    "validation_detail",
+]
+
+
+class ApiError(Exception):
+    """Base class of the errors the store raises; each knows its HTTP status."""
+
+    status_code = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON body of the error response."""
+        return {"detail": self.message}
+
+    def headers(self) -> dict[str, str] | None:
+        """Extra response headers, if any."""
+        return None
+
+
+class UnknownEnvError(ApiError):
+    """An ``env_id`` that no registered environment has."""
+
+    status_code = 404
+
+    def __init__(self, env_id: Any) -> None:
+        super().__init__(f"unknown env_id {env_id!r}: register the environment with /register-env first")
+        self.env_id = env_id
+
+    def payload(self) -> dict[str, Any]:
+        # `status`/`error` keep old clients of /disconnect-env working.
+        return {"detail": self.message, "status": "failure", "error": self.message}
+
+
+class QueueFullError(ApiError):
+    """The queue holds more than ``--max-queue-mb``; the sender should retry later."""
+
+    status_code = 503
+
+    def __init__(self, queued_bytes: int, limit_bytes: int, retry_after: int = 1) -> None:
+        super().__init__(
+            f"rollout queue is full ({queued_bytes} of {limit_bytes} bytes used); retry after {retry_after}s"
+        )
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class StorageError(ApiError):
+    """The persistence layer failed; nothing was acknowledged."""
+
+    status_code = 503
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
+class GroupInconsistentError(ApiError):
+    """A group whose fields disagree in count or per-sequence length."""
+
+    status_code = 422
+
+    def __init__(self, loc: Sequence[Any], message: str) -> None:
+        super().__init__(message)
+        self.loc = tuple(loc)
+
+    def payload(self) -> dict[str, Any]:
+        return {"detail": [{"type": "value_error", "loc": ["body", *self.loc], "msg": self.message}]}
+
+
+def validation_detail(errors: Sequence[dict[str, Any]], prefix: Sequence[Any] = ("body",)) -> list[dict]:
+    """Turn pydantic errors into FastAPI-style ``detail`` entries (without echoing inputs)."""
+    return [
+        {"type": e.get("type", "value_error"), "loc": [*prefix, *e.get("loc", ())], "msg": e.get("msg", "")}
+        for e in errors
+    ]
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.payload(), status_code=exc.status_code, headers=exc.headers())
+
+
+async def _request_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    detail = [
+        {"type": e.get("type", "value_error"), "loc": list(e.get("loc", ())), "msg": e.get("msg", "")}
+        for e in exc.errors()
+    ]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every domain error to its HTTP response, in one place."""
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _request_validation_error)
+    app.add_exception_handler(Exception, _unexpected)

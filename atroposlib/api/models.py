@@ -1,0 +1,135 @@
+"""Wire models of the rollout API (request bodies), with the original's field names.
+
+``ScoredData`` is what environments post: one group of rollouts. Type-level
+validation is pydantic's; :func:`check_group_consistency` adds the cross-field
+checks the original skipped (counts and per-sequence lengths must agree).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+from atroposlib.api.errors import GroupInconsistentError
+
+__all__ = [
+    "EnvIdentifier",
+    "RegisterEnv",
+    "Registration",
+    "ScoredData",
+    "ScoredDataList",
+    "check_group_consistency",
+]
+
+# Strict: the stored JSON is the posted JSON, so `1.0` or `"1"` where an int belongs must be
+# rejected rather than coerced. Infinity/NaN round-trip as they did through the original's json module.
+_WIRE_CONFIG = ConfigDict(strict=True, ser_json_inf_nan="constants", extra="ignore")
+
+
+class Registration(BaseModel):
+    """The trainer's registration (``POST /register``); every field is required."""
+
+    wandb_group: str = Field(..., description="W&B group the environments should join.")
+    wandb_project: str = Field(..., description="W&B project the environments should join.")
+    batch_size: int = Field(..., description="Sequences per training batch served by /batch.")
+    max_token_len: int = Field(..., description="Maximum sequence length the trainer accepts.")
+    checkpoint_dir: str = Field(..., description="Where the trainer writes checkpoints.")
+    save_checkpoint_interval: int = Field(..., description="Trainer steps between checkpoints.")
+    starting_step: int = Field(..., description="Step counter value to start from.")
+    num_steps: int = Field(..., description="Total number of trainer steps planned.")
+
+
+class RegisterEnv(BaseModel):
+    """An environment's registration (``POST /register-env``)."""
+
+    max_token_length: int = Field(..., ge=0, description="The env's maximum context length.")
+    desired_name: str = Field(..., description="Base name; the API appends `_<n>` to make it unique.")
+    weight: float = Field(..., description="Relative inference weight of this env.")
+    group_size: int = Field(..., ge=1, description="Sequences per group this env sends.")
+    min_batch_allocation: Optional[float] = Field(
+        None, ge=0.0, le=1.0, description="Minimum fraction of every batch reserved for this env."
+    )
+
+
+class EnvIdentifier(BaseModel):
+    """Names one registered environment."""
+
+    env_id: int = Field(..., description="The id returned by /register-env.")
+
+
+class ScoredData(BaseModel):
+    """One scored group of rollouts, as posted to ``/scored_data``."""
+
+    model_config = _WIRE_CONFIG
+
+    tokens: List[List[int]] = Field(..., min_length=1, description="Token ids, one list per sequence.")
+    masks: List[List[int]] = Field(..., description="-100 where no loss is taken, the token id elsewhere.")
+    scores: List[float] = Field(..., description="One score per sequence.")
+    advantages: Optional[List[List[float]]] = Field(None, description="Optional per-token advantages.")
+    ref_logprobs: Optional[List[List[float]]] = Field(None, description="Optional reference logprobs.")
+    messages: Optional[List[List[Dict[str, Any]]]] = Field(
+        None, description="Optional chat messages per sequence; each needs `role` and `content`."
+    )
+    generation_params: Optional[Dict[str, Any]] = Field(None, description="e.g. {'temperature': 0.8}.")
+    inference_logprobs: Optional[List[List[float]]] = Field(
+        None, description="Per-token logprobs from inference, 1.0 at prompt positions."
+    )
+    overrides: Optional[List[dict]] = Field(None, description="Per-sequence overrides.")
+    group_overrides: Optional[dict] = Field(None, description="Group-level overrides.")
+    images: Optional[Any] = Field(None, description="Optional images (e.g. base64 strings).")
+    env_id: Optional[int] = Field(None, description="Set by BaseEnv: the sender's env id.")
+    distill_token_ids: Optional[List[List[List[int]]]] = Field(
+        None, description="Teacher top-k token ids, [seq][pos][k]."
+    )
+    distill_logprobs: Optional[List[List[List[float]]]] = Field(
+        None, description="Teacher top-k logprobs, [seq][pos][k]."
+    )
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_have_role_and_content(
+        cls, value: Optional[List[List[Dict[str, Any]]]]
+    ) -> Optional[List[List[Dict[str, Any]]]]:
+        if value is None:
+            return value
+        for i, conversation in enumerate(value):
+            for j, message in enumerate(conversation):
+                missing = [k for k in ("role", "content") if k not in message]
+                if missing:
+                    raise ValueError(f"messages[{i}][{j}] lacks {' and '.join(missing)}")
+        return value
+
+
+ScoredDataList = TypeAdapter(List[ScoredData])
+
+# Per-token fields that, when present, must match `tokens` sequence by sequence.
+_PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
+
+
+def check_group_consistency(group: ScoredData, loc_prefix: tuple = ()) -> None:
+    """Raise :class:`GroupInconsistentError` naming the field and index that disagree.
+
+    ``masks`` and ``scores`` are required to have one entry per sequence, and
+    the optional per-token fields must have the same length as their sequence.
+    """
+    tokens = group.tokens
+    n = len(tokens)
+    if len(group.scores) != n:
+        raise GroupInconsistentError(
+            loc_prefix + ("scores",), f"scores has {len(group.scores)} entries but tokens has {n} sequences"
+        )
+    for name in _PER_TOKEN_FIELDS:
+        rows = getattr(group, name)
+        if rows is None:
+            continue
+        if len(rows) != n:
+            raise GroupInconsistentError(
+                loc_prefix + (name,), f"{name} has {len(rows)} sequences but tokens has {n}"
+            )
+        for i, (row, seq) in enumerate(zip(rows, tokens)):
+            if len(row) != len(seq):
+                raise GroupInconsistentError(
+                    loc_prefix + (name, i),
+                    f"{name}[{i}] has {len(row)} entries but tokens[{i}] has {len(seq)}",
+                )

@@ -1,0 +1,52 @@
+"""Settings of the rollout API server; each field's description is its ``run-api --help`` text.
+
+Values come from ``run-api`` flags or, for ``uvicorn atroposlib.api:app``, from
+``ATROPOS_*`` environment variables (e.g. ``ATROPOS_API_KEY``, ``ATROPOS_PERSIST``).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["APISettings"]
+
+
+class APISettings(BaseSettings):
+    """Configuration of one ``run-api`` process."""
+
+    model_config = SettingsConfigDict(env_prefix="ATROPOS_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address to bind. Use 0.0.0.0 to accept remote environments.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    reload: bool = Field(False, description="Restart the server when the code changes (development).")
+    persist: Optional[str] = Field(
+        None, description="SQLite file keeping queue, envs, registration and step across restarts (WAL mode)."
+    )
+    api_key: Optional[str] = Field(
+        None, description="Require 'Authorization: Bearer KEY' on every endpoint but / and /health."
+    )
+    max_queue_mb: float = Field(
+        1024, gt=0, description="Queue budget in MiB; above it /scored_data answers 503 with Retry-After."
+    )
+    max_request_mb: float = Field(256, gt=0, description="Largest accepted request body in MiB (413 above).")
+    cors_origins: List[str] = Field(
+        default_factory=list, description="Origins allowed by CORS (repeatable); none by default."
+    )
+    gzip_level: int = Field(
+        1, ge=1, le=9, description="gzip level of responses of 1000 bytes or more (1 is fastest)."
+    )
+    log_level: str = Field("info", description="Log level: debug, info, warning or error.")
+    access_log: bool = Field(False, description="Log every request (costs throughput).")
+
+    @property
+    def max_queue_bytes(self) -> int:
+        """``max_queue_mb`` in bytes."""
+        return int(self.max_queue_mb * 1024 * 1024)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """``max_request_mb`` in bytes."""
+        return int(self.max_request_mb * 1024 * 1024)

@@ -1,0 +1,58 @@
+"""``atropos-dpo-gen FILEPATH``: pair good and bad rollouts of each group as a DPO dataset.
+
+Acts as the trainer against a running ``run-api`` (register, poll ``/batch``),
+or reads a ``process`` rollouts jsonl with ``--from-file``. Pairing (SPEC §7.3):
+positives by score descending (scores <= 0 dropped unless
+``--allow-negative-scores``); the negative pool is the ``--save-n-pairs-per-group``
+lowest-scoring rollouts; each top positive takes a random negative scoring below
+``positive - --minimum-score-diff-max-min``. ``--format trl`` writes
+``{"prompt","chosen","rejected"}`` lines that TRL's ``DPOTrainer`` loads as is
+(conversational with ``--save-messages``).
+
+Unlike the original, the API is only wiped with ``--reset-api``.
+
+Example::
+
+    atropos-dpo-gen dpo.jsonl --from-file data/gsm8k.jsonl --save-messages --format trl --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from typing import Any, Optional
+
+from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
+from atroposlib.frontend.export import GroupView, dpo_records, pair_dpo
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``atropos-dpo-gen`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="atropos-dpo-gen",
+        description="Grab rollouts from the Atropos API (or a process jsonl) and save DPO preference pairs.",
+    )
+    add_common_arguments(parser, min_diff_default=0.5)
+    parser.add_argument("--save-n-pairs-per-group", type=int, default=3,
+                        help="at most this many pairs per group (default 3)")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    def records_for(view: GroupView, use_messages: bool, rng: random.Random) -> list[dict[str, Any]]:
+        pairs = pair_dpo(view.scores, args.save_n_pairs_per_group, args.allow_negative_scores,
+                         args.minimum_score_diff_max_min, rng)
+        return dpo_records(view, pairs, use_messages, args.format)
+
+    return run_generation(args, records_for, batch_size=args.group_size * 8,
+                          num_steps=args.num_seqs_to_save * 2)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``atropos-dpo-gen``."""
+    return main_with(build_parser(), argv, _run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""``view-run``: look at rollouts, live from the API or from ``process`` jsonl files.
+
+Live mode (the original): registers with the rollout API as a trainer and shows
+the first group of each batch pulled with "Grab Next Batch". It consumes those
+batches, so point it at an API no real trainer is reading from. The API is
+wiped first only with ``--reset-api``.
+
+File mode (``--file rollouts.jsonl``, repeatable): browses the groups without
+touching any API; filter by environment, score range and text, and see which
+tokens are trained and their inference logprobs.
+
+Examples::
+
+    view-run --api-url http://localhost:8000 --tokenizer ./tiny-model --reset-api
+    view-run --file data/gsm8k.jsonl --tokenizer ./tiny-model --port 9001
+
+Exit codes: 1 API unreachable; 2 bad input (malformed or empty file,
+tokenizer cannot be loaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional
+
+from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
+from atroposlib.frontend.dataset_gen import DEFAULT_TOKENIZER, ToolError, load_tokenizer
+from atroposlib.frontend.rollouts import RolloutFileError, RolloutIndex
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser(prog: str = "view-run", description: str = "Inspect Atropos rollouts in a browser.") -> argparse.ArgumentParser:
+    """Arguments shared by ``view-run`` and ``view-run-multimodal``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--port", type=int, default=9001, help="port of the web UI (default 9001)")
+    parser.add_argument("--host", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)")
+    parser.add_argument("--group-size", type=int, default=2, help="rollouts per group shown in live mode (default 2)")
+    parser.add_argument("--max-token-len", type=int, default=2048, help="max token length to register (default 2048)")
+    parser.add_argument("--tokenizer", default=None,
+                        help=f"tokenizer name or local directory (live default: {DEFAULT_TOKENIZER}; "
+                             "file mode shows token ids without one)")
+    parser.add_argument("--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)")
+    parser.add_argument("--reset-api", action="store_true",
+                        help="wipe the API (GET /reset_data) before registering; never done without this flag")
+    parser.add_argument("--file", action="append", default=[], metavar="JSONL",
+                        help="browse this process jsonl instead of the live API (repeat for several files)")
+    parser.add_argument("--poll-timeout", type=float, default=300.0,
+                        help="seconds one 'Grab Next Batch' waits for a batch (default 300)")
+    parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link (needs internet)")
+    return parser
+
+
+def run(args: argparse.Namespace, multimodal: bool = False) -> int:
+    """Start the UI for parsed ``args``; return an exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        if args.file:
+            index = RolloutIndex.build(args.file)
+            tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+            from atroposlib.frontend.viewer_app import build_file_app, launch
+
+            demo = build_file_app(index, tokenizer)
+        else:
+            tokenizer = load_tokenizer(args.tokenizer or DEFAULT_TOKENIZER)
+            client = TrainerClient(args.api_url)
+            client.check()
+            client.ensure_registered(batch_size=args.group_size * 8, max_token_len=args.max_token_len,
+                                     num_steps=69, reset=args.reset_api)
+            from atroposlib.frontend.viewer_app import build_live_app, launch
+
+            demo = build_live_app(client, tokenizer, args.group_size, poll_timeout=args.poll_timeout,
+                                  multimodal=multimodal)
+    except (RolloutFileError, ToolError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ApiError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        launch(demo, args.host, args.port, args.share)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as e:
+        print(f"error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``view-run``."""
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

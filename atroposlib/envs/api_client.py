@@ -1,0 +1,159 @@
+"""Async client for the rollout API, as used by an environment.
+
+One ``httpx.AsyncClient`` per environment, every call with a timeout, the
+``Authorization: Bearer $ATROPOS_API_KEY`` header when that variable is set, and
+request bodies gzipped when that makes them smaller (D9, §4.8).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+GZIP_MIN_BYTES = 1024
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def auth_headers() -> Dict[str, str]:
+    """The auth header to send, from ``ATROPOS_API_KEY`` (empty when unset)."""
+    key = os.environ.get("ATROPOS_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def encode_body(payload: Any) -> tuple[bytes, Dict[str, str]]:
+    """Serialize ``payload`` to JSON; gzip it when >= 1 KiB and compression helps.
+
+    Returns the body and the headers that describe it.
+    """
+    raw = json.dumps(payload, separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/json"}
+    if len(raw) >= GZIP_MIN_BYTES:
+        packed = gzip.compress(raw, compresslevel=1)
+        if len(packed) < len(raw):
+            headers["Content-Encoding"] = "gzip"
+            return packed, headers
+    return raw, headers
+
+
+@dataclass(frozen=True)
+class PostResult:
+    """Outcome of one POST of scored data.
+
+    ``status`` is the HTTP status, or 0 when the request never got an answer
+    (connection refused, timeout). ``retry_after`` is the server's ``Retry-After``
+    in seconds, when it sent one.
+    """
+
+    status: int
+    detail: str = ""
+    retry_after: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the API acknowledged the data."""
+        return 200 <= self.status < 300
+
+    @property
+    def rejected(self) -> bool:
+        """True for a client error that re-sending cannot fix (4xx other than 408/429)."""
+        return 400 <= self.status < 500 and self.status not in (408, 429)
+
+
+def _retry_after(response: httpx.Response) -> Optional[float]:
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+class RolloutAPIClient:
+    """Talks to ``run-api`` on behalf of one environment.
+
+    Example::
+
+        client = RolloutAPIClient("http://127.0.0.1:8000")
+        info = await client.info()
+        await client.aclose()
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            transport=transport,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+    async def _get_json(self, path: str, **params: Any) -> Any:
+        response = await self._client.get(path, params=params or None, headers=auth_headers())
+        response.raise_for_status()
+        return response.json()
+
+    async def wandb_info(self) -> Dict[str, Any]:
+        """``GET /wandb_info`` → ``{"group", "project"}``."""
+        return await self._get_json("/wandb_info")
+
+    async def info(self) -> Dict[str, Any]:
+        """``GET /info`` → ``{"batch_size", "max_token_len"}``."""
+        return await self._get_json("/info")
+
+    async def status_env(self, env_id: int) -> Dict[str, Any]:
+        """``GET /status-env?env_id=N`` (query parameter, D2)."""
+        return await self._get_json("/status-env", env_id=env_id)
+
+    async def register_env(self, payload: Dict[str, Any]) -> Dict[str, Any]:
+        """``POST /register-env``; raises on an HTTP error status."""
+        response = await self._client.post("/register-env", json=payload, headers=auth_headers())
+        response.raise_for_status()
+        return response.json()
+
+    async def disconnect_env(self, env_id: int) -> None:
+        """``POST /disconnect-env``; failures are logged, not raised (used on shutdown)."""
+        try:
+            response = await self._client.post(
+                "/disconnect-env", json={"env_id": env_id}, headers=auth_headers()
+            )
+            response.raise_for_status()
+        except httpx.HTTPError as err:
+            logger.warning("disconnect-env failed: %s", err)
+
+    async def post_scored(self, payload: Any) -> PostResult:
+        """POST one group (a dict) to ``/scored_data`` or several (a list) to ``/scored_data_list``.
+
+        Never raises for HTTP or connection errors; the result says what happened.
+        """
+        path = "/scored_data_list" if isinstance(payload, list) else "/scored_data"
+        body, headers = encode_body(payload)
+        headers.update(auth_headers())
+        try:
+            response = await self._client.post(path, content=body, headers=headers)
+        except httpx.HTTPError as err:
+            return PostResult(status=0, detail=f"{type(err).__name__}: {err}")
+        if response.status_code < 300:
+            return PostResult(status=response.status_code)
+        return PostResult(
+            status=response.status_code,
+            detail=response.text[:500],
+            retry_after=_retry_after(response),
+        )

@@ -1,0 +1,725 @@
+"""``BaseEnv``: the class an environment subclasses.
+
+An environment turns items (prompts, tasks) into scored groups of rollouts and
+sends them to the rollout API, from which the trainer pulls batches. A subclass
+implements :meth:`BaseEnv.setup`, :meth:`BaseEnv.get_next_item`,
+:meth:`BaseEnv.evaluate` and one of :meth:`BaseEnv.collect_trajectory` /
+:meth:`BaseEnv.collect_trajectories`, then ends its file with ``MyEnv.cli()``::
+
+    class MyEnv(BaseEnv):
+        name = "my_env"
+
+        async def setup(self): ...
+        async def get_next_item(self): ...
+        async def collect_trajectories(self, item): ...
+        async def evaluate(self, *args, **kwargs): ...
+
+    if __name__ == "__main__":
+        MyEnv.cli()   # python my_env.py serve|process|evaluate --env.group_size 8 ...
+
+This file holds the hooks, read top to bottom; the machinery they use (worker
+pool, sender with outbox, CLI, logging, files) lives in sibling modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
+
+import httpx
+
+from atroposlib.envs import files, scheduling
+from atroposlib.envs import wandb_logging as wl
+from atroposlib.envs.api_client import RolloutAPIClient
+from atroposlib.envs.config import (
+    BaseEnvConfig,
+    EvalHandlingEnum,
+    ScoredDataGroup,
+    ScoredDataItem,
+)
+from atroposlib.envs.outbox import Outbox, default_outbox_dir
+from atroposlib.envs.sender import GroupSender
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    ServerBaseline,
+)
+from atroposlib.envs.workers import WorkerPool
+from atroposlib.type_definitions import Item
+
+__all__ = [
+    "BaseEnv",
+    "BaseEnvConfig",
+    "EvalHandlingEnum",
+    "ScoredDataGroup",
+    "ScoredDataItem",
+]
+
+logger = logging.getLogger(__name__)
+
+OPTIONAL_GROUP_KEYS = ("ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs")
+MAINLOOP_TICK_S = 0.1
+STATUS_POLL_S = 0.1
+
+
+class BaseEnv(ABC):
+    """Base class of all environments. See the module docstring for usage."""
+
+    name: Optional[str] = None
+    env_config_cls: Type[BaseEnvConfig] = BaseEnvConfig
+    server_cls: Type[APIServer] = APIServer
+
+    def __init__(
+        self,
+        config: BaseEnvConfig,
+        server_configs: Union[ServerBaseline, APIServerConfig, List[APIServerConfig]],
+        slurm: bool = False,
+        testing: bool = False,
+    ) -> None:
+        self.config = config
+        self.server = self._make_server_manager(server_configs, slurm, testing)
+        self._tokenizer: Any = None
+        # Run state (names kept from the original; env files read some of them).
+        self.curr_step = 0
+        self.max_token_len = -1
+        self.status_dict: Dict[str, Any] = {}
+        self.derived_batch_size = -1
+        self.env_id: Optional[int] = None
+        self.wandb_prepend: Optional[str] = None
+        self.wandb_project: Optional[str] = None
+        self.wandb_group: Optional[str] = None
+        self.checkpoint_dir = ""
+        self.checkpoint_interval = -1
+        self.max_num_workers = config.max_num_workers
+        self.backlog: List[Item] = []
+        self.eval_runner: Optional[asyncio.Task] = None
+        self.eval_workers: set = set()
+        self.items_sent_this_step = 0
+        self.items_sent_total = 0
+        self.items_rejected: Counter[str] = Counter()
+        # Metric buffers, reset after every W&B log.
+        self.rollouts_for_wandb: List[List[Tuple[str, float]]] = []
+        self.completion_lengths: List[int] = []
+        self.task_duration: List[float] = []
+        self.succeeded_task_duration: List[float] = []
+        self.failed_task_duration: List[float] = []
+        self.mainloop_timings: List[float] = []
+        self.workers_added_list: List[int] = []
+        self.jsonl_writer: Optional[files.JsonlGroupWriter] = None
+        self.process_mode = False
+        self.n_groups_to_process: Optional[int] = None
+        self.group_size_to_process: Optional[int] = None
+        self._wake = asyncio.Event()
+        self.pool = WorkerPool(on_done=self._wake.set)
+        self.workers = self.pool.tasks
+        self.running_items = self.pool.running
+        self._api: Optional[RolloutAPIClient] = None
+        self._sender: Optional[GroupSender] = None
+        self._status: Optional[scheduling.EnvStatus] = None
+        self._status_task: Optional[asyncio.Task] = None
+
+    def _make_server_manager(self, server_configs: Any, slurm: bool, testing: bool) -> Any:
+        from atroposlib.envs.server_handling.server_manager import ServerManager
+
+        reasoning = None
+        if self.config.thinking_mode or self.config.reasoning_effort or self.config.max_reasoning_tokens:
+            from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
+
+            reasoning = ReasoningConfig(
+                enabled=self.config.thinking_mode or None,
+                effort=self.config.reasoning_effort,
+                max_tokens=self.config.max_reasoning_tokens,
+            )
+        return ServerManager(
+            server_configs,
+            server_class=self.server_cls,
+            slurm=slurm,
+            testing=testing,
+            reasoning_config=reasoning,
+        )
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer named by ``config.tokenizer_name``, loaded on first use."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer_name)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    # ------------------------------------------------------------------ hooks
+
+    @classmethod
+    def config_init(cls) -> Tuple[BaseEnvConfig, Union[ServerBaseline, APIServerConfig, List[APIServerConfig]]]:
+        """Default configuration of this environment: ``(env_config, server_config(s))``."""
+        return cls.env_config_cls(), ServerBaseline()
+
+    async def setup(self) -> None:
+        """Load datasets and anything else needed before the first item."""
+        raise NotImplementedError("setup() must be implemented by the environment")
+
+    @abstractmethod
+    async def get_next_item(self) -> Item:
+        """The next item to roll out; None pauses adding workers for now."""
+
+    @abstractmethod
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the environment's evaluation (called every ``steps_per_eval`` steps)."""
+
+    async def collect_trajectory(self, item: Item) -> Tuple[Optional[ScoredDataItem], List[Item]]:
+        """Produce one scored rollout for ``item`` and any items to put in the backlog."""
+        raise NotImplementedError(
+            "implement collect_trajectory(item) or collect_trajectories(item)"
+        )
+
+    async def collect_trajectories(
+        self, item: Item
+    ) -> Tuple[Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]], List[Any]], List[Item]]:
+        """Produce a scored group for ``item``: ``group_size`` concurrent ``collect_trajectory`` calls."""
+        results = await asyncio.gather(
+            *(self.collect_trajectory(item) for _ in range(self.config.group_size))
+        )
+        backlog: List[Item] = []
+        group: ScoredDataGroup = ScoredDataGroup(tokens=[], masks=[], scores=[])
+        optional: Dict[str, list] = {}
+        group_overrides: Dict[str, Any] = {}
+        for scored, extra in results:
+            backlog.extend(extra or [])
+            if scored is None:
+                continue
+            if not isinstance(scored, dict):
+                raise ValueError(
+                    f"collect_trajectory must return a ScoredDataItem dict, got {type(scored).__name__}"
+                )
+            group["tokens"].append(scored["tokens"])
+            group["masks"].append(scored["masks"])
+            group["scores"].append(scored["scores"])
+            for key in ("advantages", "ref_logprobs", "messages", "overrides", "images",
+                        "distill_token_ids", "distill_logprobs"):
+                if scored.get(key) is not None:
+                    optional.setdefault(key, []).append(scored[key])
+            group_overrides.update(scored.get("group_overrides") or {})
+        group.update(optional)  # type: ignore[typeddict-item]
+        if group_overrides:
+            group["group_overrides"] = group_overrides
+        return (group if group["tokens"] else None), backlog
+
+    async def postprocess_histories(
+        self, trajectories: Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]]
+    ) -> Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]]:
+        """Last chance to change groups before they are sent (identity by default)."""
+        return trajectories
+
+    async def cleanup(self) -> None:
+        """Called after every handled item."""
+
+    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+        """Save ``data`` as this env's checkpoint for ``step`` (no-op when None).
+
+        Subclasses pass their state, e.g. ``super().save_checkpoint(step, {"iter": self.iter})``.
+        """
+        if data is None or not self.checkpoint_dir:
+            return
+        path = files.checkpoint_path(self.checkpoint_dir, self.wandb_prepend, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import json
+
+        path.write_text(json.dumps(data, default=str))
+        logger.info("env checkpoint saved to %s", path)
+
+    def load_checkpoint(self) -> None:
+        """Restore the checkpoint for ``curr_step`` (or the newest before it) as attributes."""
+        if not self.checkpoint_dir:
+            return
+        path = files.latest_checkpoint(self.checkpoint_dir, self.wandb_prepend, self.curr_step)
+        if path is None:
+            logger.info("no env checkpoint at or before step %d", self.curr_step)
+            return
+        import json
+
+        for key, value in json.loads(path.read_text()).items():
+            setattr(self, key, value)
+        logger.info("env checkpoint loaded from %s", path)
+
+    # ------------------------------------------------------------ W&B logging
+
+    async def add_rollouts_for_wandb(self, scored_data: ScoredDataGroup, item: Item = None) -> None:
+        """Keep decoded rollouts of a group for the W&B rollout table."""
+        keep = self.config.num_rollouts_per_group_for_logging
+        if keep == -1:
+            keep = self.config.group_size
+        keep = min(keep, len(scored_data["tokens"]))
+        self.rollouts_for_wandb.append(
+            [(self.tokenizer.decode(scored_data["tokens"][i]), scored_data["scores"][i]) for i in range(keep)]
+        )
+        while len(self.rollouts_for_wandb) > self.config.num_rollouts_to_keep:
+            self.rollouts_for_wandb.pop(0)
+
+    async def create_rollout_table(self, wandb_metrics: Dict[str, Any]) -> Dict[str, Any]:
+        """Add ``train/rollouts`` (a ``wandb.Table`` of text and score) to the metrics."""
+        if self.rollouts_for_wandb:
+            wandb_metrics["train/rollouts"] = wl.rollout_table(self.rollouts_for_wandb)
+        return wandb_metrics
+
+    def perf_metrics(self) -> Dict[str, Any]:
+        """Performance and drop counters collected since the last log."""
+        metrics: Dict[str, Any] = {}
+        metrics.update(wl.completion_length_metrics(self.completion_lengths, self.max_token_len))
+        metrics.update(wl.list_stats("train_perf/task_duration", self.task_duration))
+        metrics.update(wl.list_stats("train_perf/succeeded_task_duration", self.succeeded_task_duration))
+        metrics.update(wl.list_stats("train_perf/failed_task_duration", self.failed_task_duration))
+        metrics.update(wl.list_stats("train_perf/mainloop_timings", self.mainloop_timings))
+        metrics.update(wl.list_stats("train_perf/workers_added_per_attempt", self.workers_added_list))
+        metrics["train/items_sent_to_api"] = self.items_sent_total
+        metrics.update(wl.rejected_metrics(self.all_rejections()))
+        return metrics
+
+    def all_rejections(self) -> Counter:
+        """Every dropped group or item so far, counted per reason."""
+        total = Counter(self.items_rejected)
+        if self._sender is not None:
+            total.update(self._sender.rejected)
+        if self.pool.timed_out_dropped:
+            total["worker_timeout"] = self.pool.timed_out_dropped
+        return total
+
+    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+        """Log ``wandb_metrics`` plus the base metrics; subclasses add keys, then call super."""
+        metrics = dict(wandb_metrics or {})
+        metrics.update(self.perf_metrics())
+        if self.config.use_wandb:
+            metrics = await self.create_rollout_table(metrics)
+            metrics = wl.prefix_keys(metrics, self.wandb_prepend)
+            metrics.update(await self._server_metrics())
+            wl.log(metrics, step=self.curr_step)
+        self.completion_lengths = []
+        self.task_duration, self.succeeded_task_duration, self.failed_task_duration = [], [], []
+        self.mainloop_timings, self.workers_added_list = [], []
+        self.rollouts_for_wandb = []
+
+    async def _server_metrics(self) -> Dict[str, Any]:
+        wandb_metrics = getattr(self.server, "wandb_metrics", None)
+        if wandb_metrics is None:
+            return {}
+        try:
+            result = wandb_metrics({})
+            if asyncio.iscoroutine(result):
+                result = await result
+            return dict(result or {})
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            logger.warning("server metrics unavailable: %s", err)
+            return {}
+
+    async def evaluate_log(
+        self,
+        metrics: Dict[str, Any],
+        task_name: Optional[str] = None,
+        model_name: Optional[str] = None,
+        start_time: Optional[float] = None,
+        end_time: Optional[float] = None,
+        generation_parameters: Optional[Dict[str, Any]] = None,
+        samples: Optional[List[Dict[str, Any]]] = None,
+        verbose: bool = True,
+    ) -> None:
+        """Write ``metrics.json`` (and ``samples.jsonl``) to ``data_dir_to_save_evals``."""
+        if verbose:
+            _print_metrics_table(metrics, task_name)
+        if not self.config.data_dir_to_save_evals:
+            logger.warning("data_dir_to_save_evals is not set; evaluation results are not written")
+            return
+        task = task_name or f"{self.name or type(self).__name__}_eval"
+        if model_name is None:
+            model_name = _first_model_name(self.server)
+        params = {"max_new_tokens": self.config.max_token_length, **(generation_parameters or {})}
+        elapsed = (end_time or time.time()) - (start_time or time.time())
+        doc = files.eval_metrics_document(metrics, task, model_name, elapsed, params)
+        path = files.write_eval_results(self.config.data_dir_to_save_evals, doc, samples)
+        logger.info("evaluation results written to %s", path)
+
+    # ----------------------------------------------------------------- sending
+
+    def _drop(self, reason: str, detail: str = "") -> None:
+        self.items_rejected[reason] += 1
+        log = logger.info if reason == "scores_all_equal" else logger.warning
+        log("group dropped (%s)%s", reason, f": {detail}" if detail else "")
+
+    def _filter_group(self, group: Optional[ScoredDataGroup], abort_on_max_len: bool) -> Optional[ScoredDataGroup]:
+        """The group ready to send, or None (the reason is logged and counted)."""
+        if group is None:
+            return None
+        if not group.get("tokens"):
+            self._drop("empty_group")
+            return None
+        expected = (group.get("group_overrides") or {}).get("group_size", self.config.group_size)
+        if self.process_mode and self.group_size_to_process:
+            expected = (group.get("group_overrides") or {}).get("group_size", self.group_size_to_process)
+        if len(group["tokens"]) != expected:
+            self._drop("wrong_group_size", f"{len(group['tokens'])} sequences, expected {expected}")
+            return None
+        if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
+            self._drop("scores_all_equal")
+            return None
+        for key in OPTIONAL_GROUP_KEYS:
+            group.setdefault(key, None)  # type: ignore[misc]
+        self.completion_lengths.extend(sum(1 for m in mask if m != -100) for mask in group["masks"])
+        if self.max_token_len <= 0:
+            if not self.process_mode:
+                logger.warning("max_token_len is unknown (%s); not checking lengths", self.max_token_len)
+        elif abort_on_max_len and any(len(t) >= self.max_token_len for t in group["tokens"]):
+            self._drop("max_token_len_exceeded", f"a sequence reached {self.max_token_len} tokens")
+            return None
+        if self.config.include_messages and group.get("messages") is None:
+            group["messages"] = [
+                [{"role": "user", "content": self.tokenizer.decode(tokens)}] for tokens in group["tokens"]
+            ]
+        return group
+
+    async def handle_send_to_api(
+        self,
+        scored_data: Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]],
+        item: Item = None,
+        do_send_to_api: bool = True,
+        abort_on_any_max_length_exceeded: bool = True,
+    ) -> None:
+        """Validate groups, record them (W&B buffer, jsonl) and send them to the API."""
+        groups = scored_data if isinstance(scored_data, list) else [scored_data]
+        valid: List[ScoredDataGroup] = []
+        for group in groups:
+            ready = self._filter_group(group, abort_on_any_max_length_exceeded)
+            if ready is None:
+                continue
+            if self.config.use_wandb:
+                await self.add_rollouts_for_wandb(ready, item)
+            if self.config.data_path_to_save_groups:
+                if self.jsonl_writer is None:
+                    self.jsonl_writer = files.JsonlGroupWriter(self.config.data_path_to_save_groups)
+                self.jsonl_writer.write(ready)
+            valid.append(ready)
+        if not valid or not do_send_to_api:
+            return
+        for group in valid:
+            group["env_id"] = self.env_id  # type: ignore[typeddict-unknown-key]
+        payload: Any = valid[0] if len(valid) == 1 else valid
+        if self._sender is None:
+            raise RuntimeError("handle_send_to_api(do_send_to_api=True) needs a running serve loop")
+        await self._sender.send(payload)
+        self.items_sent_this_step += len(valid)
+        self.items_sent_total += len(valid)
+
+    # --------------------------------------------------------------- workers
+
+    async def handle_env(self, item_uuid: str) -> None:
+        """Run one item: collect, postprocess, send, clean up."""
+        entry = self.running_items[item_uuid]
+        item = entry["item"]
+        started = time.time()
+        result: Any = None
+        try:
+            result, backlog = await self.collect_trajectories(item)
+            self.backlog.extend(backlog or [])
+            if result is not None:
+                result = await self.postprocess_histories(result)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("collect_trajectories failed for an item")
+            result = None
+        duration = time.time() - started
+        self.task_duration.append(duration)
+        (self.succeeded_task_duration if result is not None else self.failed_task_duration).append(duration)
+        self.pool.mark_sending(item_uuid)
+        try:
+            if result is not None:
+                await self.handle_send_to_api(result, item)
+        finally:
+            await self.cleanup()
+
+    def _worker_cap(self) -> int:
+        status = self._status or scheduling.EnvStatus()
+        eval_running = self.eval_runner is not None and not self.eval_runner.done()
+        return scheduling.train_worker_cap(
+            max_num_workers=self.max_num_workers,
+            eval_running=eval_running,
+            eval_handling=self.config.eval_handling.value,
+            eval_limit_ratio=self.config.eval_limit_ratio,
+            max_batches_offpolicy=self.config.max_batches_offpolicy,
+            derived_batch=self.derived_batch_size,
+            group_size=self.config.group_size,
+            status=status,
+            min_batch_allocation=self.config.min_batch_allocation,
+            batch_size=self.config.batch_size,
+        )
+
+    async def add_train_workers(self) -> None:
+        """Start workers up to the current cap; backlog items first (FIFO)."""
+        cap = self._worker_cap()
+        self.pool.park_excess(cap)
+        added = 0
+        while len(self.pool) < cap:
+            if self.pool.requeue:
+                item, timeouts = self.pool.requeue.popleft()
+            elif self.backlog:
+                item, timeouts = self.backlog.pop(0), 0
+            else:
+                item, timeouts = await self.get_next_item(), 0
+                if item is None:
+                    break
+            self.pool.spawn(item, self.handle_env, timeouts=timeouts)
+            added += 1
+        self.workers_added_list.append(added)
+
+    # ------------------------------------------------------------ serve mode
+
+    async def setup_wandb(self) -> None:
+        """Join the trainer's W&B project and group (waits until the trainer registered)."""
+        if not self.config.use_wandb:
+            return
+        while True:
+            try:
+                info = await self._api.wandb_info()  # type: ignore[union-attr]
+                if info.get("project") is not None:
+                    break
+            except httpx.HTTPError as err:
+                logger.info("waiting for the rollout API (%s)", err)
+            await asyncio.sleep(1)
+        self.wandb_project, self.wandb_group = info["project"], info.get("group")
+        wl.init_run(
+            self.wandb_project, self.wandb_group, wl.run_name(self.config.wandb_name), self.config.model_dump(mode="json")
+        )
+
+    async def register_env(self) -> None:
+        """Register with the rollout API, waiting until the trainer has started."""
+        payload = {
+            "max_token_length": self.config.max_token_length,
+            "desired_name": self.config.wandb_name or self.name or type(self).__name__,
+            "weight": self.config.inference_weight,
+            "min_batch_allocation": self.config.min_batch_allocation,
+            "group_size": self.config.group_size,
+        }
+        failures = 0
+        while True:
+            try:
+                data = await self._api.register_env(payload)  # type: ignore[union-attr]
+            except httpx.HTTPStatusError as err:
+                if err.response.status_code < 500:
+                    raise RuntimeError(f"register-env refused: {err.response.text}") from err
+                data = {"status": f"http {err.response.status_code}"}
+            except httpx.HTTPError as err:
+                failures += 1
+                logger.info("rollout API not reachable yet (%s)", err)
+                await asyncio.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
+                continue
+            if data.get("status") == "success":
+                break
+            await asyncio.sleep(1)
+        self.env_id = data["env_id"]
+        self.wandb_prepend = data.get("wandb_name")
+        self.curr_step = int(data.get("starting_step", 0))
+        self.checkpoint_dir = data.get("checkpoint_dir") or ""
+        self.checkpoint_interval = int(data.get("checkpoint_interval", -1))
+        if self.config.total_steps == -1:
+            if int(data.get("num_steps", -1)) == -1:
+                raise ValueError("total_steps is -1 and the rollout API has no num_steps")
+            self.config.total_steps = int(data["num_steps"])
+        logger.info("registered as env %s (%s) at step %d", self.env_id, self.wandb_prepend, self.curr_step)
+        if self.curr_step > 0:
+            self.load_checkpoint()
+
+    async def get_server_info(self) -> None:
+        """Take ``batch_size`` and ``max_token_len`` from ``GET /info``."""
+        info = await self._api.info()  # type: ignore[union-attr]
+        if int(info.get("batch_size", -1)) != -1:
+            self.config.batch_size = int(info["batch_size"])
+        self.max_token_len = int(info.get("max_token_len", -1))
+        if self.config.batch_size == -1:
+            logger.warning("batch_size is unknown (-1); no workers start until it is set")
+        elif self.config.group_size > self.config.batch_size:
+            raise ValueError(
+                f"group_size ({self.config.group_size}) is larger than batch_size ({self.config.batch_size})"
+            )
+
+    async def get_status(self) -> None:
+        """Poll ``GET /status-env`` once and update the throttling state."""
+        payload = await self._api.status_env(self.env_id)  # type: ignore[union-attr, arg-type]
+        self.status_dict = payload
+        self._status = scheduling.EnvStatus.from_payload(payload)
+        self.derived_batch_size = scheduling.derived_batch_size(
+            self.config.batch_size, self._status, self.config.min_batch_allocation
+        )
+        if self.config.max_num_workers == -1:
+            self.max_num_workers = self.config.max_num_workers_per_node * max(1, len(getattr(self.server, "servers", [1])))
+        else:
+            self.max_num_workers = self.config.max_num_workers
+        if self.config.inference_weight != -1 and hasattr(self.server, "update_weight"):
+            self.server.update_weight(self._status.env_weight)
+
+    async def _status_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self.get_status()
+                failures = 0
+                self._wake.set()
+            except httpx.HTTPStatusError as err:
+                failures += 1
+                if err.response.status_code == 404:
+                    logger.warning("rollout API forgot env %s; registering again", self.env_id)
+                    await self.register_env()
+                else:
+                    logger.warning("status-env failed: %s", err)
+            except httpx.HTTPError as err:
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    logger.warning("status-env unreachable (%d tries): %s", failures, err)
+            await asyncio.sleep(STATUS_POLL_S if failures == 0 else min(2.0, STATUS_POLL_S * failures))
+
+    async def env_step_checks(self) -> None:
+        """On a trainer step change: start evals, save checkpoints, log metrics (§4.7)."""
+        if self._status is None:
+            return
+        old, new = self.curr_step, self._status.current_step
+        if new == old:
+            return
+        spe = self.config.steps_per_eval
+        if spe > 0 and (new // spe) > (old // spe):
+            if self.eval_runner is not None and not self.eval_runner.done():
+                logger.warning("previous evaluation still running; skipping the one at step %d", new)
+            else:
+                if self.config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+                    self.pool.park_all()
+                self.eval_runner = asyncio.create_task(self._run_eval())
+        interval = self.checkpoint_interval
+        if interval > 0 and (new // interval) > (old // interval):
+            self.save_checkpoint((new // interval) * interval)
+        self.curr_step = new
+        if self.items_sent_this_step >= self.config.min_items_sent_before_logging:
+            self.items_sent_this_step = 0
+            await self.wandb_log({})
+
+    async def _run_eval(self) -> None:
+        try:
+            await self.evaluate()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("evaluate() failed")
+
+    async def env_manager(self) -> None:
+        """The ``serve`` lifecycle: register, then keep workers busy until ``total_steps``."""
+        self._api = RolloutAPIClient(self.config.rollout_server_url)
+        await self.setup()
+        await self.setup_wandb()
+        await self.register_env()
+        await self.get_server_info()
+        outbox = Outbox(default_outbox_dir(self.config.wandb_name or self.name))
+        self._sender = GroupSender(self._api, outbox)
+        self._sender.start()
+        self._status_task = asyncio.create_task(self._status_loop(), name="atropos-status-poll")
+        try:
+            await self._serve_loop()
+        finally:
+            await self._shutdown()
+
+    async def _serve_loop(self) -> None:
+        while True:
+            started = time.perf_counter()
+            self._wake.clear()
+            status = self._status
+            if status is not None:
+                await self.env_step_checks()
+                if scheduling.should_terminate(
+                    status, self.config.group_size, self.config.batch_size, self.config.total_steps
+                ):
+                    logger.info("enough data queued for total_steps=%d; stopping", self.config.total_steps)
+                    return
+                self.pool.reap_timeouts(self.config.worker_timeout)
+                paused = self.derived_batch_size == -1 or scheduling.offpolicy_full(
+                    status,
+                    self.config.group_size,
+                    self.config.batch_size,
+                    self.config.max_batches_offpolicy,
+                    self.config.min_batch_allocation,
+                )
+                if paused:
+                    self.pool.park_all()
+                elif len(self.pool) < self.max_num_workers or self.pool.requeue:
+                    await self.add_train_workers()
+                self.mainloop_timings.append(time.perf_counter() - started)
+            try:
+                await asyncio.wait_for(self._wake.wait(), MAINLOOP_TICK_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _shutdown(self) -> None:
+        self.pool.park_all()
+        await self.pool.wait_all(timeout_s=120)
+        for task in (self._status_task, self.eval_runner):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self._sender is not None:
+            await self._sender.close(drain_timeout_s=60)
+        if self._api is not None:
+            if self.env_id is not None:
+                await self._api.disconnect_env(self.env_id)
+            await self._api.aclose()
+        if self.jsonl_writer is not None:
+            self.jsonl_writer.close()
+        await self.close_servers()
+        rejected = self.all_rejections()
+        if rejected:
+            logger.info("dropped groups/items by reason: %s", dict(rejected))
+
+    async def close_servers(self) -> None:
+        """Stop the inference servers' background tasks (health checks)."""
+        close = getattr(self.server, "close", None)
+        if close is not None:
+            try:
+                await close()
+            except (RuntimeError, OSError) as err:
+                logger.warning("closing inference servers failed: %s", err)
+
+    # ---------------------------------------------------- process / evaluate
+
+    async def process_manager(self) -> None:
+        """The ``process`` mode: roll out ``n_groups_to_process`` groups to jsonl + html, no API."""
+        from atroposlib.envs.offline import run_process
+
+        await run_process(self)
+
+    async def run_evaluate(self) -> None:
+        """The ``evaluate`` mode: ``setup()`` then ``evaluate()`` once."""
+        from atroposlib.envs.offline import run_evaluate
+
+        await run_evaluate(self)
+
+    @classmethod
+    def cli(cls) -> None:
+        """Command line: ``serve``, ``process`` or ``evaluate`` with ``--env.*``/``--openai.*`` flags."""
+        from atroposlib.envs.cli import run_cli
+
+        run_cli(cls)
+
+
+def _first_model_name(server: Any) -> Optional[str]:
+    for srv in getattr(server, "servers", []) or []:
+        config = getattr(srv, "config", None)
+        if config is not None and getattr(config, "model_name", None):
+            return config.model_name
+    return None
+
+
+def _print_metrics_table(metrics: Dict[str, Any], task_name: Optional[str]) -> None:
+    from rich.console import Console
+
+    from atroposlib.utils.display import display_metrics_table
+
+    display_metrics_table(task_name or "evaluation", metrics, console=Console(stderr=True))

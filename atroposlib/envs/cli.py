@@ -1,0 +1,398 @@
+"""``MyEnv.cli()``: the ``serve|process|evaluate`` command line of an environment (D14, §4.4).
+
+Flags are parsed by pydantic-settings (``CliSettingsSource``) from models built
+from the environment's own config classes, so ``--help`` lists every field with
+its description and the value ``config_init()`` gives it. Values are layered,
+later wins: class defaults < ``config_init()`` < mode defaults < YAML
+(``--config``) < CLI flags.
+
+Examples::
+
+    python my_env.py serve --env.group_size 8 --openai.base_url http://127.0.0.1:9001/v1
+    python my_env.py process --config cfg.yaml --env.total_steps 10
+    python my_env.py evaluate --env.data_dir_to_save_evals evals/
+
+Bad flags and bad values end the program with a message naming the flag and
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Type, get_args
+
+import yaml
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
+from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsConfigDict
+
+from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
+from atroposlib.utils.cli import adjust_model_defaults, merge_dicts
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+MODES = ("serve", "process", "evaluate")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
+
+PROCESS_MODE_DEFAULTS: Dict[str, Any] = {"use_wandb": True}
+PROCESS_MODE_FORCED: Dict[str, Any] = {"ensure_scores_are_not_same": False, "include_messages": True}
+EVALUATE_MODE_DEFAULTS: Dict[str, Any] = {"use_wandb": True}
+
+
+class CliError(Exception):
+    """A user error on the command line (reported with exit code 2)."""
+
+
+@dataclass
+class ParsedCli:
+    """The outcome of parsing: what to run and with which configuration."""
+
+    mode: str
+    env_config: Any
+    server_configs: Any
+    slurm: bool
+    testing: bool
+    extra_servers: Dict[str, Any] = field(default_factory=dict)
+    merged: Dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ models
+
+
+def _server_defaults(default: Any) -> Dict[str, Any]:
+    """Values to show as ``--openai.*`` defaults for the env's default server config(s)."""
+    if isinstance(default, list) and len(default) == 1:
+        default = default[0]
+    if isinstance(default, ServerBaseline):
+        return default.model_dump()
+    return {}
+
+
+def _mode_env_defaults(mode: str) -> Dict[str, Any]:
+    if mode == "process":
+        return {**PROCESS_MODE_DEFAULTS, **PROCESS_MODE_FORCED}
+    if mode == "evaluate":
+        return dict(EVALUATE_MODE_DEFAULTS)
+    return {}
+
+
+def _mode_model(env_cls: Type["BaseEnv"], mode: str, env_default: BaseModel, server_default: Any) -> Type[BaseModel]:
+    env_values = {**env_default.model_dump(), **_mode_env_defaults(mode)}
+    env_model = adjust_model_defaults(env_cls.env_config_cls, env_values)
+    server_model = adjust_model_defaults(APIServerConfig, _server_defaults(server_default))
+    fields: Dict[str, Any] = {
+        ENV_NAMESPACE: (env_model, Field(default_factory=env_model, description="Environment settings.")),
+        OPENAI_NAMESPACE: (
+            server_model,
+            Field(default_factory=server_model, description="Inference server settings (one server)."),
+        ),
+    }
+    for namespace in _extra_namespaces(env_cls, mode):
+        fields[namespace] = (
+            APIServerConfig,
+            Field(default_factory=APIServerConfig, description=f"{namespace} server settings."),
+        )
+    fields["slurm"] = (bool, Field(False, description="Discover inference servers from SLURM."))
+    fields["testing"] = (bool, Field(False, description="Use the mock server harness instead of real servers."))
+    fields["config"] = (Optional[str], Field(None, description="YAML file with env:, openai:, slurm:, testing: keys."))
+    return create_model(f"{mode.capitalize()}Cli", **fields)
+
+
+def _extra_namespaces(env_cls: Type["BaseEnv"], mode: str) -> Tuple[str, ...]:
+    if mode != "serve":
+        return ()
+    return tuple(getattr(env_cls, "cli_server_namespaces", ()) or ())
+
+
+def _root_model(env_cls: Type["BaseEnv"], prog: str) -> Type[BaseSettings]:
+    env_default, server_default = env_cls.config_init()
+    subcommands = {
+        mode: (
+            CliSubCommand[_mode_model(env_cls, mode, env_default, server_default)],  # type: ignore[misc]
+            Field(description=_MODE_HELP[mode]),
+        )
+        for mode in MODES
+    }
+    return _settings_with(prog, subcommands)
+
+
+_MODE_HELP = {
+    "serve": "Generate rollouts for a trainer through the rollout API.",
+    "process": "Generate groups offline into a jsonl file (and an html view); no API.",
+    "evaluate": "Run setup() and evaluate() once.",
+}
+
+
+def _settings_with(prog: str, subcommands: Dict[str, Any]) -> Type[BaseSettings]:
+    class _Root(BaseSettings):
+        model_config = SettingsConfigDict(cli_prog_name=prog, nested_model_default_partial_update=False)
+
+    return create_model("EnvCli", __base__=_Root, **subcommands)
+
+
+# ------------------------------------------------------------- argv parsing
+
+
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool or (bool in get_args(annotation) and all(
+        a in (bool, type(None)) for a in get_args(annotation)
+    ))
+
+
+def _bool_flags(mode_model: Type[BaseModel]) -> set:
+    flags = set()
+    for name, info in mode_model.model_fields.items():
+        if _is_bool(info.annotation):
+            flags.add(f"--{name}")
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            for sub, sub_info in info.annotation.model_fields.items():
+                if _is_bool(sub_info.annotation):
+                    flags.add(f"--{name}{NAMESPACE_SEP}{sub}")
+    return flags
+
+
+def _expand_bare_bools(argv: Sequence[str], bool_flags: set) -> List[str]:
+    """``--slurm`` alone means ``--slurm true`` (the original's bare-flag rule)."""
+    out: List[str] = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in bool_flags:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or nxt.startswith("-"):
+                out.append("true")
+    return out
+
+
+def _none_literals(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _none_literals(v) for k, v in value.items()}
+    if value in ("None", "null"):
+        return None
+    return value
+
+
+def _parse_args(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: str) -> Tuple[str, Dict[str, Any]]:
+    root = _root_model(env_cls, prog)
+    mode = next((a for a in argv if not a.startswith("-")), None)
+    if mode in MODES:
+        sub_model = root.model_fields[mode].annotation
+        sub_model = get_args(sub_model)[0] if get_args(sub_model) else sub_model
+        argv = _expand_bare_bools(argv, _bool_flags(sub_model))
+    source = CliSettingsSource(
+        root,
+        cli_parse_args=list(argv),
+        cli_prog_name=prog,
+        cli_implicit_flags=False,
+        cli_exit_on_error=True,
+        cli_avoid_json=False,
+    )
+    parsed = source()
+    chosen = [m for m in MODES if parsed.get(m) is not None]
+    if not chosen:
+        raise CliError(f"choose a subcommand: {', '.join(MODES)} (see {prog} --help)")
+    return chosen[0], _none_literals(parsed[chosen[0]] or {})
+
+
+# ------------------------------------------------------------ config merge
+
+
+def _load_yaml(path: Optional[str]) -> Dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise CliError(f"--config {path}: cannot read the file ({err.strerror})") from err
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise CliError(f"--config {path}: invalid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise CliError(f"--config {path}: expected a mapping with env:/openai: keys")
+    env_part = data.get(ENV_NAMESPACE, {})
+    if env_part is not None and not isinstance(env_part, dict):
+        raise CliError(f"--config {path}: 'env' must be a mapping")
+    return data
+
+
+def _explain(err: ValidationError, namespace: str, source: str = "") -> str:
+    parts = []
+    for e in err.errors():
+        loc = NAMESPACE_SEP.join(str(x) for x in e["loc"])
+        flag = f"--{namespace}{NAMESPACE_SEP}{loc}" if namespace else f"--{loc}"
+        parts.append(f"{flag}: {e['msg']} (got {e.get('input')!r})")
+    return ("invalid value" + (f" in {source}" if source else "") + ": " + "; ".join(parts))
+
+
+def _validate_env(env_cls: Type["BaseEnv"], values: Dict[str, Any]) -> Any:
+    try:
+        return env_cls.env_config_cls.model_validate(values)
+    except ValidationError as err:
+        raise CliError(_explain(err, ENV_NAMESPACE)) from err
+
+
+def _flat(prefix: str, values: Dict[str, Any]) -> Dict[str, Any]:
+    return {f"{prefix}{NAMESPACE_SEP}{k}": v for k, v in values.items()}
+
+
+def _resolve_servers(server_default: Any, yaml_cfg: Dict[str, Any], cli_openai: Dict[str, Any]) -> Any:
+    yaml_openai = yaml_cfg.get(OPENAI_NAMESPACE)
+    if yaml_openai is not None and not isinstance(yaml_openai, (dict, list)):
+        raise CliError("--config: 'openai' must be a mapping or a list of mappings")
+    default = server_default
+    if isinstance(default, list) and len(default) == 1:
+        default = default[0]
+    base = default.model_dump() if isinstance(default, ServerBaseline) else {}
+    yaml_single = yaml_openai if isinstance(yaml_openai, dict) else {}
+    merged = merge_dicts(base, yaml_single, cli_openai)
+    try:
+        return resolve_openai_configs(default, merged, yaml_cfg, _flat(OPENAI_NAMESPACE, cli_openai), logger)
+    except ValidationError as err:
+        raise CliError(_explain(err, OPENAI_NAMESPACE)) from err
+    except ValueError as err:
+        raise CliError(str(err)) from err
+
+
+def _validate_bool(name: str, *values: Any) -> bool:
+    result = False
+    for value in values:
+        if value is None:
+            continue
+        try:
+            result = TypeAdapter(bool).validate_python(value)
+        except ValidationError as err:
+            raise CliError(f"--{name}: expected true or false (got {value!r})") from err
+    return result
+
+
+def parse_cli(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: Optional[str] = None) -> ParsedCli:
+    """Parse ``argv`` into a :class:`ParsedCli`; raises :class:`CliError` or exits 2 on bad flags."""
+    prog = prog or Path(sys.argv[0]).name
+    mode, cli = _parse_args(env_cls, argv, prog)
+    yaml_cfg = _load_yaml(cli.get("config"))
+    env_default, server_default = env_cls.config_init()
+
+    env_values = merge_dicts(
+        env_default.model_dump(),
+        PROCESS_MODE_DEFAULTS if mode == "process" else {},
+        EVALUATE_MODE_DEFAULTS if mode == "evaluate" else {},
+        yaml_cfg.get(ENV_NAMESPACE) or {},
+        cli.get(ENV_NAMESPACE) or {},
+    )
+    if mode == "process":
+        env_values.update(PROCESS_MODE_FORCED)
+        if not env_values.get("data_path_to_save_groups"):
+            env_values["data_path_to_save_groups"] = f"data/{env_cls.name or 'groups'}.jsonl"
+    env_config = _validate_env(env_cls, env_values)
+
+    servers = _resolve_servers(server_default, yaml_cfg, cli.get(OPENAI_NAMESPACE) or {})
+    extra: Dict[str, Any] = {}
+    for namespace in _extra_namespaces(env_cls, mode):
+        extra[namespace] = _resolve_extra(namespace, yaml_cfg, cli.get(namespace) or {})
+    slurm = _validate_bool("slurm", yaml_cfg.get("slurm"), cli.get("slurm"))
+    testing = _validate_bool("testing", yaml_cfg.get("testing"), cli.get("testing"))
+    merged = {
+        ENV_NAMESPACE: env_config.model_dump(mode="json"),
+        OPENAI_NAMESPACE: _dump_servers(servers),
+        "slurm": slurm,
+        "testing": testing,
+    }
+    return ParsedCli(mode, env_config, servers, slurm, testing, extra, merged)
+
+
+def _resolve_extra(namespace: str, yaml_cfg: Dict[str, Any], cli_values: Dict[str, Any]) -> Any:
+    yaml_part = yaml_cfg.get(namespace)
+    if yaml_part is None and not cli_values:
+        return None
+    try:
+        if isinstance(yaml_part, list):
+            if cli_values and len(yaml_part) > 1:
+                raise CliError(f"--{namespace}.* overrides cannot be combined with a YAML list of servers")
+            return [APIServerConfig(**merge_dicts(p, cli_values)) for p in yaml_part]
+        return [APIServerConfig(**merge_dicts(yaml_part or {}, cli_values))]
+    except ValidationError as err:
+        raise CliError(_explain(err, namespace)) from err
+
+
+def _dump_servers(servers: Any) -> Any:
+    if isinstance(servers, list):
+        return [s.model_dump(mode="json") for s in servers]
+    return servers.model_dump(mode="json")
+
+
+def _warn_local_servers(servers: Any) -> None:
+    for server in servers if isinstance(servers, list) else [servers]:
+        url = str(getattr(server, "base_url", "") or "")
+        if any(host in url for host in LOCAL_HOSTS):
+            logger.warning("inference server %s is local; make sure it is running", url)
+
+
+# ------------------------------------------------------------------ running
+
+
+def build_env(env_cls: Type["BaseEnv"], parsed: ParsedCli) -> "BaseEnv":
+    """Instantiate the environment for a parsed command line."""
+    kwargs: Dict[str, Any] = {}
+    for namespace, configs in parsed.extra_servers.items():
+        if configs is not None:
+            kwargs[f"{namespace}_server_configs"] = configs
+    env = env_cls(
+        config=parsed.env_config,
+        server_configs=parsed.server_configs,
+        slurm=parsed.slurm,
+        testing=parsed.testing,
+        **kwargs,
+    )
+    if parsed.mode == "process":
+        env.n_groups_to_process = parsed.env_config.total_steps
+        env.group_size_to_process = parsed.env_config.group_size
+    return env
+
+
+def write_evaluate_config(parsed: ParsedCli) -> Optional[Path]:
+    """Save the merged configuration to ``{data_dir_to_save_evals}/evaluate_config.yaml``."""
+    directory = parsed.env_config.data_dir_to_save_evals
+    if not directory:
+        return None
+    path = Path(directory) / "evaluate_config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(parsed.merged, sort_keys=False))
+    return path
+
+
+def run_cli(env_cls: Type["BaseEnv"], argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point behind ``BaseEnv.cli()``."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for noisy in ("httpx", "httpx2", "httpcore", "openai", "urllib3"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = Path(sys.argv[0]).name
+    try:
+        parsed = parse_cli(env_cls, argv, prog)
+    except CliError as err:
+        sys.stderr.write(f"{prog}: error: {err}\n")
+        raise SystemExit(2) from None
+    env = build_env(env_cls, parsed)
+    if parsed.mode == "serve":
+        asyncio.run(env.env_manager())
+    elif parsed.mode == "process":
+        _warn_local_servers(parsed.server_configs)
+        asyncio.run(env.process_manager())
+    else:
+        _warn_local_servers(parsed.server_configs)
+        path = write_evaluate_config(parsed)
+        if path is not None:
+            logger.info("configuration written to %s", path)
+        asyncio.run(env.run_evaluate())
+
+
+__all__ = ["CliError", "ParsedCli", "build_env", "parse_cli", "run_cli", "write_evaluate_config"]

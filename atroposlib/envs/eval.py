@@ -1,0 +1,228 @@
+"""Standalone evaluations: a small framework for eval-only tasks.
+
+Subclass :class:`EvalBase`, implement ``setup_data`` and ``run_item``, then run it with
+:func:`eval_runner` (a CLI) or ``await MyEval(...)(server_manager)``. Results go to
+``{eval_dir}/metrics.json`` and ``samples.jsonl`` through :func:`evaluate_log`, the same
+layout ``BaseEnv.evaluate_log`` writes.
+
+Example::
+
+    class Arith(EvalBase):
+        def setup_data(self):
+            return [{"q": "2+2", "a": "4"}]
+
+        async def run_item(self, server, item):
+            out = await server.chat_completion(messages=[{"role": "user", "content": item["q"]}],
+                                               n=1, max_tokens=16, split="eval")
+            ok = out.choices[0].message.content.strip() == item["a"]
+            return {"accuracy": float(ok)}, [{"question": item["q"], "correct": ok}]
+
+    if __name__ == "__main__":
+        eval_runner(Arith)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple, Type
+
+import numpy as np
+
+from atroposlib.utils.display import display_metrics_table
+
+logger = logging.getLogger(__name__)
+
+
+def pass_at_k(m: int, c: int, k: int) -> float:
+    """Unbiased pass@k: chance that at least one of ``k`` of ``m`` samples is correct,
+    given ``c`` correct samples (Chen et al., 2021).
+
+    Raises:
+        ValueError: unless ``0 <= c <= m`` and ``1 <= k <= m``.
+    """
+    if not (0 <= c <= m) or not (1 <= k <= m):
+        raise ValueError(f"pass_at_k needs 0 <= c <= m and 1 <= k <= m (m={m}, c={c}, k={k})")
+    if m - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(m - c + 1, m + 1)))
+
+
+def build_eval_record(
+    metrics: Dict[str, Any],
+    task_name: str,
+    model_name: str | None,
+    start_time: float | None,
+    end_time: float | None,
+    generation_parameters: Dict[str, Any] | None = None,
+) -> Dict[str, Any]:
+    """The ``metrics.json`` document (pure)."""
+    elapsed = (end_time - start_time) if start_time is not None and end_time is not None else 0.0
+    return {
+        "config_general": {
+            "model_name": model_name,
+            "total_evaluation_time_seconds": str(elapsed),
+            "generation_parameters": dict(generation_parameters or {}),
+        },
+        "results": {f"atropos|{task_name}|0": dict(metrics), "all": dict(metrics)},
+    }
+
+
+def evaluate_log(
+    metrics: Dict[str, Any],
+    eval_dir: str | None = None,
+    task_name: str | None = None,
+    model_name: str | None = None,
+    start_time: float | None = None,
+    end_time: float | None = None,
+    generation_parameters: Dict[str, Any] | None = None,
+    samples: List[Dict[str, Any]] | None = None,
+    verbose: bool = True,
+) -> Dict[str, Any] | None:
+    """Write ``{eval_dir}/metrics.json`` (and ``samples.jsonl`` when samples are given).
+
+    Returns the metrics document, or None (with a warning) when ``eval_dir`` is unset.
+    The metrics table is printed when ``verbose``.
+    """
+    task = task_name or "eval"
+    if verbose:
+        display_metrics_table(task, metrics, start_time, end_time)
+    if not eval_dir:
+        logger.warning("evaluate_log: no eval directory set; %s results not written", task)
+        return None
+    out_dir = Path(eval_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = build_eval_record(metrics, task, model_name, start_time, end_time, generation_parameters)
+    (out_dir / "metrics.json").write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    if samples:
+        with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as f:
+            for sample in samples:
+                f.write(json.dumps(sample, default=str) + "\n")
+    logger.info("evaluation results written to %s", out_dir)
+    return record
+
+
+class EvalBase(ABC):
+    """A standalone evaluation task.
+
+    ``pass_at_n`` / ``pass_at_n_samples``: ``run_item`` may draw ``pass_at_n_samples``
+    samples per item and report ``pass_at_k(samples, correct, pass_at_n)`` (see
+    :meth:`pass_metrics`). Extra keyword arguments become attributes (read by
+    ``setup_data``/``run_item``).
+    """
+
+    def __init__(self, pass_at_n: int = 1, pass_at_n_samples: int = 1, max_concurrency: int = 16,
+                 **kwargs: Any) -> None:
+        if pass_at_n < 1:
+            raise ValueError("pass_at_n must be >= 1")
+        self.pass_at_n = pass_at_n
+        self.pass_at_n_samples = max(pass_at_n, pass_at_n_samples)
+        self.max_concurrency = max(1, max_concurrency)
+        for key, value in kwargs.items():
+            setattr(self, key, value)
+        self.data: List[Any] = list(self.setup_data())
+
+    @property
+    def task_name(self) -> str:
+        """``{ClassName}_eval`` unless the subclass sets ``name``."""
+        name = getattr(self, "name", None)
+        return f"{name or type(self).__name__}_eval"
+
+    def get_generation_params(self) -> Dict[str, Any]:
+        """Generation parameters reported in ``metrics.json`` (override to add yours)."""
+        return {"n": self.pass_at_n_samples}
+
+    def pass_metrics(self, num_samples: int, num_correct: int) -> Dict[str, float]:
+        """``{"pass@{k}": ...}`` for this task's ``pass_at_n``."""
+        k = min(self.pass_at_n, num_samples)
+        return {f"pass@{k}": pass_at_k(num_samples, num_correct, k)}
+
+    @abstractmethod
+    def setup_data(self) -> Sequence[Any]:
+        """The items to evaluate."""
+
+    @abstractmethod
+    async def run_item(self, server: Any, data_item: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+        """Evaluate one item: ``(metrics for the item, samples to log)``."""
+
+    async def __call__(self, server: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+        """Run every item (at most ``max_concurrency`` at once) and average each metric.
+
+        An item whose ``run_item`` raises is logged and counted in ``failed_items``.
+        """
+        sem = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(item: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]] | None:
+            async with sem:
+                try:
+                    return await self.run_item(server, item)
+                except Exception:  # one broken item must not sink the run; logged and counted
+                    logger.exception("eval item failed")
+                    return None
+
+        results = await asyncio.gather(*(one(item) for item in self.data))
+        sums: Dict[str, float] = {}
+        counts: Dict[str, int] = {}
+        samples: List[Dict[str, Any]] = []
+        failed = 0
+        for result in results:
+            if result is None:
+                failed += 1
+                continue
+            item_metrics, item_samples = result
+            for key, value in item_metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+                counts[key] = counts.get(key, 0) + 1
+            samples.extend(item_samples)
+        metrics = {key: sums[key] / counts[key] for key in sums}
+        metrics["failed_items"] = float(failed)
+        return metrics, samples
+
+
+async def run_eval(eval_obj: EvalBase, server: Any, eval_dir: str | None = None,
+                   model_name: str | None = None, verbose: bool = True) -> Dict[str, float]:
+    """Run ``eval_obj`` against ``server`` and log the results with :func:`evaluate_log`."""
+    start = time.time()
+    metrics, samples = await eval_obj(server)
+    end = time.time()
+    evaluate_log(metrics, eval_dir=eval_dir, task_name=eval_obj.task_name, model_name=model_name,
+                 start_time=start, end_time=end, generation_parameters=eval_obj.get_generation_params(),
+                 samples=samples, verbose=verbose)
+    return metrics
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Run a standalone evaluation against an OpenAI-compatible server.")
+    parser.add_argument("--base-url", default="http://localhost:9001/v1", help="inference server URL")
+    parser.add_argument("--model-name", default="default", help="model name sent to the server")
+    parser.add_argument("--api-key", default="x", help="API key for the inference server")
+    parser.add_argument("--server-type", default="openai", choices=["openai", "vllm", "sglang", "trl"])
+    parser.add_argument("--eval-dir", default=None, help="directory for metrics.json and samples.jsonl")
+    parser.add_argument("--pass-at-n", type=int, default=1)
+    parser.add_argument("--pass-at-n-samples", type=int, default=1)
+    parser.add_argument("--max-concurrency", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=1200, help="per-request timeout (s)")
+    return parser
+
+
+def eval_runner(eval_cls: Type[EvalBase], argv: Sequence[str] | None = None, **eval_kwargs: Any) -> Dict[str, float]:
+    """CLI entry point: parse flags, build a ``ServerManager``, run and log the eval."""
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    args = _parser().parse_args(argv)
+    config = APIServerConfig(model_name=args.model_name, base_url=args.base_url, api_key=args.api_key,
+                             server_type=args.server_type, timeout=args.timeout,
+                             num_requests_for_eval=args.max_concurrency)
+    server = ServerManager([config])
+    eval_obj = eval_cls(pass_at_n=args.pass_at_n, pass_at_n_samples=args.pass_at_n_samples,
+                        max_concurrency=args.max_concurrency, **eval_kwargs)
+    return asyncio.run(run_eval(eval_obj, server, eval_dir=args.eval_dir, model_name=args.model_name))
+
+
+__all__ = ["EvalBase", "build_eval_record", "eval_runner", "evaluate_log", "pass_at_k", "run_eval"]

@@ -1,0 +1,75 @@
+"""math-verify wrappers shared by the math rewards and the math environments.
+
+The extraction settings follow the gsm8k environment (``equations`` normalisation is
+off because current math-verify handles equations in the parser and warns otherwise): the gold is parsed from
+``\\boxed{gold}``; the prediction is the first boxed/LaTeX answer in the text after the
+last ``</think>``. math-verify uses ``signal.alarm`` for its timeouts, which only works
+on the main thread, so the timeouts are disabled elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, List
+
+from latex2sympy2_extended import NormalizationConfig
+from math_verify import LatexExtractionConfig, parse, verify
+
+logger = logging.getLogger(__name__)
+
+_PRED_CONFIG = [
+    LatexExtractionConfig(
+        normalization_config=NormalizationConfig(
+            nits=False, malformed_operators=False, basic_latex=True, equations=False,
+            boxed="all", units=True,
+        ),
+        boxed_match_priority=0,
+        try_extract_without_anchor=False,
+    )
+]
+_GOLD_CONFIG = [LatexExtractionConfig()]
+
+
+def _timeouts() -> dict:
+    if threading.current_thread() is threading.main_thread():
+        return {}
+    return {"parsing_timeout": None}
+
+
+def _verify_timeouts() -> dict:
+    if threading.current_thread() is threading.main_thread():
+        return {}
+    return {"timeout_seconds": None}
+
+
+def answer_after_think(text: str) -> str:
+    """The part of ``text`` after the last ``</think>`` (all of it if there is none)."""
+    return text.split("</think>")[-1]
+
+
+def parse_gold(answer: str) -> List[Any]:
+    """Parse a gold answer (plain or already boxed); an empty list means unparseable."""
+    answer = str(answer).strip()
+    boxed = answer if "\\boxed" in answer else "\\boxed{" + answer + "}"
+    return parse(boxed, extraction_mode="first_match", extraction_config=_GOLD_CONFIG, **_timeouts())
+
+
+def parse_prediction(text: str) -> List[Any]:
+    """Parse the model's final answer from the text after ``</think>``."""
+    return parse(answer_after_think(text), extraction_config=_PRED_CONFIG,
+                 extraction_mode="first_match", **_timeouts())
+
+
+def verify_answer(text: str, gold: str) -> bool | None:
+    """Whether ``text``'s answer equals ``gold``; ``None`` when the gold cannot be parsed."""
+    gold_parsed = parse_gold(gold)
+    if len(gold_parsed) == 0:
+        return None
+    pred_parsed = parse_prediction(text)
+    if len(pred_parsed) == 0:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, **_verify_timeouts()))
+
+
+__all__ = ["answer_after_think", "parse_gold", "parse_prediction", "verify_answer"]

@@ -1,0 +1,108 @@
+"""Pure scheduling arithmetic of the serve loop (§2.7, §2.8, §4.5, §4.6).
+
+Kept free of I/O so the throttling rules can be unit- and property-tested.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class EnvStatus:
+    """The fields of ``GET /status-env`` the loop uses (queue sizes in this env's groups)."""
+
+    current_step: int = 0
+    queue_size: int = 0
+    self_queue_size: int = 0
+    unallocated_fraction: float = 1.0
+    max_group_size: int = 1
+    env_weight: float = 1.0
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> "EnvStatus":
+        """Build from the JSON answer; missing keys keep their defaults."""
+        def get(key: str, default: Any) -> Any:
+            value = payload.get(key)
+            return default if value is None else value
+
+        return cls(
+            current_step=int(get("current_step", 0)),
+            queue_size=int(get("queue_size", 0)),
+            self_queue_size=int(get("self_queue_size", 0)),
+            unallocated_fraction=float(get("unallocated_fraction", 1.0)),
+            max_group_size=max(1, int(get("max_group_size", 1))),
+            env_weight=float(get("env_weight", 1.0)),
+        )
+
+
+def derived_batch_size(batch_size: int, status: EnvStatus, min_batch_allocation: Optional[float]) -> int:
+    """This env's share of a batch: ``batch_size × (unallocated + own minimum)``; -1 if unknown."""
+    if batch_size <= 0:
+        return -1
+    share = status.unallocated_fraction + (min_batch_allocation or 0.0)
+    return int(batch_size * min(1.0, share))
+
+
+def own_quota_met(
+    status: EnvStatus, group_size: int, batch_size: int, min_batch_allocation: Optional[float]
+) -> bool:
+    """True when this env's minimum allocation is already queued (or it has none)."""
+    if min_batch_allocation is None:
+        return True
+    return status.self_queue_size * group_size >= batch_size * min_batch_allocation
+
+
+def offpolicy_full(
+    status: EnvStatus,
+    group_size: int,
+    batch_size: int,
+    max_batches_offpolicy: int,
+    min_batch_allocation: Optional[float],
+) -> bool:
+    """The pause rule: enough data is queued already (§2.8)."""
+    if max_batches_offpolicy <= 0 or batch_size <= 0:
+        return False
+    queued = status.queue_size * group_size
+    return queued >= max_batches_offpolicy * batch_size and own_quota_met(
+        status, group_size, batch_size, min_batch_allocation
+    )
+
+
+def should_terminate(status: EnvStatus, group_size: int, batch_size: int, total_steps: int) -> bool:
+    """True when the queued data already covers the steps left until ``total_steps``."""
+    if total_steps < 0 or batch_size <= 0:
+        return False
+    return status.current_step + (status.queue_size * group_size) // batch_size > total_steps
+
+
+def train_worker_cap(
+    *,
+    max_num_workers: int,
+    eval_running: bool,
+    eval_handling: str,
+    eval_limit_ratio: float,
+    max_batches_offpolicy: int,
+    derived_batch: int,
+    group_size: int,
+    status: EnvStatus,
+    min_batch_allocation: Optional[float],
+    batch_size: int,
+) -> int:
+    """How many training workers may run now (§4.6). Never negative."""
+    cap = max_num_workers
+    if eval_running:
+        if eval_handling == "STOP_TRAIN":
+            return 0
+        if eval_handling == "LIMIT_TRAIN":
+            cap = int(max_num_workers * eval_limit_ratio)
+    if max_batches_offpolicy > 0 and derived_batch > 0:
+        cap = min(cap, max_batches_offpolicy * derived_batch // group_size - status.queue_size)
+    if min_batch_allocation is not None and batch_size > 0:
+        quota_seqs = batch_size * min_batch_allocation
+        per_pack = max(group_size, status.max_group_size)
+        needed = math.ceil(quota_seqs / per_pack) * (per_pack // group_size) - status.self_queue_size
+        cap = max(cap, needed)
+    return max(0, cap)

@@ -1,0 +1,70 @@
+"""Helpers shared by the HTTP backends: URLs, a lazily built HTTP client, tokenizers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+def root_url(base_url: Optional[str]) -> str:
+    """``http://host:port/v1`` → ``http://host:port`` (the server root for /health, /generate)."""
+    url = (base_url or "").rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+def drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` without the keys whose value is None."""
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class HttpClientMixin:
+    """Owns one ``httpx.AsyncClient`` per event loop, created on first use."""
+
+    _http: Optional[httpx.AsyncClient] = None
+    _http_loop: Any = None
+
+    def http_client(self, timeout: float) -> httpx.AsyncClient:
+        """The shared client (recreated if the event loop changed)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http_loop is not loop or self._http.is_closed:
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            )
+            self._http_loop = loop
+        return self._http
+
+    async def close_http(self) -> None:
+        """Close the client if this loop owns it."""
+        if self._http is not None and not self._http.is_closed:
+            try:
+                await self._http.aclose()
+            except RuntimeError:  # created on a loop that is gone
+                pass
+        self._http = None
+
+
+async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+    """POST ``body`` as JSON and return the decoded answer; HTTP errors raise."""
+    response = await client.post(url, json=body)
+    response.raise_for_status()
+    return response.json()
+
+
+def load_tokenizer(name: str) -> Any:
+    """``AutoTokenizer.from_pretrained(name)``, or None (logged) when it cannot be loaded."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, ImportError) as e:
+        logger.warning("could not load tokenizer %r: %s", name, e)
+        return None

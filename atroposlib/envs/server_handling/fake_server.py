@@ -1,0 +1,489 @@
+"""A deterministic fake inference server for tests and benchmarks.
+
+It speaks just enough of the protocols the server layer uses:
+
+- ``GET /health`` and ``GET /v1/models``;
+- ``POST /v1/chat/completions`` and ``POST /v1/completions`` (OpenAI, ``n`` supported);
+- ``POST /generate`` in three dialects, chosen by the body's keys:
+  vLLM-style (``{"prompt": {"prompt_token_ids": [...]}, "n", "max_tokens", "logprobs": 0}``),
+  SGLang-style (``{"input_ids": [...], "sampling_params": {...}}``) and TRL-style
+  (``{"prompts": [...]}``, also at ``/generate/``).
+
+Tokens are fake and byte-level: a text's token ids are its UTF-8 bytes (0..255),
+and generated tokens are lowercase letters and spaces. Output depends only on the
+prompt, the choice index and the seed (the request's ``seed`` or ``--seed``), so
+the same request always gets the same answer.
+
+Test hooks: ``POST /fake/config`` changes ``latency_ms``, ``fail_status`` (every
+endpoint, ``/health`` included, answers that status while set) and ``ignore_n``
+at run time; ``GET /fake/stats`` reports request counts and peak concurrency.
+
+Example::
+
+    python -m atroposlib.envs.server_handling.fake_server --port 9004 --latency-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections import Counter
+from typing import Any, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+logger = logging.getLogger(__name__)
+
+ALPHABET: bytes = b"abcdefghijklmnopqrstuvwxyz "
+"""Byte values the fake model generates (all printable ASCII, one token each)."""
+
+MAX_N = 256
+MAX_TOKENS = 65536
+
+
+class FakeServerSettings(BaseModel):
+    """Run-time behaviour of the fake server."""
+
+    latency_ms: float = Field(50.0, ge=0, description="Delay added to every generation request.")
+    model_name: str = Field("fake", description="Model id reported by /v1/models and responses.")
+    seed: int = Field(0, description="Default seed when a request gives none.")
+    ignore_n: bool = Field(False, description="Return a single choice whatever n is (like some APIs).")
+    fail_status: Optional[int] = Field(
+        None, ge=400, le=599, description="When set, every endpoint answers this HTTP status."
+    )
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatRequest(_Lenient):
+    """Body of ``POST /v1/chat/completions`` (unknown OpenAI fields are accepted and ignored)."""
+
+    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    model: Optional[str] = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
+    seed: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+
+
+class CompletionRequest(_Lenient):
+    """Body of ``POST /v1/completions``."""
+
+    prompt: Union[str, list[str], list[int]]
+    model: Optional[str] = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: Optional[int] = Field(16, ge=1, le=MAX_TOKENS)
+    seed: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+
+
+class VLLMPrompt(_Lenient):
+    """The ``prompt`` object of the vLLM-style ``/generate``."""
+
+    prompt_token_ids: list[int] = Field(..., min_length=1)
+
+
+class VLLMGenerateRequest(_Lenient):
+    """Body of the vLLM-style ``POST /generate``."""
+
+    prompt: Union[VLLMPrompt, str]
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
+    seed: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=20)
+
+
+class SGLangGenerateRequest(_Lenient):
+    """Body of the SGLang-style ``POST /generate``."""
+
+    input_ids: Optional[list[int]] = None
+    text: Optional[str] = None
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    return_logprob: bool = False
+
+
+class TrlGenerateRequest(_Lenient):
+    """Body of the TRL-style ``POST /generate/``."""
+
+    prompts: list[str] = Field(..., min_length=1)
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int = Field(1024, ge=1, le=MAX_TOKENS)
+    seed: Optional[int] = None
+
+
+def fake_tokenize(text: str) -> list[int]:
+    """Byte-level fake tokenization: the UTF-8 bytes of ``text``."""
+    return list(text.encode("utf-8"))
+
+
+def fake_detokenize(ids: list[int]) -> str:
+    """Inverse of :func:`fake_tokenize` (invalid sequences are replaced)."""
+    return bytes(i % 256 for i in ids).decode("utf-8", errors="replace")
+
+
+def render_messages(messages: list[dict[str, Any]]) -> str:
+    """Flatten chat messages to the text the fake model 'sees'."""
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = json.dumps(content, sort_keys=True)
+        parts.append(f"{m.get('role', '')}: {content}\n")
+    return "".join(parts)
+
+
+def fake_generate(
+    prompt_ids: list[int], index: int, seed: int, max_tokens: int
+) -> tuple[list[int], list[float], str]:
+    """Generate ``(token_ids, logprobs, finish_reason)`` for one choice, deterministically.
+
+    The length is between half of ``max_tokens`` and ``max_tokens``; a shorter output
+    finishes with ``"stop"``, a full-length one with ``"length"``.
+    """
+    digest = hashlib.sha256(
+        f"{seed}|{index}|".encode() + bytes(i % 256 for i in prompt_ids[-4096:])
+    ).digest()
+    rng = random.Random(digest)
+    length = rng.randint(max(1, max_tokens // 2), max_tokens)
+    ids = [rng.choice(ALPHABET) for _ in range(length)]
+    logprobs = [-round(rng.random() * 3.0, 6) for _ in range(length)]
+    return ids, logprobs, "length" if length >= max_tokens else "stop"
+
+
+def fake_top_logprobs(token: int, logprob: float, k: int) -> dict[int, float]:
+    """A top-``k`` map that contains ``token`` with ``logprob`` plus lower-ranked alternatives."""
+    out = {token: logprob}
+    alt = 0
+    while len(out) < max(k, 1):
+        if alt != token:
+            out[alt] = logprob - 1.0 - len(out)
+        alt += 1
+    return out
+
+
+def _error(status: int, message: str, err_type: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"message": message, "type": err_type, "code": status}, "detail": message},
+    )
+
+
+def _validation_error(exc: ValidationError) -> JSONResponse:
+    detail = [
+        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()
+    ]
+    fields = ", ".join(".".join(str(p) for p in d["loc"]) or "body" for d in detail)
+    return JSONResponse(
+        status_code=422,
+        content={
+            "detail": detail,
+            "error": {"message": f"invalid fields: {fields}", "type": "invalid_request_error"},
+        },
+    )
+
+
+def create_app(settings: Optional[FakeServerSettings] = None) -> FastAPI:
+    """Build the fake server's FastAPI app with the given settings."""
+    state = settings or FakeServerSettings()
+    counts: Counter[str] = Counter()
+    concurrency = {"in_flight": 0, "max_in_flight": 0}
+    app = FastAPI(title="atroposlib fake inference server")
+    app.state.settings = state
+
+    async def _read_json(request: Request) -> Any:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise _BadBody(f"body is not valid JSON: {e}") from e
+
+    async def _simulate() -> None:
+        concurrency["in_flight"] += 1
+        concurrency["max_in_flight"] = max(concurrency["max_in_flight"], concurrency["in_flight"])
+        try:
+            if state.latency_ms > 0:
+                await asyncio.sleep(state.latency_ms / 1000.0)
+        finally:
+            concurrency["in_flight"] -= 1
+
+    @app.middleware("http")
+    async def _failure_and_counting(request: Request, call_next):
+        path = request.url.path
+        if not path.startswith("/fake/"):
+            counts[path] += 1
+            if state.fail_status is not None:
+                return _error(state.fail_status, "fake server failure injected", "server_error")
+        return await call_next(request)
+
+    @app.exception_handler(_BadBody)
+    async def _bad_body(_request: Request, exc: _BadBody) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "fake"}],
+        }
+
+    @app.post("/fake/config")
+    async def fake_config(request: Request) -> JSONResponse:
+        body = await _read_json(request)
+        if not isinstance(body, dict):
+            return _error(422, "body must be a JSON object")
+        try:
+            merged = FakeServerSettings(**{**state.model_dump(), **body})
+        except ValidationError as e:
+            return _validation_error(e)
+        for key in FakeServerSettings.model_fields:
+            setattr(state, key, getattr(merged, key))
+        return JSONResponse(state.model_dump())
+
+    @app.get("/fake/stats")
+    async def fake_stats() -> dict[str, Any]:
+        return {"requests": dict(counts), **concurrency}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> JSONResponse:
+        try:
+            req = ChatRequest.model_validate(await _read_json(request))
+        except ValidationError as e:
+            return _validation_error(e)
+        await _simulate()
+        prompt_ids = fake_tokenize(render_messages(req.messages))
+        max_tokens = req.max_completion_tokens or req.max_tokens or 16
+        seed = state.seed if req.seed is None else req.seed
+        n = 1 if state.ignore_n else req.n
+        choices, completion_tokens = [], 0
+        for i in range(n):
+            ids, lps, finish = fake_generate(prompt_ids, i, seed, max_tokens)
+            completion_tokens += len(ids)
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": {"role": "assistant", "content": fake_detokenize(ids)},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+            if req.logprobs:
+                k = req.top_logprobs or 0
+                choice["logprobs"] = {
+                    "content": [
+                        {
+                            "token": chr(t),
+                            "logprob": lp,
+                            "bytes": [t],
+                            "top_logprobs": [
+                                {"token": chr(a), "logprob": v, "bytes": [a]}
+                                for a, v in fake_top_logprobs(t, lp, k).items()
+                            ][:k],
+                        }
+                        for t, lp in zip(ids, lps)
+                    ]
+                }
+            choices.append(choice)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": req.model or state.model_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": len(prompt_ids) + completion_tokens,
+                },
+            }
+        )
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        try:
+            req = CompletionRequest.model_validate(await _read_json(request))
+        except ValidationError as e:
+            return _validation_error(e)
+        await _simulate()
+        if isinstance(req.prompt, str):
+            prompts = [fake_tokenize(req.prompt)]
+        elif req.prompt and isinstance(req.prompt[0], int):
+            prompts = [list(req.prompt)]  # type: ignore[arg-type]
+        else:
+            prompts = [fake_tokenize(p) for p in req.prompt]  # type: ignore[arg-type]
+        if not prompts or not prompts[0]:
+            return _error(422, "prompt must not be empty")
+        seed = state.seed if req.seed is None else req.seed
+        n = 1 if state.ignore_n else req.n
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for p_idx, prompt_ids in enumerate(prompts):
+            prompt_tokens += len(prompt_ids)
+            for i in range(n):
+                ids, lps, finish = fake_generate(prompt_ids, i, seed, req.max_tokens or 16)
+                completion_tokens += len(ids)
+                text = fake_detokenize(ids)
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = {
+                        "tokens": [chr(t) for t in ids],
+                        "token_logprobs": lps,
+                        "top_logprobs": [
+                            {chr(a): v for a, v in fake_top_logprobs(t, lp, req.logprobs).items()}
+                            for t, lp in zip(ids, lps)
+                        ],
+                        "text_offset": list(range(len(ids))),
+                    }
+                if req.echo:
+                    text = fake_detokenize(prompt_ids) + text
+                choices.append(
+                    {"index": p_idx * n + i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                )
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": req.model or state.model_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
+
+    async def generate(request: Request) -> JSONResponse:
+        body = await _read_json(request)
+        if not isinstance(body, dict):
+            return _error(422, "body must be a JSON object")
+        try:
+            if "prompts" in body:
+                return await _trl_generate(TrlGenerateRequest.model_validate(body))
+            if "input_ids" in body or "sampling_params" in body or "text" in body:
+                return await _sglang_generate(SGLangGenerateRequest.model_validate(body))
+            return await _vllm_generate(VLLMGenerateRequest.model_validate(body))
+        except ValidationError as e:
+            return _validation_error(e)
+
+    async def _vllm_generate(req: VLLMGenerateRequest) -> JSONResponse:
+        await _simulate()
+        if isinstance(req.prompt, str):
+            prompt_ids = fake_tokenize(req.prompt)
+            if not prompt_ids:
+                return _error(422, "prompt must not be empty")
+        else:
+            prompt_ids = req.prompt.prompt_token_ids
+        seed = state.seed if req.seed is None else req.seed
+        out: dict[str, Any] = {"text": [], "token_ids": [], "finish_reasons": []}
+        if req.logprobs is not None:
+            out["logprobs"] = []
+        for i in range(req.n):
+            ids, lps, finish = fake_generate(prompt_ids, i, seed, req.max_tokens)
+            out["text"].append(fake_detokenize(ids))
+            out["token_ids"].append(ids)
+            out["finish_reasons"].append(finish)
+            if req.logprobs is not None:
+                out["logprobs"].append(
+                    [
+                        [{str(a): v} for a, v in fake_top_logprobs(t, lp, req.logprobs).items()]
+                        for t, lp in zip(ids, lps)
+                    ]
+                )
+        if req.prompt_logprobs is not None:
+            k = max(req.prompt_logprobs, 1)
+            rng = random.Random(seed)
+            pl: list[Optional[dict[str, float]]] = [None]
+            for tok in prompt_ids[1:]:
+                lp = -round(rng.random() * 3.0, 6)
+                pl.append({str(a): v for a, v in fake_top_logprobs(tok, lp, k).items()})
+            out["prompt_logprobs"] = pl
+        out["prompt_token_ids"] = prompt_ids
+        return JSONResponse(out)
+
+    async def _sglang_generate(req: SGLangGenerateRequest) -> JSONResponse:
+        if req.input_ids:
+            prompt_ids = req.input_ids
+        elif req.text:
+            prompt_ids = fake_tokenize(req.text)
+        else:
+            return _error(422, "one of input_ids or text is required")
+        sp = req.sampling_params
+        try:
+            max_tokens = int(sp.get("max_new_tokens", sp.get("max_tokens", 16)))
+            n = int(sp.get("n", 1))
+            seed = int(sp.get("seed", state.seed))
+        except (TypeError, ValueError):
+            return _error(422, "sampling_params.max_new_tokens, n and seed must be integers")
+        if not (1 <= max_tokens <= MAX_TOKENS) or not (1 <= n <= MAX_N):
+            return _error(422, "sampling_params.max_new_tokens or sampling_params.n out of range")
+        await _simulate()
+        results = []
+        for i in range(n):
+            ids, lps, finish = fake_generate(prompt_ids, i, seed, max_tokens)
+            meta: dict[str, Any] = {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ids),
+                "finish_reason": {"type": finish} if finish == "stop" else {"type": "length", "length": max_tokens},
+            }
+            if req.return_logprob:
+                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps)]
+            results.append({"text": fake_detokenize(ids), "output_ids": ids, "meta_info": meta})
+        return JSONResponse(results[0] if n == 1 else results)
+
+    async def _trl_generate(req: TrlGenerateRequest) -> JSONResponse:
+        await _simulate()
+        seed = state.seed if req.seed is None else req.seed
+        completion_ids = []
+        for prompt in req.prompts:
+            prompt_ids = fake_tokenize(prompt)
+            for i in range(req.n):
+                completion_ids.append(fake_generate(prompt_ids, i, seed, req.max_tokens)[0])
+        return JSONResponse({"completion_ids": completion_ids})
+
+    app.add_api_route("/generate", generate, methods=["POST"])
+    app.add_api_route("/generate/", generate, methods=["POST"])
+    return app
+
+
+class _BadBody(Exception):
+    """The request body could not be parsed."""
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Command-line entry point: ``python -m atroposlib.envs.server_handling.fake_server``."""
+    parser = argparse.ArgumentParser(description="Deterministic fake OpenAI/vLLM inference server.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9004)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--model-name", default="fake")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ignore-n", action="store_true", help="Answer one choice whatever n is.")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    settings = FakeServerSettings(
+        latency_ms=args.latency_ms, model_name=args.model_name, seed=args.seed, ignore_n=args.ignore_n
+    )
+    uvicorn.run(
+        create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False
+    )
+
+
+if __name__ == "__main__":
+    main()

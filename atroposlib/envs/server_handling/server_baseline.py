@@ -1,0 +1,562 @@
+"""Server configs, the adaptive semaphore and the ``APIServer`` base class.
+
+``APIServer`` owns the request path shared by every backend: a background health
+check, train/eval semaphores, retries with random exponential backoff, attempt
+counting, and request timings kept in rolling buffers of ``rolling_buffer_length``.
+A backend implements the ``_*_wrapper`` coroutines and, optionally, ``_probe_health``.
+
+Failure handling: a request that cannot reach its server (connection refused,
+timeout) marks the server unhealthy at once, so a ``ServerManager`` moves traffic to
+the other servers without waiting for the next health probe; the background probe
+(every second while healthy, every quarter second while not) lets it rejoin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, Field, model_validator
+
+from atroposlib.envs.server_handling.errors import (
+    ServerUnavailableError,
+    is_client_error,
+    is_transport_error,
+)
+
+logger = logging.getLogger(__name__)
+
+ServerType = Literal["openai", "trl", "sglang", "vllm"]
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+EFFORT_TO_MAX_TOKENS: dict[str, int] = {
+    "none": 1024,
+    "minimal": 3200,
+    "low": 6400,
+    "medium": 16000,
+    "high": 25600,
+    "xhigh": 30400,
+}
+
+
+class ServerBaseline(BaseModel):
+    """Settings shared by every inference server (and the template for discovered servers)."""
+
+    timeout: int = Field(1200, description="Seconds before a request to the server times out.")
+    num_max_requests_at_once: int = Field(
+        512,
+        ge=1,
+        description="Maximum concurrent training requests to the server "
+        "(divide by n when you request n completions at once).",
+    )
+    num_requests_for_eval: int = Field(
+        64, ge=1, description="Maximum concurrent evaluation requests to the server."
+    )
+    model_name: str = Field("default", description="Model name sent with every request.")
+    rolling_buffer_length: int = Field(
+        1000, ge=1, description="Number of recent requests kept for timing metrics."
+    )
+    server_type: ServerType = Field(
+        "openai", description="Backend type: openai, trl, sglang or vllm."
+    )
+    tokenizer_name: str = Field(
+        "none", description="Tokenizer to load for this server ('none' means use model_name)."
+    )
+
+
+class APIServerConfig(ServerBaseline):
+    """Connection settings for one OpenAI-compatible inference server."""
+
+    api_key: Optional[str] = Field("", description="API key sent to the server.")
+    base_url: Optional[str] = Field(
+        "", description="Base URL of the server, e.g. http://localhost:9001/v1."
+    )
+    n_kwarg_is_ignored: bool = Field(
+        False,
+        description="The server ignores the n argument; send n separate requests instead.",
+    )
+    health_check: bool = Field(
+        True, description="Probe the server in the background and route around it when down."
+    )
+
+
+OpenaiConfig = APIServerConfig
+"""Older name of :class:`APIServerConfig`, kept for environments that import it."""
+
+
+class ReasoningConfig(BaseModel):
+    """Reasoning ("thinking") settings injected into chat completion requests.
+
+    Setting ``effort`` or ``max_tokens`` enables reasoning.
+
+    Example::
+
+        ReasoningConfig(effort="high").build_extra_body("https://openrouter.ai/api/v1")
+        # {"reasoning": {"enabled": True, "effort": "high"}}
+    """
+
+    enabled: Optional[bool] = Field(False, description="Ask the server for reasoning output.")
+    effort: Optional[str] = Field(
+        None, description="Reasoning effort: none, minimal, low, medium, high or xhigh."
+    )
+    max_tokens: Optional[int] = Field(
+        None, ge=1, description="Token budget for reasoning (used when effort is not set)."
+    )
+
+    @model_validator(mode="after")
+    def _auto_enable(self) -> "ReasoningConfig":
+        if self.effort is not None and self.effort not in REASONING_EFFORTS:
+            raise ValueError(
+                f"invalid reasoning effort {self.effort!r}; expected one of {REASONING_EFFORTS}"
+            )
+        self.enabled = bool(self.enabled)
+        if self.effort is not None or self.max_tokens is not None:
+            self.enabled = True
+        return self
+
+    def build_extra_body(
+        self, base_url: Optional[str] = None, use_max_tokens: bool = False
+    ) -> Optional[dict[str, Any]]:
+        """The ``extra_body`` that asks ``base_url`` for reasoning, or None when disabled.
+
+        ``use_max_tokens`` converts an effort into a token budget with
+        :data:`EFFORT_TO_MAX_TOKENS` (for providers that only take budgets).
+        """
+        if not self.enabled:
+            return None
+        if is_official_openai(base_url):
+            return {"reasoning_effort": self.effort or "medium"}
+        reasoning: dict[str, Any] = {"enabled": True}
+        if self.effort is not None and use_max_tokens:
+            reasoning["max_tokens"] = EFFORT_TO_MAX_TOKENS[self.effort]
+        elif self.effort is not None:
+            reasoning["effort"] = self.effort
+        elif self.max_tokens is not None:
+            reasoning["max_tokens"] = self.max_tokens
+        return {"reasoning": reasoning}
+
+
+def is_official_openai(base_url: Optional[str]) -> bool:
+    """True when ``base_url`` points at api.openai.com."""
+    return bool(base_url) and "api.openai.com" in str(base_url)
+
+
+class AsyncSemWithAdaptiveWeight:
+    """An asyncio semaphore whose usable capacity is about ``max_val * weight``.
+
+    ``acquire`` blocks while ``_value <= min_val()`` where ``min_val() = max_val *
+    (1 - weight)``; one request is always allowed when nothing is in flight, so a
+    weight near zero throttles but never deadlocks. Waiters are served FIFO.
+    ``add_listener`` registers a callback run after every release (the
+    ``ServerManager`` uses it to hand out freed slots without polling).
+    """
+
+    def __init__(self, value: int = 1):
+        if value < 0:
+            raise ValueError("semaphore initial value must be >= 0")
+        self.max_val = value
+        self._value = value
+        self.weight = 1.0
+        self._waiters: deque[asyncio.Future[bool]] = deque()
+        self._listeners: list[Callable[[], None]] = []
+
+    def min_val(self) -> float:
+        """The value below which ``acquire`` blocks."""
+        return self.max_val * (1.0 - self.weight)
+
+    def in_use(self) -> int:
+        """Slots currently held."""
+        return self.max_val - self._value
+
+    def _can_acquire(self) -> bool:
+        return self._value > self.min_val() or (self.in_use() <= 0 and self.max_val > 0)
+
+    def free_slots(self) -> int:
+        """Slots that could be acquired right now without waiting."""
+        if self._waiters:
+            return 0
+        free = math.ceil(self._value - self.min_val())
+        if free <= 0 and self._can_acquire():
+            return 1
+        return max(free, 0)
+
+    def locked(self) -> bool:
+        """True when ``acquire`` would block."""
+        return not self._can_acquire() or bool(self._waiters)
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free now (no waiting); return whether it did."""
+        if self._waiters or not self._can_acquire():
+            return False
+        self._value -= 1
+        return True
+
+    async def acquire(self) -> bool:
+        """Wait for a slot and take it."""
+        if self.try_acquire():
+            return True
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # the slot was granted just before the cancellation
+            else:
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
+            raise
+        return True
+
+    def release(self) -> None:
+        """Give a slot back and wake the next waiter(s) that fit."""
+        if self._value >= self.max_val:
+            raise ValueError("AsyncSemWithAdaptiveWeight released more times than acquired")
+        self._value += 1
+        self._wake()
+        for listener in self._listeners:
+            listener()
+
+    def _wake(self) -> None:
+        while self._waiters and self._can_acquire():
+            fut = self._waiters.popleft()
+            if fut.done():
+                continue
+            self._value -= 1
+            fut.set_result(True)
+
+    def update_weight(self, weight: float) -> None:
+        """Set the share of ``max_val`` that may be in use (``weight`` >= 0)."""
+        self.weight = max(float(weight), 0.0)
+        self._wake()
+        for listener in self._listeners:
+            listener()
+
+    def add_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever slots may have become free."""
+        self._listeners.append(callback)
+
+    async def __aenter__(self) -> "AsyncSemWithAdaptiveWeight":
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
+if sys.version_info >= (3, 11):
+
+    def _deadline(seconds: float):
+        return asyncio.timeout(seconds)
+
+else:  # pragma: no cover - Python 3.10
+
+    @asynccontextmanager
+    async def _deadline(seconds: float) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        handle = asyncio.get_running_loop().call_later(seconds, task.cancel)
+        try:
+            yield
+        except asyncio.CancelledError as e:
+            raise asyncio.TimeoutError() from e
+        finally:
+            handle.cancel()
+
+
+_WRAPPERS = {
+    "chat": "_chat_completion_wrapper",
+    "completion": "_completion_wrapper",
+    "tokens": "_tokens_and_logprobs_completion_wrapper",
+    "logprobs": "_get_logprobs_wrapper",
+}
+
+
+class APIServer(ABC):
+    """Base class of an inference server backend.
+
+    Subclasses implement ``_chat_completion_wrapper``, ``_completion_wrapper`` and,
+    where the backend can, ``_tokens_and_logprobs_completion_wrapper`` and
+    ``_get_logprobs_wrapper``. ``_probe_health`` says whether the server is up.
+    """
+
+    retry_attempts: int = 3
+    retry_multiplier: float = 1.0
+    retry_max_wait: float = 10.0
+    healthy_probe_interval: float = 1.0
+    unhealthy_probe_interval: float = 0.25
+
+    def __init__(self, config: ServerBaseline, reasoning_config: Optional[ReasoningConfig] = None):
+        self.config = config
+        self.reasoning_config = reasoning_config
+        self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
+        self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
+        n = config.rolling_buffer_length
+        self.request_timings: deque[float] = deque(maxlen=n)
+        self.attempts_list: deque[int] = deque(maxlen=n)
+        self.eval_request_timings: deque[float] = deque(maxlen=n)
+        self.eval_attempts_list: deque[int] = deque(maxlen=n)
+        self.check_task: Optional[asyncio.Task[None]] = None
+        self.initialized = False
+        self._server_healthy = True
+        self._health_listeners: list[Callable[[], None]] = []
+        self._healthy_waiters: list[asyncio.Future[None]] = []
+
+    # ----------------------------------------------------------------- identity and health
+    @property
+    def name(self) -> str:
+        """A readable identifier: the base URL, or the class name when there is none."""
+        return str(getattr(self.config, "base_url", "") or type(self).__name__)
+
+    @property
+    def server_healthy(self) -> bool:
+        """Whether the server is believed to be up."""
+        return self._server_healthy
+
+    @server_healthy.setter
+    def server_healthy(self, value: bool) -> None:
+        changed = bool(value) != self._server_healthy
+        self._server_healthy = bool(value)
+        if changed:
+            logger.info("server %s is now %s", self.name, "healthy" if value else "unhealthy")
+            if value:
+                for fut in self._healthy_waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._healthy_waiters.clear()
+            for listener in self._health_listeners:
+                listener()
+
+    def add_health_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever the health flag changes."""
+        self._health_listeners.append(callback)
+
+    def mark_unhealthy(self, cause: Optional[BaseException] = None) -> None:
+        """Take the server out of rotation until the health probe sees it again."""
+        if self._server_healthy:
+            logger.warning("marking server %s unhealthy: %r", self.name, cause)
+        self.server_healthy = False
+        self.start_health_check()
+
+    def _health_check_enabled(self) -> bool:
+        return bool(getattr(self.config, "health_check", False)) and bool(
+            getattr(self.config, "base_url", None)
+        )
+
+    def start_health_check(self) -> None:
+        """Start the background health loop (once) when health checks are on."""
+        if self.check_task is not None and not self.check_task.done():
+            return
+        if not self._health_check_enabled():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.check_task = loop.create_task(self.check_server_status_task())
+
+    async def _probe_health(self) -> bool:
+        """Whether the server answers; backends override this. The default assumes yes."""
+        return True
+
+    async def check_server_status_task(self, chat_completion: bool = True) -> None:
+        """Background loop that keeps ``server_healthy`` up to date."""
+        while True:
+            try:
+                healthy = await self._probe_health()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a failed probe means unhealthy, never a dead loop
+                logger.debug("health probe of %s failed: %r", self.name, e)
+                healthy = False
+            self.server_healthy = healthy
+            await asyncio.sleep(
+                self.healthy_probe_interval if healthy else self.unhealthy_probe_interval
+            )
+
+    async def wait_until_healthy(self, timeout: float) -> None:
+        """Wait until the server is healthy, or raise ``ServerUnavailableError``."""
+        if self._server_healthy:
+            return
+        self.start_health_check()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._healthy_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError as e:
+            raise ServerUnavailableError(self.name, e) from e
+
+    async def close(self) -> None:
+        """Stop the health loop and release backend resources."""
+        if self.check_task is not None:
+            self.check_task.cancel()
+            try:
+                await self.check_task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
+                pass
+            self.check_task = None
+
+    # ----------------------------------------------------------------- weights and metrics
+    def update_weight(self, weight: float) -> None:
+        """Scale both semaphores' usable capacity by ``weight``."""
+        self.sem.update_weight(weight)
+        self.eval_sem.update_weight(weight)
+
+    async def wandb_metrics(
+        self, metrics_dict: Optional[dict[str, Any]] = None, server_name: Optional[str] = None
+    ) -> dict[str, Any]:
+        """Add timing and retry metrics of the recent requests to ``metrics_dict``."""
+        metrics = {} if metrics_dict is None else metrics_dict
+        name = server_name or "server"
+        for prefix, timings in (("", self.request_timings), ("eval_", self.eval_request_timings)):
+            if timings:
+                arr = np.asarray(timings, dtype=float)
+                metrics[f"server/{name}_{prefix}request_time_avg"] = float(arr.mean())
+                metrics[f"server/{name}_{prefix}request_time_std"] = float(arr.std())
+                metrics[f"server/{name}_{prefix}request_time_99p"] = float(np.percentile(arr, 99))
+        if self.attempts_list:
+            metrics[f"server/{name}_average_num_attempts"] = float(np.mean(self.attempts_list))
+        if self.eval_attempts_list:
+            metrics[f"server/{name}_eval_retry_rate"] = float(np.mean(self.eval_attempts_list))
+        return metrics
+
+    # ----------------------------------------------------------------- request path
+    def prepare_kwargs(self, kind: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Pop the routing keys (``split``, ``skip_reasoning``), set the model, inject reasoning.
+
+        Returns the backend kwargs and whether the request is a training request.
+        """
+        kwargs = dict(kwargs)
+        is_train = kwargs.pop("split", "train") != "eval"
+        skip_reasoning = bool(kwargs.pop("skip_reasoning", False))
+        kwargs["model"] = self.config.model_name
+        if kind == "chat" and self.reasoning_config is not None and not skip_reasoning:
+            kwargs = self._inject_reasoning(kwargs)
+        return kwargs, is_train
+
+    def _inject_reasoning(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        base_url = getattr(self.config, "base_url", None)
+        extra = self.reasoning_config.build_extra_body(base_url) if self.reasoning_config else None
+        if not extra:
+            return kwargs
+        kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), **extra}
+        if is_official_openai(base_url):
+            kwargs["temperature"] = 1.0
+            if "max_tokens" in kwargs:
+                kwargs["max_completion_tokens"] = kwargs.pop("max_tokens")
+        return kwargs
+
+    def _backoff(self, attempt: int) -> float:
+        return random.uniform(0, min(self.retry_max_wait, self.retry_multiplier * 2 ** (attempt - 1)))
+
+    async def run_request(
+        self,
+        kind: str,
+        kwargs: dict[str, Any],
+        *,
+        slot_held: bool = False,
+        fail_fast: bool = False,
+    ) -> Any:
+        """Run one request of ``kind`` (chat, completion, tokens, logprobs) with retries.
+
+        ``slot_held``: the caller (the ``ServerManager``) already holds a semaphore slot.
+        ``fail_fast``: raise ``ServerUnavailableError`` on a transport failure instead of
+        waiting for this server to come back (the caller will try another server).
+        """
+        kwargs, is_train = self.prepare_kwargs(kind, kwargs)
+        return await self._run_prepared(kind, kwargs, is_train, slot_held, fail_fast)
+
+    async def _run_prepared(
+        self, kind: str, kwargs: dict[str, Any], is_train: bool, slot_held: bool, fail_fast: bool
+    ) -> Any:
+        self.start_health_check()
+        self.initialized = True
+        sem = self.sem if is_train else self.eval_sem
+        wrapper = getattr(self, _WRAPPERS[kind])
+        started: Optional[float] = None
+        attempts = 0
+        while True:
+            attempts += 1
+            if not slot_held:
+                if not self._server_healthy:
+                    if fail_fast:
+                        raise ServerUnavailableError(self.name)
+                    await self.wait_until_healthy(self.config.timeout)
+                await sem.acquire()
+            try:
+                if started is None:
+                    started = time.monotonic()
+                async with _deadline(self.config.timeout):
+                    result = await wrapper(**kwargs)
+                self._record(is_train, time.monotonic() - started, attempts)
+                return result
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if is_transport_error(e):
+                    self.mark_unhealthy(e)
+                    if fail_fast:
+                        raise ServerUnavailableError(self.name, e) from e
+                if (
+                    is_client_error(e)
+                    or isinstance(e, NotImplementedError)
+                    or attempts >= self.retry_attempts
+                ):
+                    (self.attempts_list if is_train else self.eval_attempts_list).append(attempts)
+                    raise
+                logger.info("request to %s failed (attempt %d): %r", self.name, attempts, e)
+            finally:
+                if not slot_held:
+                    sem.release()
+            await asyncio.sleep(self._backoff(attempts))
+
+    def _record(self, is_train: bool, elapsed: float, attempts: int) -> None:
+        if is_train:
+            self.request_timings.append(elapsed)
+            self.attempts_list.append(attempts)
+        else:
+            self.eval_request_timings.append(elapsed)
+            self.eval_attempts_list.append(attempts)
+
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        """An OpenAI ``ChatCompletion`` for ``messages`` (``split="eval"`` uses eval slots)."""
+        return await self.run_request("chat", kwargs)
+
+    async def completion(self, **kwargs: Any) -> Any:
+        """An OpenAI ``Completion`` for ``prompt`` (no reasoning injection)."""
+        return await self.run_request("completion", kwargs)
+
+    async def tokens_and_logprobs_completion(
+        self, **kwargs: Any
+    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+        """``(prompt_tokens, output_tokens_list, output_logprobs_list, finish_reasons)``."""
+        return await self.run_request("tokens", kwargs)
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Top-k prompt logprobs: ``prompt_tokens``, ``prompt_topk_token_ids``, ``prompt_topk_logprobs``."""
+        return await self.run_request("logprobs", kwargs)
+
+    # ----------------------------------------------------------------- backend hooks
+    @abstractmethod
+    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
+        """Send a chat completion request to the backend."""
+
+    @abstractmethod
+    async def _completion_wrapper(self, **kwargs: Any) -> Any:
+        """Send a completion request to the backend."""
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not return tokens and logprobs")
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not return prompt logprobs")

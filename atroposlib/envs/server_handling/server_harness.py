@@ -1,0 +1,166 @@
+"""``ServerHarness``: an in-process mock server that replays canned responses.
+
+Usable directly or through ``ServerManager(..., testing=True)`` (it is a real
+``APIServer``, with the same semaphores and request path, minus the network).
+
+Example::
+
+    harness = ServerHarness()
+    messages = [{"role": "user", "content": "hi"}]
+    harness.set_desired_response(messages, create_chat_completion(["hello", "hey"], n=2))
+    completion = await harness.chat_completion(messages=messages, n=2)
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Optional, Sequence, Union
+
+from openai.types import Completion, CompletionChoice
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+
+from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
+
+TokensResponse = tuple[list[int], list[list[int]], list[list[float]], list[str]]
+
+
+def _as_list(value: Union[str, Sequence[str]], n: int) -> list[str]:
+    if isinstance(value, str):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(f"expected {n} values, got {len(values)}")
+    return values
+
+
+def create_chat_completion(
+    resp: Union[str, Sequence[str]], n: int = 1, finish_reason: Union[str, Sequence[str]] = "stop"
+) -> ChatCompletion:
+    """A ``ChatCompletion`` with ``n`` assistant choices (``resp`` one text or a list of n)."""
+    texts = _as_list(resp, n)
+    reasons = _as_list(finish_reason, n)
+    return ChatCompletion(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        object="chat.completion",
+        created=int(time.time()),
+        model="harness",
+        choices=[
+            Choice(
+                index=i,
+                finish_reason=reasons[i],  # type: ignore[arg-type]
+                message=ChatCompletionMessage(role="assistant", content=texts[i]),
+            )
+            for i in range(n)
+        ],
+    )
+
+
+def create_completion(
+    resp: Union[str, Sequence[str]], n: int = 1, finish_reason: Union[str, Sequence[str]] = "stop"
+) -> Completion:
+    """A ``Completion`` with ``n`` text choices."""
+    texts = _as_list(resp, n)
+    reasons = _as_list(finish_reason, n)
+    return Completion(
+        id=f"cmpl-{uuid.uuid4().hex}",
+        object="text_completion",
+        created=int(time.time()),
+        model="harness",
+        choices=[
+            CompletionChoice(index=i, finish_reason=reasons[i], text=texts[i])  # type: ignore[arg-type]
+            for i in range(n)
+        ],
+    )
+
+
+class ServerHarness(APIServer):
+    """A mock inference server answering from maps set by the test."""
+
+    retry_attempts = 1  # a missing canned response is a test bug: fail at once
+
+    def __init__(self, config: Optional[APIServerConfig] = None, **_: Any):
+        super().__init__(
+            config or APIServerConfig(model_name="harness", health_check=False, base_url="")
+        )
+        self.response_map: dict[str, Any] = {}
+        self.tokens_map: dict[Union[str, tuple[int, ...]], TokensResponse] = {}
+        self.logprobs_map: dict[Union[str, tuple[int, ...]], dict[str, Any]] = {}
+
+    @staticmethod
+    def conv_to_dictkey(input_message: Sequence[dict[str, Any]]) -> str:
+        """The lookup key of a conversation: ``role:...``/``content:...`` lines."""
+        lines = []
+        for item in input_message:
+            lines.append(f"role:{item['role']}")
+            lines.append(f"content:{item['content']}")
+        return "\n".join(lines)
+
+    def set_desired_response(
+        self, input_message: Sequence[dict[str, Any]], completion: ChatCompletion
+    ) -> None:
+        """Answer ``completion`` to a chat request with these messages."""
+        self.response_map[self.conv_to_dictkey(input_message)] = completion
+
+    def set_desired_completion(self, input_message: str, completion: Completion) -> None:
+        """Answer ``completion`` to a completion request with this prompt."""
+        self.response_map[input_message] = completion
+
+    def set_tokens_and_logprobs_response(
+        self,
+        prompt: Union[str, Sequence[int]],
+        prompt_tokens: Optional[list[int]] = None,
+        output_tokens_list: Optional[list[list[int]]] = None,
+        output_logprobs_list: Optional[list[list[float]]] = None,
+        finish_reasons: Optional[list[str]] = None,
+    ) -> None:
+        """Answer a ``tokens_and_logprobs_completion`` for ``prompt`` (text or token ids).
+
+        Missing logprobs default to -0.5 per token, finish reasons to ``"stop"``.
+        """
+        outputs = output_tokens_list or [[]]
+        lps = output_logprobs_list or [[-0.5] * len(o) for o in outputs]
+        reasons = finish_reasons or ["stop"] * len(outputs)
+        if not (len(outputs) == len(lps) == len(reasons)):
+            raise ValueError("output_tokens_list, output_logprobs_list and finish_reasons differ in length")
+        key = prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)
+        tokens = list(prompt_tokens) if prompt_tokens is not None else (
+            [] if isinstance(prompt, str) else list(key)  # type: ignore[arg-type]
+        )
+        self.tokens_map[key] = (tokens, outputs, lps, reasons)
+
+    def set_logprobs_response(self, prompt: Union[str, Sequence[int]], response: dict[str, Any]) -> None:
+        """Answer a ``get_logprobs`` call for ``prompt``."""
+        key = prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)
+        self.logprobs_map[key] = response
+
+    async def _chat_completion_wrapper(self, **kwargs: Any) -> ChatCompletion:
+        key = self.conv_to_dictkey(kwargs.get("messages") or [])
+        if key not in self.response_map:
+            raise KeyError(f"ServerHarness has no response for the conversation:\n{key}")
+        return self.response_map[key]
+
+    async def _completion_wrapper(self, **kwargs: Any) -> Completion:
+        prompt = kwargs.get("prompt")
+        if prompt not in self.response_map:
+            raise KeyError(f"ServerHarness has no completion for the prompt {prompt!r}")
+        return self.response_map[prompt]
+
+    def _lookup(self, table: dict[Any, Any], kwargs: dict[str, Any], what: str) -> Any:
+        prompt = kwargs.get("prompt")
+        if isinstance(prompt, str) and prompt in table:
+            return table[prompt]
+        ids = kwargs.get("input_ids")
+        if ids is not None and tuple(int(t) for t in ids) in table:
+            return table[tuple(int(t) for t in ids)]
+        raise KeyError(f"ServerHarness has no {what} response for prompt={prompt!r} input_ids={ids!r}")
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> TokensResponse:
+        tokens, outputs, lps, reasons = self._lookup(self.tokens_map, kwargs, "tokens/logprobs")
+        if not tokens and kwargs.get("input_ids") is not None:
+            tokens = [int(t) for t in kwargs["input_ids"]]
+        return list(tokens), [list(o) for o in outputs], [list(lp) for lp in lps], list(reasons)
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
+        return self._lookup(self.logprobs_map, kwargs, "get_logprobs")

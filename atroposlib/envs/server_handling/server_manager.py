@@ -1,0 +1,514 @@
+"""``ServerManager``: one entry point over a pool of inference servers.
+
+Routing: every request goes to the healthy server with the most free slots (ties to
+the lowest index). The manager takes the slot itself, atomically with the choice, and
+callers that find no free slot wait in a FIFO queue that is served whenever a slot is
+released or a server's health changes (no polling). A server that cannot be reached
+is marked unhealthy by the failing request and the request is retried on another
+server; when no server is healthy, callers wait up to the servers' ``timeout`` and then
+get a ``NoHealthyServerError`` naming the servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import subprocess
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Mapping, Optional, Sequence, Union
+
+from pydantic import BaseModel, Field
+
+from atroposlib.envs.server_handling._common import load_tokenizer
+from atroposlib.envs.server_handling.errors import (
+    NoHealthyServerError,
+    ServerUnavailableError,
+    is_client_error,
+)
+from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
+from atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    ReasoningConfig,
+    ServerBaseline,
+    _deadline,
+)
+from atroposlib.envs.server_handling.server_harness import ServerHarness
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LOCAL_PORTS = range(9004, 9008)
+SLURM_BASE_PORT = 9000
+GPUS_PER_NODE = 8
+
+
+class ServerManagerConfig(BaseModel):
+    """Settings of the ``ServerManager`` itself (the CLI's ``--server.*``)."""
+
+    slurm: bool = Field(False, description="Discover inference servers from the SLURM allocation.")
+    testing: bool = Field(False, description="Use the in-process ServerHarness mock instead of servers.")
+    max_n_completions: int = Field(
+        8, ge=1, description="Requests with a larger n are split into chunks of at most this size."
+    )
+    proxy_url: Optional[str] = Field(
+        None,
+        description="URL of a managed-server proxy; managed_server() then opens proxy sessions "
+        "(also read from ATROPOS_PROXY_URL).",
+    )
+
+
+def server_class_for(server_type: str) -> type[APIServer]:
+    """The backend class for a config's ``server_type``."""
+    from atroposlib.envs.server_handling.sglang_server import SGLangServer
+    from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+
+    classes: dict[str, type[APIServer]] = {
+        "openai": OpenAIServer,
+        "trl": TrlVllmServer,
+        "sglang": SGLangServer,
+        "vllm": VLLMServer,
+    }
+    if server_type not in classes:
+        raise ValueError(f"unknown server_type {server_type!r}; expected one of {sorted(classes)}")
+    return classes[server_type]
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from e
+
+
+def slurm_inference_urls(
+    env: Optional[Mapping[str, str]] = None, hostnames: Optional[Sequence[str]] = None
+) -> Optional[list[str]]:
+    """Inference server URLs of a SLURM allocation, or None with fewer than 2 nodes.
+
+    Nodes after the first ``NUM_TRAINING_NODES`` (default 1) each run ``8 // INFER_TP``
+    servers on ports 9000, 9001, ... ``hostnames`` overrides ``scontrol show hostnames``.
+    """
+    env = os.environ if env is None else env
+    if hostnames is None:
+        nodelist = env.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            return None
+        result = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        hostnames = result.stdout.split()
+    nodes = list(hostnames)
+    if len(nodes) < 2:
+        return None
+    num_training = _env_int(env, "NUM_TRAINING_NODES", 1)
+    tp = _env_int(env, "INFER_TP", 1)
+    if tp < 1 or tp > GPUS_PER_NODE:
+        raise ValueError(f"INFER_TP must be between 1 and {GPUS_PER_NODE}, got {tp}")
+    return [
+        f"http://{node}:{SLURM_BASE_PORT + i}/v1"
+        for node in nodes[num_training:]
+        for i in range(GPUS_PER_NODE // tp)
+    ]
+
+
+def _configs_from_template(template: ServerBaseline, urls: Sequence[str]) -> list[APIServerConfig]:
+    base = template.model_dump()
+    base.pop("base_url", None)
+    base.pop("api_key", None)
+    return [APIServerConfig(**{**base, "base_url": url, "api_key": "x"}) for url in urls]
+
+
+def split_n(n: int, max_n: int) -> list[int]:
+    """Chunk sizes for ``n`` completions at most ``max_n`` at a time (``split_n(20, 8) == [8, 8, 4]``)."""
+    chunks = [max_n] * (n // max_n)
+    if n % max_n:
+        chunks.append(n % max_n)
+    return chunks
+
+
+def _is_eval(kwargs: Mapping[str, Any]) -> bool:
+    return kwargs.get("split", "train") == "eval"
+
+
+class ServerManager:
+    """Routes requests over a pool of inference servers.
+
+    Example::
+
+        manager = ServerManager([APIServerConfig(base_url="http://localhost:9001/v1",
+                                                 model_name="Qwen/Qwen3-1.7B", server_type="vllm")])
+        completion = await manager.chat_completion(messages=[...], n=4, max_tokens=256)
+        async with manager.managed_server(tokenizer=tokenizer) as managed:
+            await managed.chat_completion(messages=[...], n=4)
+            nodes = managed.get_state()["nodes"]
+    """
+
+    def __init__(
+        self,
+        configs: Union[ServerBaseline, Sequence[ServerBaseline]],
+        server_class: type[APIServer] = APIServer,
+        slurm: bool = False,
+        testing: bool = False,
+        max_n_completions: int = 8,
+        reasoning_config: Optional[ReasoningConfig] = None,
+        proxy_url: Optional[str] = None,
+        use_proxy: bool = False,
+        tool_parser: Optional[str] = None,
+    ):
+        if max_n_completions < 1:
+            raise ValueError("max_n_completions must be >= 1")
+        self.max_n_completions = max_n_completions
+        self.reasoning_config = reasoning_config
+        self.tool_parser = tool_parser
+        self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL") or None
+        self.use_proxy = use_proxy or self.proxy_url is not None
+        if self.use_proxy and not self.proxy_url:
+            raise ValueError("use_proxy=True needs proxy_url or ATROPOS_PROXY_URL")
+        self.testing = testing
+        self.slurm = slurm
+        if testing:
+            self.servers: list[APIServer] = [ServerHarness()]
+        else:
+            server_configs = self._resolve_configs(configs, slurm)
+            if not server_configs:
+                raise ValueError("ServerManager needs at least one server config")
+            if inspect.isabstract(server_class):
+                cls = server_class_for(server_configs[0].server_type)
+                self.servers = [
+                    server_class_for(c.server_type)(c, reasoning_config=reasoning_config)
+                    if c.server_type != server_configs[0].server_type
+                    else cls(c, reasoning_config=reasoning_config)
+                    for c in server_configs
+                ]
+            else:
+                self.servers = [server_class(c, reasoning_config=reasoning_config) for c in server_configs]
+        self._waiters: dict[bool, deque[tuple[asyncio.Future[int], frozenset[int]]]] = {
+            True: deque(),
+            False: deque(),
+        }
+        for server in self.servers:
+            server.sem.add_listener(self._dispatch)
+            server.eval_sem.add_listener(self._dispatch)
+            server.add_health_listener(self._dispatch)
+
+    # ----------------------------------------------------------------- configuration
+    @staticmethod
+    def _resolve_configs(
+        configs: Union[ServerBaseline, Sequence[ServerBaseline]], slurm: bool
+    ) -> list[ServerBaseline]:
+        if isinstance(configs, ServerBaseline):
+            if isinstance(configs, APIServerConfig) and configs.base_url:
+                return [configs]  # one server at its base_url
+            urls = slurm_inference_urls()
+            if urls is None:
+                urls = [f"http://localhost:{p}/v1" for p in DEFAULT_LOCAL_PORTS]
+            return list(_configs_from_template(configs, urls))
+        configs = list(configs)
+        if not slurm or not configs:
+            return configs
+        urls = slurm_inference_urls()
+        if urls is None:
+            logger.warning("slurm=True but fewer than 2 SLURM nodes found; using the configs as given")
+            return configs
+        return list(_configs_from_template(configs[0], urls))
+
+    # ----------------------------------------------------------------- slot routing
+    @staticmethod
+    def _free_slots(server: APIServer, is_train: bool) -> int:
+        if not is_train:
+            return server.eval_sem.free_slots()
+        free = server.sem.free_slots()
+        if server.eval_sem.in_use() > 0:
+            free -= server.eval_sem.free_slots()
+        return free
+
+    def _pick(self, is_train: bool, exclude: frozenset[int] = frozenset()) -> Optional[int]:
+        best, best_slots = None, 0
+        for i, server in enumerate(self.servers):
+            if i in exclude or not server.server_healthy:
+                continue
+            slots = self._free_slots(server, is_train)
+            if slots > best_slots:
+                best, best_slots = i, slots
+        return best
+
+    def _take(self, idx: int, is_train: bool) -> bool:
+        server = self.servers[idx]
+        return (server.sem if is_train else server.eval_sem).try_acquire()
+
+    def _release(self, idx: int, is_train: bool) -> None:
+        server = self.servers[idx]
+        (server.sem if is_train else server.eval_sem).release()
+
+    def _dispatch(self) -> None:
+        """Hand free slots to queued callers, FIFO, eval first."""
+        for is_train in (False, True):
+            queue = self._waiters[is_train]
+            while queue:
+                fut, exclude = queue[0]
+                if fut.done():
+                    queue.popleft()
+                    continue
+                idx = self._pick(is_train, exclude)
+                if idx is None or not self._take(idx, is_train):
+                    break
+                queue.popleft()
+                fut.set_result(idx)
+
+    def _start_health_checks(self) -> None:
+        for server in self.servers:
+            server.start_health_check()
+
+    async def _acquire_slot(
+        self, is_train: bool, exclude: frozenset[int], timeout: float
+    ) -> int:
+        queue = self._waiters[is_train]
+        if not queue:
+            idx = self._pick(is_train, exclude)
+            if idx is not None and self._take(idx, is_train):
+                return idx
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (fut, exclude)
+        queue.append(entry)
+        try:
+            async with _deadline(max(timeout, 0.0)):
+                return await fut
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            if fut.done() and not fut.cancelled():
+                self._release(fut.result(), is_train)
+            try:
+                queue.remove(entry)
+            except ValueError:
+                pass
+            raise
+
+    def _wait_timeout(self) -> float:
+        return float(max(s.config.timeout for s in self.servers))
+
+    def _describe(self, tried: Sequence[int] = ()) -> list[str]:
+        """Every server with its health, marking those this request tried."""
+        out = []
+        for i, server in enumerate(self.servers):
+            state = "healthy" if server.server_healthy else "unhealthy"
+            mark = f", tried {tried.count(i)}x" if i in tried else ", not tried"
+            out.append(f"{server.name} ({state}{mark})")
+        return out
+
+    async def _call(self, kind: str, kwargs: dict[str, Any]) -> Any:
+        self._start_health_checks()
+        is_train = not _is_eval(kwargs)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + self._wait_timeout()
+        tried: list[int] = []
+        exclude: set[int] = set()
+        last_error: Optional[BaseException] = None
+        max_tries = 2 * len(self.servers) + 2
+        while True:
+            try:
+                idx = await self._acquire_slot(is_train, frozenset(exclude), deadline - loop.time())
+            except asyncio.TimeoutError:
+                names = self._describe(tried)
+                raise NoHealthyServerError(names, loop.time() - started, last_error) from last_error
+            tried.append(idx)
+            server = self.servers[idx]
+            try:
+                return await server.run_request(kind, kwargs, slot_held=True, fail_fast=True)
+            except ServerUnavailableError as e:
+                last_error = e
+                logger.warning("request failed on %s, trying another server: %s", server.name, e)
+            except Exception as e:
+                if is_client_error(e) or isinstance(e, (NotImplementedError, KeyError, ValueError)):
+                    raise
+                exclude.add(idx)
+                last_error = e
+                if not any(
+                    s.server_healthy and i not in exclude for i, s in enumerate(self.servers)
+                ):
+                    raise
+                logger.warning("request failed on %s, retrying on another server: %r", server.name, e)
+            finally:
+                self._release(idx, is_train)
+            if len(tried) >= max_tries:
+                raise NoHealthyServerError(
+                    self._describe(tried), loop.time() - started, last_error
+                ) from last_error
+
+    async def wait_for_sem(self, is_training: bool = True) -> None:
+        """Wait until some healthy server has a free slot (train or eval)."""
+        is_train = bool(is_training)
+        idx = await self._acquire_slot(is_train, frozenset(), self._wait_timeout())
+        self._release(idx, is_train)
+
+    # ----------------------------------------------------------------- public API
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        """A ``ChatCompletion``; ``n`` above ``max_n_completions`` is split across requests."""
+        n = int(kwargs.get("n") or 1)
+        if n > self.max_n_completions:
+            parts = await asyncio.gather(
+                *(self._call("chat", {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
+            )
+            return merge_choices(list(parts))
+        return await self._call("chat", kwargs)
+
+    async def completion(self, **kwargs: Any) -> Any:
+        """A ``Completion``; ``n`` above ``max_n_completions`` is split across requests."""
+        n = int(kwargs.get("n") or 1)
+        if n > self.max_n_completions:
+            parts = await asyncio.gather(
+                *(
+                    self._call("completion", {**kwargs, "n": c})
+                    for c in split_n(n, self.max_n_completions)
+                )
+            )
+            return merge_choices(list(parts))
+        return await self._call("completion", kwargs)
+
+    async def tokens_and_logprobs_completion(
+        self, **kwargs: Any
+    ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
+        """``(prompt_tokens, output_tokens_list, output_logprobs_list, finish_reasons)``."""
+        n = int(kwargs.get("n") or 1)
+        if n > self.max_n_completions:
+            parts = await asyncio.gather(
+                *(self._call("tokens", {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
+            )
+            prompt_tokens = parts[0][0]
+            return (
+                prompt_tokens,
+                [seq for p in parts for seq in p[1]],
+                [seq for p in parts for seq in p[2]],
+                [r for p in parts for r in p[3]],
+            )
+        return await self._call("tokens", kwargs)
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """Top-k prompt logprobs from one server (``prompt`` or ``input_ids``, ``top_k``)."""
+        return await self._call("logprobs", kwargs)
+
+    @asynccontextmanager
+    async def dedicated_server(self) -> AsyncIterator[APIServer]:
+        """Hold one training slot of the most available server and yield that server."""
+        self._start_health_checks()
+        try:
+            idx = await self._acquire_slot(True, frozenset(), self._wait_timeout())
+        except asyncio.TimeoutError as e:
+            raise NoHealthyServerError(self._describe(), self._wait_timeout()) from e
+        try:
+            yield self.servers[idx]
+        finally:
+            self._release(idx, True)
+
+    def _server_for_managed(self, base_url: Optional[str]) -> APIServer:
+        if base_url is not None:
+            for server in self.servers:
+                if getattr(server.config, "base_url", None) == base_url:
+                    return server
+            raise ValueError(f"no server with base_url {base_url!r}")
+        healthy = [s for s in self.servers if s.server_healthy] or self.servers
+        return max(healthy, key=lambda s: s.sem._value)
+
+    @asynccontextmanager
+    async def managed_server(
+        self,
+        tokenizer: Any = None,
+        base_url: Optional[str] = None,
+        preserve_think_blocks: bool = False,
+    ) -> AsyncIterator[Any]:
+        """A ``ManagedServer`` over one server, tracking tokens, masks and logprobs.
+
+        With a proxy URL this opens a proxy session instead. An OpenAI-only server gives
+        a ``DummyManagedServer`` when ``ATROPOS_ALLOW_DUMMY_MANAGED_SERVER`` is 1/true/yes.
+        """
+        from atroposlib.envs.server_handling.managed_server import (
+            DummyManagedServer,
+            ManagedServer,
+        )
+
+        if self.use_proxy and self.proxy_url:
+            from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer
+
+            proxy = await ProxyManagedServer.create(self.proxy_url, base_url=base_url)
+            try:
+                yield proxy
+            finally:
+                await proxy.close()
+            return
+        server = self._server_for_managed(base_url)
+        if supports_tokens(server):
+            tok = tokenizer or getattr(server, "tokenizer", None)
+            if tok is None:
+                name = server.config.tokenizer_name
+                tok = load_tokenizer(server.config.model_name if name == "none" else name)
+            if tok is None:
+                raise ValueError("managed_server needs a tokenizer (pass tokenizer=...)")
+            managed: Any = ManagedServer(
+                server,
+                tokenizer=tok,
+                tool_parser=self.tool_parser,
+                preserve_think_blocks=preserve_think_blocks,
+            )
+        else:
+            flag = os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").strip().lower()
+            if flag not in ("1", "true", "yes"):
+                raise NotImplementedError(
+                    f"{type(server).__name__} cannot return tokens and logprobs, so ManagedServer "
+                    "cannot track them; use server_type='vllm' or 'sglang', or set "
+                    "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 for placeholder tokens (not for training)"
+                )
+            managed = DummyManagedServer(server, tokenizer=tokenizer)
+        try:
+            yield managed
+        finally:
+            managed.reset()
+
+    def update_weight(self, weight: float) -> None:
+        """Scale every server's usable capacity by ``weight`` (the env's weight from the API)."""
+        for server in self.servers:
+            server.update_weight(weight)
+
+    async def wandb_metrics(
+        self, metrics_dict: Optional[dict[str, Any]] = None, server_name: Optional[str] = None
+    ) -> dict[str, Any]:
+        """Metrics of every server (``server/server_{i}_*``) plus the healthy-server count."""
+        metrics = {} if metrics_dict is None else metrics_dict
+        for i, server in enumerate(self.servers):
+            name = f"{server_name}_{i}" if server_name else f"server_{i}"
+            await server.wandb_metrics(metrics, name)
+        metrics["server/healthy_servers"] = sum(1 for s in self.servers if s.server_healthy)
+        return metrics
+
+    async def close(self) -> None:
+        """Stop every server's background work and fail queued callers."""
+        for queue in self._waiters.values():
+            while queue:
+                fut, _ = queue.popleft()
+                if not fut.done():
+                    fut.cancel()
+        for server in self.servers:
+            await server.close()
+
+    async def __aenter__(self) -> "ServerManager":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def supports_tokens(server: APIServer) -> bool:
+    """Whether ``server`` implements ``tokens_and_logprobs_completion`` (ManagedServer needs it)."""
+    impl = type(server)._tokens_and_logprobs_completion_wrapper
+    return impl is not APIServer._tokens_and_logprobs_completion_wrapper and (
+        impl is not OpenAIServer._tokens_and_logprobs_completion_wrapper
+    )

@@ -1,0 +1,112 @@
+"""``SGLangServer``: SGLang's native ``/generate`` for tokens and logprobs.
+
+``POST {root}/generate`` with ``{"input_ids", "sampling_params", "return_logprob": true}``;
+the answer's ``meta_info.output_token_logprobs`` holds ``(logprob, token_id, text)``
+tuples and ``meta_info.finish_reason`` is a string or ``{"type": ...}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from atroposlib.envs.server_handling._common import drop_none, load_tokenizer, post_json, root_url
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ReasoningConfig
+
+
+def parse_sglang_output(item: dict[str, Any]) -> tuple[list[int], list[float], str]:
+    """``(token_ids, logprobs, finish_reason)`` of one SGLang ``/generate`` result."""
+    meta = item.get("meta_info") or {}
+    triples = meta.get("output_token_logprobs") or []
+    ids = [int(t[1]) for t in triples]
+    lps = [float(t[0]) if t[0] is not None else 0.0 for t in triples]
+    if not ids and item.get("output_ids") is not None:
+        ids = [int(t) for t in item["output_ids"]]
+        lps = [0.0] * len(ids)
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict):
+        finish = finish.get("type")
+    return ids, lps, str(finish or "stop")
+
+
+class SGLangServer(OpenAIServer):
+    """An SGLang server: OpenAI API for chat/completions, native ``/generate`` for tokens."""
+
+    def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None):
+        super().__init__(config, reasoning_config)
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The server's tokenizer, loaded on first use (only needed for text prompts)."""
+        if self._tokenizer is None:
+            name = self.config.tokenizer_name
+            self._tokenizer = load_tokenizer(self.config.model_name if name == "none" else name)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    def _input_ids(self, kwargs: dict[str, Any]) -> list[int]:
+        input_ids = kwargs.pop("input_ids", None)
+        prompt = kwargs.pop("prompt", None)
+        if input_ids is None:
+            if prompt is None:
+                raise ValueError("tokens_and_logprobs_completion needs prompt or input_ids")
+            if self.tokenizer is None:
+                raise ValueError("no tokenizer available; pass input_ids instead of prompt")
+            input_ids = self.tokenizer.encode(prompt)
+        if not input_ids:
+            raise ValueError("the prompt is empty")
+        return [int(i) for i in input_ids]
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
+        input_ids = self._input_ids(kwargs)
+        sampling = dict(kwargs)
+        sampling.pop("model", None)
+        for key in ("max_tokens", "max_completion_tokens"):
+            if key in sampling:
+                sampling.setdefault("max_new_tokens", sampling.pop(key))
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": drop_none(sampling),
+            "return_logprob": True,
+            "return_text_in_logprobs": False,
+        }
+        client = self.http_client(float(self.config.timeout))
+        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        items = data if isinstance(data, list) else [data]
+        tokens, logprobs, finishes = [], [], []
+        for item in items:
+            ids, lps, finish = parse_sglang_output(item)
+            tokens.append(ids)
+            logprobs.append(lps)
+            finishes.append(finish)
+        return input_ids, tokens, logprobs, finishes
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
+        top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
+        kwargs.pop("top_logprobs", None)
+        input_ids = self._input_ids(kwargs)
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": top_k,
+            "return_text_in_logprobs": False,
+        }
+        client = self.http_client(float(self.config.timeout))
+        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        meta = (data[0] if isinstance(data, list) else data).get("meta_info") or {}
+        rows = meta.get("input_top_logprobs") or []
+        ids_out, lps_out = [], []
+        for pos, tok in enumerate(input_ids):
+            row = rows[pos] if pos < len(rows) and rows[pos] else [(0.0, tok, None)]
+            row = sorted(row, key=lambda t: -(t[0] if t[0] is not None else 0.0))[:top_k]
+            while len(row) < top_k:
+                row.append(row[-1])
+            ids_out.append([int(t[1]) for t in row])
+            lps_out.append([float(t[0]) if t[0] is not None else 0.0 for t in row])
+        return {"prompt_tokens": input_ids, "prompt_topk_token_ids": ids_out, "prompt_topk_logprobs": lps_out}

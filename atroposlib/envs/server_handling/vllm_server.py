@@ -1,0 +1,177 @@
+"""``VLLMServer``: vLLM (or ``atropos-serve-model``) with the custom ``/generate`` endpoint.
+
+Chat and text completions go through the OpenAI-compatible ``/v1`` API; tokens and
+logprobs come from ``POST {root}/generate``::
+
+    {"prompt": {"prompt_token_ids": [...]}, "logprobs": 0, "n": 2, "max_tokens": 64, ...}
+    -> {"text": [...], "token_ids": [[...]], "logprobs": [[[{"id": lp}], ...]], "finish_reasons": [...]}
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from atroposlib.envs.server_handling._common import drop_none, load_tokenizer, post_json, root_url
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ReasoningConfig
+
+logger = logging.getLogger(__name__)
+
+_RENAMED = ("max_new_tokens", "max_completion_tokens")
+
+
+def _entry_items(entry: Any) -> list[tuple[int, float]]:
+    """``[{id: lp}, ...]`` or ``{id: lp, ...}`` (ids as str or int) → ``[(id, lp), ...]``."""
+    if entry is None:
+        return []
+    if isinstance(entry, dict):
+        dicts = [entry]
+    else:
+        dicts = [d for d in entry if isinstance(d, dict)]
+    items: list[tuple[int, float]] = []
+    for d in dicts:
+        for k, v in d.items():
+            lp = v.get("logprob") if isinstance(v, dict) else v
+            items.append((int(k), float(lp)))
+    return items
+
+
+def parse_generate_logprobs(
+    token_ids: Optional[list[int]], position_entries: list[Any]
+) -> tuple[list[int], list[float]]:
+    """The sampled tokens and their logprobs from one sequence's ``logprobs`` entries."""
+    ids: list[int] = []
+    lps: list[float] = []
+    for pos, entry in enumerate(position_entries):
+        items = _entry_items(entry)
+        wanted = token_ids[pos] if token_ids is not None and pos < len(token_ids) else None
+        chosen = next((it for it in items if it[0] == wanted), None) if wanted is not None else None
+        if chosen is None:
+            chosen = items[0] if items else (wanted if wanted is not None else 0, 0.0)
+        ids.append(wanted if wanted is not None else chosen[0])
+        lps.append(chosen[1])
+    return ids, lps
+
+
+def topk_from_prompt_logprobs(
+    prompt_tokens: list[int], prompt_logprobs: list[Any], top_k: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Shape ``[pos][k]`` id and logprob lists, best first.
+
+    A position without data (vLLM gives None for the first token) gets the prompt token
+    itself with logprob 0.0 repeated; short rows are padded with their last entry.
+    """
+    ids_out: list[list[int]] = []
+    lps_out: list[list[float]] = []
+    for pos, tok in enumerate(prompt_tokens):
+        entry = prompt_logprobs[pos] if pos < len(prompt_logprobs) else None
+        items = sorted(_entry_items(entry), key=lambda it: -it[1])[:top_k]
+        if not items:
+            items = [(tok, 0.0)]
+        while len(items) < top_k:
+            items.append(items[-1])
+        ids_out.append([i for i, _ in items])
+        lps_out.append([lp for _, lp in items])
+    return ids_out, lps_out
+
+
+class VLLMServer(OpenAIServer):
+    """A vLLM server that also serves the custom ``/generate`` endpoint.
+
+    The tokenizer (``tokenizer_name``, or ``model_name`` when that is "none") is loaded
+    only when needed: to tokenize a text ``prompt`` and to drop a duplicated leading BOS.
+    """
+
+    def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None):
+        super().__init__(config, reasoning_config)
+        self._tokenizer: Any = None
+        self._tokenizer_failed = False
+
+    @property
+    def tokenizer(self) -> Any:
+        """The server's tokenizer, loaded on first use (None if it cannot be loaded)."""
+        if self._tokenizer is None and not self._tokenizer_failed:
+            name = self.config.tokenizer_name
+            if not name or name == "none":
+                name = self.config.model_name
+            self._tokenizer = load_tokenizer(name)
+            self._tokenizer_failed = self._tokenizer is None
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    async def _probe_health(self) -> bool:
+        client = self.http_client(min(5.0, float(self.config.timeout)))
+        response = await client.get(f"{root_url(self.config.base_url)}/health")
+        return response.status_code == 200
+
+    def _prompt_ids(self, kwargs: dict[str, Any]) -> list[int]:
+        input_ids = kwargs.pop("input_ids", None)
+        prompt = kwargs.pop("prompt", None)
+        if input_ids is None:
+            if prompt is None:
+                raise ValueError("tokens_and_logprobs_completion needs prompt or input_ids")
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"no tokenizer for {self.config.tokenizer_name!r}/{self.config.model_name!r}; "
+                    "pass input_ids instead of prompt"
+                )
+            input_ids = self.tokenizer.encode(prompt)
+        ids = [int(i) for i in input_ids]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bos = getattr(self._tokenizer, "bos_token_id", None) if self._tokenizer else None
+        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    @staticmethod
+    def _sampling_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        out = dict(kwargs)
+        out.pop("model", None)
+        for key in _RENAMED:
+            if key in out:
+                value = out.pop(key)
+                out.setdefault("max_tokens", value)
+        return drop_none(out)
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
+        prompt_ids = self._prompt_ids(kwargs)
+        body = {
+            **self._sampling_kwargs(kwargs),
+            "prompt": {"prompt_token_ids": prompt_ids},
+            "logprobs": 0,
+        }
+        client = self.http_client(float(self.config.timeout))
+        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        token_ids = data.get("token_ids") or [None] * len(data.get("logprobs", []))
+        output_tokens, output_logprobs = [], []
+        for seq_ids, seq_lps in zip(token_ids, data.get("logprobs", [])):
+            ids, lps = parse_generate_logprobs(seq_ids, seq_lps)
+            output_tokens.append(ids)
+            output_logprobs.append(lps)
+        finish = list(data.get("finish_reasons") or ["stop"] * len(output_tokens))
+        return prompt_ids, output_tokens, output_logprobs, finish
+
+    async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
+        top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
+        kwargs.pop("top_logprobs", None)
+        prompt_ids = self._prompt_ids(kwargs)
+        body = {
+            "prompt": {"prompt_token_ids": prompt_ids},
+            "prompt_logprobs": top_k,
+            "n": 1,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "max_tokens": 1,
+        }
+        client = self.http_client(float(self.config.timeout))
+        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        prompt_lps = data.get("prompt_logprobs") or []
+        if prompt_lps and isinstance(prompt_lps[0], list) and len(prompt_lps) == 1:
+            prompt_lps = prompt_lps[0]  # one list per prompt
+        ids, lps = topk_from_prompt_logprobs(prompt_ids, prompt_lps, top_k)
+        return {"prompt_tokens": prompt_ids, "prompt_topk_token_ids": ids, "prompt_topk_logprobs": lps}

@@ -1,0 +1,95 @@
+"""Metric assembly for W&B (§4.10). ``wandb`` is imported only when logging is on."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+import string
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+UNPREFIXED = ("server/",)
+
+
+def list_stats(prefix: str, values: Sequence[float]) -> Dict[str, float]:
+    """``{prefix}_mean|_std|_max|_min`` of ``values``; empty when it has one entry or none."""
+    if len(values) <= 1:
+        return {}
+    arr = np.asarray(values, dtype=float)
+    return {
+        f"{prefix}_mean": float(arr.mean()),
+        f"{prefix}_std": float(arr.std()),
+        f"{prefix}_max": float(arr.max()),
+        f"{prefix}_min": float(arr.min()),
+    }
+
+
+def completion_length_metrics(lengths: Sequence[int], max_token_len: int) -> Dict[str, float]:
+    """``train/completion_lengths`` and its std/max/min/p95 (fraction above 0.95 × max)."""
+    if not lengths:
+        return {}
+    arr = np.asarray(lengths, dtype=float)
+    out = {
+        "train/completion_lengths": float(arr.mean()),
+        "train/completion_lengths_std": float(arr.std()),
+        "train/completion_lengths_max": float(arr.max()),
+        "train/completion_lengths_min": float(arr.min()),
+    }
+    if max_token_len > 0:
+        out["train/completion_lengths_p95"] = float((arr > 0.95 * max_token_len).mean())
+    return out
+
+
+def rejected_metrics(rejected: Mapping[str, int]) -> Dict[str, int]:
+    """``train/items_rejected`` (total) and ``train/items_rejected/<reason>`` counts."""
+    out: Dict[str, int] = {"train/items_rejected": int(sum(rejected.values()))}
+    for reason, count in rejected.items():
+        out[f"train/items_rejected/{reason}"] = int(count)
+    return out
+
+
+def prefix_keys(metrics: Mapping[str, Any], prepend: Optional[str]) -> Dict[str, Any]:
+    """Prefix every key with ``{prepend}_`` except the server metrics."""
+    if not prepend:
+        return dict(metrics)
+    return {
+        (k if k.startswith(UNPREFIXED) else f"{prepend}_{k}"): v for k, v in metrics.items()
+    }
+
+
+def run_name(base: Optional[str]) -> Optional[str]:
+    """``{base}-{YYYY-MM-DD}-{6 random lowercase letters}``, or None without a base."""
+    if not base:
+        return None
+    suffix = "".join(random.choices(string.ascii_lowercase, k=6))
+    return f"{base}-{datetime.date.today().isoformat()}-{suffix}"
+
+
+def init_run(project: Optional[str], group: Optional[str], name: Optional[str], config: Dict[str, Any]) -> Any:
+    """Start a W&B run (offline/disabled modes work through ``WANDB_MODE``)."""
+    import wandb
+
+    return wandb.init(project=project, group=group, name=name, config=config)
+
+
+def log(metrics: Dict[str, Any], step: int) -> None:
+    """``wandb.log(metrics, step=step)`` when a run is active."""
+    import wandb
+
+    if wandb.run is not None:
+        wandb.log(metrics, step=step)
+
+
+def rollout_table(rollouts: Iterable[List[tuple]]) -> Any:
+    """A ``wandb.Table`` with columns ``text`` and ``score``."""
+    import wandb
+
+    table = wandb.Table(columns=["text", "score"])
+    for group in rollouts:
+        for text, score in group:
+            table.add_data(text, score)
+    return table

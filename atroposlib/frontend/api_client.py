@@ -1,0 +1,174 @@
+"""A small synchronous client of the rollout API for the inspection and export tools.
+
+The tools (``view-run``, ``atropos-sft-gen``, ``atropos-dpo-gen``) act as the
+trainer: they register and then pull batches with ``GET /batch``. Every request
+has a timeout, sends ``Authorization: Bearer $ATROPOS_API_KEY`` when that
+variable is set, and failures become :class:`ApiError` with a message a person
+can act on (never a raw traceback).
+
+Example::
+
+    client = TrainerClient("http://localhost:8000")
+    client.check()
+    client.register(batch_size=16, max_token_len=2048, num_steps=100)
+    batch = client.wait_for_batch(timeout=60)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Optional
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_API_URL = "http://localhost:8000"
+
+
+class ApiError(RuntimeError):
+    """The rollout API could not be reached or answered something unusable."""
+
+
+def api_key_headers() -> dict[str, str]:
+    """``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is set (SPEC D9)."""
+    key = os.environ.get("ATROPOS_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+class TrainerClient:
+    """Talks to ``run-api`` as a trainer does: reset, register, poll ``/batch``."""
+
+    def __init__(self, api_url: str = DEFAULT_API_URL, timeout: float = 10.0,
+                 client: Optional[httpx.Client] = None) -> None:
+        self.api_url = api_url.rstrip("/")
+        self._client = client or httpx.Client(timeout=timeout, headers=api_key_headers())
+
+    def close(self) -> None:
+        """Close the underlying HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> "TrainerClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        url = f"{self.api_url}{path}"
+        try:
+            response = self._client.request(method, url, **kwargs)
+        except httpx.TimeoutException as e:
+            raise ApiError(f"the rollout API at {self.api_url} did not answer {method} {path} in time ({e})") from None
+        except httpx.HTTPError as e:
+            raise ApiError(
+                f"cannot reach the rollout API at {self.api_url} ({type(e).__name__}: {e}). "
+                "Is run-api running? Point to it with --api-url."
+            ) from None
+        if response.status_code == 401:
+            raise ApiError(
+                f"the rollout API at {self.api_url} refused {method} {path} (401): "
+                "set ATROPOS_API_KEY to the key run-api was started with"
+            )
+        if response.status_code >= 400:
+            raise ApiError(
+                f"{method} {path} on {self.api_url} failed with HTTP {response.status_code}: "
+                f"{response.text[:500]}"
+            )
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise ApiError(f"{method} {path} on {self.api_url} did not return JSON: {response.text[:200]!r}") from None
+
+    def check(self) -> None:
+        """Raise ApiError unless the API answers ``GET /``."""
+        self._request("GET", "/")
+
+    def reset(self) -> None:
+        """``GET /reset_data``: wipes the API's queue, registry and step. Destructive."""
+        self._request("GET", "/reset_data")
+
+    def register(self, batch_size: int, max_token_len: int, num_steps: int, *,
+                 wandb_group: str = "test", wandb_project: str = "test",
+                 checkpoint_dir: str = "checkpoints", save_checkpoint_interval: int = 10,
+                 starting_step: int = 0) -> dict[str, Any]:
+        """``POST /register`` as a trainer; returns the API's answer (``{"uuid": ...}``)."""
+        body = {
+            "wandb_group": wandb_group,
+            "wandb_project": wandb_project,
+            "batch_size": batch_size,
+            "max_token_len": max_token_len,
+            "checkpoint_dir": checkpoint_dir,
+            "save_checkpoint_interval": save_checkpoint_interval,
+            "starting_step": starting_step,
+            "num_steps": num_steps,
+        }
+        return self._json("POST", "/register", json=body)
+
+    def info(self) -> dict[str, Any]:
+        """``GET /info``: the registered batch size and max token length."""
+        return self._json("GET", "/info")
+
+    def status(self) -> dict[str, Any]:
+        """``GET /status``: current step and queue size."""
+        return self._json("GET", "/status")
+
+    def wandb_info(self) -> dict[str, Any]:
+        """``GET /wandb_info``: the trainer's W&B group and project."""
+        return self._json("GET", "/wandb_info")
+
+    def get_batch(self) -> Optional[list[dict[str, Any]]]:
+        """One ``GET /batch``: a list of groups, or None when no full batch is ready."""
+        payload = self._json("GET", "/batch")
+        if not isinstance(payload, dict):
+            raise ApiError(f"GET /batch returned {type(payload).__name__}, expected an object")
+        if payload.get("status") == "error":
+            raise ApiError(f"GET /batch: {payload.get('message', payload)}")
+        batch = payload.get("batch")
+        if not batch:
+            return None
+        if not isinstance(batch, list):
+            raise ApiError("GET /batch: 'batch' is not a list")
+        return batch
+
+    def wait_for_batch(self, poll_interval: float = 1.0, timeout: Optional[float] = None,
+                       should_stop: Optional[Callable[[], bool]] = None) -> Optional[list[dict[str, Any]]]:
+        """Poll ``/batch`` every ``poll_interval`` s until a batch arrives.
+
+        Returns None when ``timeout`` seconds pass or ``should_stop()`` turns true.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = self.get_batch()
+            if batch is not None:
+                return batch
+            if should_stop is not None and should_stop():
+                return None
+            if deadline is not None and time.monotonic() + poll_interval > deadline:
+                return None
+            time.sleep(poll_interval)
+
+    def ensure_registered(self, batch_size: int, max_token_len: int, num_steps: int,
+                          reset: bool = False) -> None:
+        """Optionally reset, then register; warn when an earlier registration wins.
+
+        The API keeps the first trainer's configuration until it is reset, so
+        without ``reset`` the batch size may differ from the one asked for.
+        """
+        if reset:
+            logger.warning("resetting the rollout API at %s (--reset-api)", self.api_url)
+            self.reset()
+        self.register(batch_size=batch_size, max_token_len=max_token_len, num_steps=num_steps)
+        info = self.info()
+        actual = info.get("batch_size") if isinstance(info, dict) else None
+        if actual not in (None, -1, batch_size):
+            logger.warning(
+                "the API already had a trainer registered with batch_size=%s (asked for %s); "
+                "pass --reset-api to start from a clean API", actual, batch_size,
+            )

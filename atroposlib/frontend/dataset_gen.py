@@ -1,0 +1,232 @@
+"""The machinery shared by ``atropos-sft-gen`` and ``atropos-dpo-gen``.
+
+Both read scored groups, either live from the rollout API (acting as the
+trainer: register, then poll ``/batch``) or from a ``process`` jsonl
+(``--from-file``), turn each group into output lines with a per-tool function,
+optionally drop duplicates, and append them to a jsonl with a progress bar.
+
+Exit codes: 0 wrote at least one line; 1 nothing matched, or the API failed
+(unreachable, refused, died); 2 bad input (malformed or empty rollouts file,
+output exists, tokenizer cannot be loaded); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
+from atroposlib.frontend.export import FORMATS, Deduper, GroupView, group_view
+from atroposlib.frontend.rollouts import RolloutFileError, iter_groups
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOKENIZER = "NousResearch/DeepHermes-3-Llama-3-8B-Preview"
+
+
+class ToolError(RuntimeError):
+    """A failure to report to the user as one line, with an exit code."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, min_diff_default: float) -> None:
+    """The options both generators share (original names and defaults, plus additions)."""
+    parser.add_argument("filepath", help="output jsonl file")
+    parser.add_argument("--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)")
+    parser.add_argument("--group-size", type=int, default=2, help="group size used to size the batch (default 2)")
+    parser.add_argument("--max-token-len", type=int, default=2048, help="max token length to register (default 2048)")
+    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
+                        help="tokenizer name or local directory used to decode tokens")
+    parser.add_argument("--save-messages", action="store_true",
+                        help="save the groups' chat messages instead of decoded prefix/completion text")
+    parser.add_argument("--num-seqs-to-save", type=int, default=100, help="stop after this many lines (default 100)")
+    parser.add_argument("--allow-negative-scores", action="store_true", help="keep rollouts with score <= 0")
+    parser.add_argument("--minimum-score-diff-max-min", type=float, default=min_diff_default,
+                        help="minimum score gap (default %(default)s)")
+    parser.add_argument("--append-to-previous", action="store_true", help="append to an existing output file")
+    parser.add_argument("--format", choices=FORMATS, default="atropos",
+                        help="'atropos': the original line format; 'trl': columns TRL's trainers load as is")
+    parser.add_argument("--dedupe", action="store_true",
+                        help="skip lines identical to one already written (including earlier runs when appending)")
+    parser.add_argument("--from-file", metavar="JSONL", default=None,
+                        help="build the dataset from a `process` rollouts jsonl instead of the live API")
+    parser.add_argument("--reset-api", action="store_true",
+                        help="wipe the API (GET /reset_data) before registering; never done without this flag")
+    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between /batch polls")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (DPO negative choice)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+@dataclass
+class Counters:
+    """What happened during a run, for the closing summary."""
+
+    groups: int = 0
+    written: int = 0
+    duplicates: int = 0
+    skipped_groups: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        """Count a group that produced nothing for ``reason``."""
+        self.skipped_groups[reason] = self.skipped_groups.get(reason, 0) + 1
+
+
+def load_tokenizer(name: str) -> Any:
+    """Load a tokenizer, turning any failure into a ToolError that says what to do."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as e:  # transformers raises OSError, ValueError, HTTP errors ...
+        raise ToolError(
+            f"cannot load tokenizer {name!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+            "Pass --tokenizer with a local tokenizer directory, or use --save-messages."
+        ) from None
+
+
+def _live_groups(client: TrainerClient, poll_interval: float) -> Iterator[dict[str, Any]]:
+    while True:
+        batch = client.wait_for_batch(poll_interval=poll_interval)
+        for group in batch or []:
+            yield group
+
+
+def _file_groups(path: str) -> Iterator[dict[str, Any]]:
+    for _, group in iter_groups(path):
+        yield group
+
+
+def _decode_all(tokenizer: Any, tokens: Any) -> list[str]:
+    return [tokenizer.decode(seq) for seq in tokens]
+
+
+RecordsFn = Callable[[GroupView, bool, random.Random], list[dict[str, Any]]]
+
+
+def run_generation(args: argparse.Namespace, records_for: RecordsFn, batch_size: int, num_steps: int,
+                   console: Optional[Console] = None) -> int:
+    """Run one generator; return its exit code. ``records_for(view, use_messages, rng)`` makes lines."""
+    console = console or Console(stderr=True, soft_wrap=True)
+    try:
+        counters = _generate(args, records_for, batch_size, num_steps, console)
+    except ToolError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return e.exit_code
+    except RolloutFileError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    except ApiError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(counters.skipped_groups.items()))
+    console.print(
+        f"wrote {counters.written} lines to {args.filepath} from {counters.groups} groups"
+        + (f"; {counters.duplicates} duplicates dropped" if counters.duplicates else "")
+        + (f"; groups skipped: {skipped}" if skipped else ""),
+        highlight=False,
+    )
+    if counters.written == 0:
+        console.print("[yellow]no line matched the selection[/]")
+        return 1
+    return 0
+
+
+def _generate(args: argparse.Namespace, records_for: RecordsFn, batch_size: int, num_steps: int,
+              console: Console) -> Counters:
+    out_path = Path(args.filepath)
+    if out_path.exists() and not args.append_to_previous:
+        raise ToolError(f"{out_path} already exists; pass --append-to-previous to add to it")
+    if args.num_seqs_to_save <= 0:
+        raise ToolError("--num-seqs-to-save must be positive")
+    use_messages = bool(args.save_messages)
+    tokenizer = None if use_messages else load_tokenizer(args.tokenizer)
+    rng = random.Random(args.seed)
+    dedupe = Deduper() if args.dedupe else None
+    if dedupe is not None and out_path.exists():
+        dedupe.load(out_path)
+
+    client: Optional[TrainerClient] = None
+    if args.from_file:
+        groups = _file_groups(args.from_file)
+        # Surface an empty or malformed file before creating the output.
+        groups = _peeked(groups)
+    else:
+        client = TrainerClient(args.api_url)
+        client.check()
+        client.ensure_registered(batch_size=batch_size, max_token_len=args.max_token_len,
+                                 num_steps=num_steps, reset=args.reset_api)
+        groups = _live_groups(client, args.poll_interval)
+
+    counters = Counters()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, disable=args.no_progress)
+    try:
+        with out_path.open("a", encoding="utf-8") as out, progress:
+            task = progress.add_task("saving", total=args.num_seqs_to_save)
+            for group in groups:
+                counters.groups += 1
+                if use_messages and not isinstance(group.get("messages"), list):
+                    counters.skip("without messages")
+                    continue
+                if use_messages and len(group["messages"]) < len(group.get("scores") or []):
+                    counters.skip("with fewer messages than scores")
+                    continue
+                decoded = None
+                if not use_messages:
+                    tokens = group.get("tokens")
+                    if not isinstance(tokens, list) or len(tokens) < len(group.get("scores") or []):
+                        counters.skip("without tokens for every score")
+                        continue
+                    decoded = _decode_all(tokenizer, tokens)
+                for record in records_for(group_view(group, decoded), use_messages, rng):
+                    if dedupe is not None and not dedupe.is_new(record):
+                        counters.duplicates += 1
+                        continue
+                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    counters.written += 1
+                    progress.advance(task)
+                    if counters.written >= args.num_seqs_to_save:
+                        return counters
+                out.flush()
+    finally:
+        if client is not None:
+            client.close()
+    return counters
+
+
+def _peeked(groups: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Pull the first group now (so file errors surface early), then yield everything."""
+    try:
+        first = next(groups)
+    except StopIteration:
+        return iter(())
+
+    def chain() -> Iterator[dict[str, Any]]:
+        yield first
+        yield from groups
+
+    return chain()
+
+
+def main_with(parser: argparse.ArgumentParser, argv: Optional[list[str]],
+              run: Callable[[argparse.Namespace], int]) -> int:
+    """Parse ``argv`` and run, with logging set up for a person at a terminal."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    return run(args)
+

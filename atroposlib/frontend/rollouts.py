@@ -1,0 +1,314 @@
+"""Reading and taking apart scored groups: the shared core of the inspection tools.
+
+A *group* is one ScoredDataGroup as a dict (SPEC §3): ``tokens``, ``masks``,
+``scores`` and optionally ``messages``, ``inference_logprobs``, ``env_id`` ...
+``process`` writes one group per jsonl line; ``GET /batch`` returns lists of them.
+
+Everything here is pure (no network, no UI) so the CLIs stay thin.
+
+Example::
+
+    for line_no, group in iter_groups("data/gsm8k.jsonl"):
+        prefix, completions = split_prefix([tok.decode(t) for t in group["tokens"]])
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+MASKED = -100
+
+
+class RolloutFileError(ValueError):
+    """A rollouts file is missing, empty or has a malformed line (message names path:line)."""
+
+
+def check_group(group: Any, where: str) -> dict[str, Any]:
+    """Return ``group`` if it looks like a ScoredDataGroup, else raise RolloutFileError.
+
+    Needs a ``scores`` list and at least one of ``tokens`` / ``messages`` (lists).
+    """
+    if not isinstance(group, dict):
+        raise RolloutFileError(f"{where}: expected a JSON object (a scored group), got {type(group).__name__}")
+    scores = group.get("scores")
+    if not isinstance(scores, list):
+        raise RolloutFileError(f"{where}: field 'scores' is missing or not a list")
+    for i, score in enumerate(scores):
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise RolloutFileError(f"{where}: scores[{i}] is not a number: {score!r}")
+    tokens = group.get("tokens")
+    messages = group.get("messages")
+    if tokens is None and messages is None:
+        raise RolloutFileError(f"{where}: needs 'tokens' or 'messages'")
+    for name in ("tokens", "masks", "messages", "inference_logprobs"):
+        value = group.get(name)
+        if value is not None and not isinstance(value, list):
+            raise RolloutFileError(f"{where}: field '{name}' must be a list")
+    return group
+
+
+def iter_groups(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, group)`` for each non-blank line of a rollouts jsonl.
+
+    Raises RolloutFileError (naming ``path:line``) on the first malformed line,
+    and when the file is missing or holds no group at all.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RolloutFileError(f"{path}: no such file")
+    found = False
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                group = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RolloutFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            found = True
+            yield line_no, check_group(group, where)
+    if not found:
+        raise RolloutFileError(f"{path}: the file is empty (no scored groups)")
+
+
+def longest_common_prefix(texts: Sequence[str]) -> str:
+    """The longest string every text starts with ("" for no texts)."""
+    if not texts:
+        return ""
+    low, high = min(texts), max(texts)
+    n = 0
+    for a, b in zip(low, high):
+        if a != b:
+            break
+        n += 1
+    return low[:n]
+
+
+def split_prefix(texts: Sequence[str]) -> tuple[str, list[str]]:
+    """Split texts into (their common prefix, the remainder of each).
+
+    For a single text the prefix is empty: there is nothing to compare with.
+    """
+    if len(texts) < 2:
+        return "", list(texts)
+    prefix = longest_common_prefix(texts)
+    return prefix, [t[len(prefix):] for t in texts]
+
+
+def content_text(content: Any) -> str:
+    """Plain text of a message ``content`` (a string or a list of OpenAI-style parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, dict):
+                if part.get("type") == "text":
+                    parts.append(str(part.get("text", "")))
+                elif part.get("type") in ("image_url", "image"):
+                    parts.append("[image]")
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return str(content)
+
+
+def messages_text(messages: Any) -> str:
+    """A readable transcript of one rollout's ``messages`` entry (list of dicts or a string)."""
+    if isinstance(messages, str):
+        return messages
+    if isinstance(messages, list):
+        lines = []
+        for m in messages:
+            if isinstance(m, dict):
+                lines.append(f"{m.get('role', '?')}: {content_text(m.get('content'))}")
+            else:
+                lines.append(str(m))
+        return "\n\n".join(lines)
+    return str(messages)
+
+
+def group_size(group: dict[str, Any]) -> int:
+    """Number of rollouts in a group (the number of scores)."""
+    return len(group.get("scores") or [])
+
+
+def group_env(group: dict[str, Any], default: str) -> str:
+    """The environment a group came from: ``env`` / ``env_name`` / ``env_id`` fields, else ``default``."""
+    for key in ("env", "env_name"):
+        if isinstance(group.get(key), str) and group[key]:
+            return group[key]
+    env_id = group.get("env_id")
+    if env_id is not None:
+        return f"env_id={env_id}"
+    return default
+
+
+def score_in_range(
+    scores: Sequence[float], low: Optional[float], high: Optional[float], mode: str = "any"
+) -> bool:
+    """Whether a group's scores fall in ``[low, high]`` (``None`` = unbounded).
+
+    ``mode`` is ``"any"`` (some rollout in range), ``"all"`` (every rollout) or
+    ``"mean"`` (the group mean).
+    """
+
+    def inside(x: float) -> bool:
+        return (low is None or x >= low) and (high is None or x <= high)
+
+    if not scores:
+        return low is None and high is None
+    if mode == "any":
+        return any(inside(s) for s in scores)
+    if mode == "all":
+        return all(inside(s) for s in scores)
+    if mode == "mean":
+        return inside(sum(scores) / len(scores))
+    raise ValueError(f"unknown score filter mode {mode!r}; use any, all or mean")
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """One token of a sequence: its text, whether it is trained on, and its inference logprob."""
+
+    token_id: int
+    text: str
+    trained: bool
+    logprob: Optional[float]
+
+
+def token_spans(
+    tokens: Sequence[int],
+    masks: Optional[Sequence[int]],
+    logprobs: Optional[Sequence[float]],
+    decode_one: Callable[[int], str],
+) -> list[TokenSpan]:
+    """Describe each token: trained when its mask is not -100; logprob from ``inference_logprobs``.
+
+    Logprobs at masked positions are placeholders (1.0 by convention) and are
+    reported as ``None``. Missing or short masks/logprobs leave the rest unknown
+    (untrained / ``None``) rather than failing.
+    """
+    spans = []
+    for i, tok in enumerate(tokens):
+        trained = masks is not None and i < len(masks) and masks[i] != MASKED
+        lp = None
+        if trained and logprobs is not None and i < len(logprobs):
+            lp = float(logprobs[i])
+        spans.append(TokenSpan(int(tok), decode_one(int(tok)), trained, lp))
+    return spans
+
+
+@dataclass
+class GroupRef:
+    """Where one group lives in a file, plus what the filters need without re-reading it."""
+
+    source: Path
+    offset: int
+    line_no: int
+    env: str
+    scores: list[float]
+
+
+@dataclass
+class RolloutIndex:
+    """An index over one or more rollouts files: groups are re-read from disk on demand.
+
+    Only offsets, environment names and scores stay in memory, so files with
+    many thousands of long groups open quickly and cheaply.
+    """
+
+    refs: list[GroupRef] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, paths: Sequence[str | Path]) -> "RolloutIndex":
+        """Index every group of ``paths``; raise RolloutFileError on any malformed line."""
+        index = cls()
+        for raw in paths:
+            path = Path(raw)
+            if not path.is_file():
+                raise RolloutFileError(f"{path}: no such file")
+            default_env = path.stem
+            found = False
+            with path.open("rb") as f:
+                line_no = 0
+                while True:
+                    offset = f.tell()
+                    line = f.readline()
+                    if not line:
+                        break
+                    line_no += 1
+                    if not line.strip():
+                        continue
+                    where = f"{path}:{line_no}"
+                    try:
+                        group = json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                        raise RolloutFileError(f"{where}: not valid JSON ({e})") from None
+                    check_group(group, where)
+                    found = True
+                    index.refs.append(
+                        GroupRef(path, offset, line_no, group_env(group, default_env),
+                                 [float(s) for s in group["scores"]])
+                    )
+            if not found:
+                raise RolloutFileError(f"{path}: the file is empty (no scored groups)")
+        return index
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def load(self, i: int) -> dict[str, Any]:
+        """Read group ``i`` back from its file."""
+        ref = self.refs[i]
+        with ref.source.open("rb") as f:
+            f.seek(ref.offset)
+            return json.loads(f.readline())
+
+    def envs(self) -> list[str]:
+        """The environment names present, sorted."""
+        return sorted({r.env for r in self.refs})
+
+    def filter(
+        self,
+        env: Optional[str] = None,
+        low: Optional[float] = None,
+        high: Optional[float] = None,
+        query: str = "",
+        mode: str = "any",
+        text_of: Optional[Callable[[dict[str, Any]], str]] = None,
+    ) -> list[int]:
+        """Indices of groups matching environment, score range and a case-insensitive text query.
+
+        ``text_of`` turns a group into searchable text (default: its messages,
+        else its raw line); only groups passing the cheap filters are read.
+        """
+        needle = query.strip().lower()
+        out = []
+        for i, ref in enumerate(self.refs):
+            if env and ref.env != env:
+                continue
+            if not score_in_range(ref.scores, low, high, mode):
+                continue
+            if needle:
+                group = self.load(i)
+                text = text_of(group) if text_of else default_group_text(group)
+                if needle not in text.lower():
+                    continue
+            out.append(i)
+        return out
+
+
+def default_group_text(group: dict[str, Any]) -> str:
+    """Searchable text of a group without a tokenizer: its messages transcripts."""
+    messages = group.get("messages")
+    if isinstance(messages, list):
+        return "\n".join(messages_text(m) for m in messages)
+    return ""
+

@@ -1,0 +1,134 @@
+"""HTML for one scored group in the ``view-run --file`` browser (pure functions).
+
+Each rollout shows its score, its chat messages (escaped text) and its tokens,
+with the trained tokens (mask != -100) highlighted and their inference logprob
+in the tooltip and as a shade: the lower the logprob, the stronger the shade.
+
+Example::
+
+    html = render_group_html(group, decode_one=lambda t: tokenizer.decode([t]), title="gsm8k · line 3")
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any, Callable, Optional, Sequence
+
+from atroposlib.frontend.rollouts import TokenSpan, messages_text, token_spans
+
+_B64 = re.compile(r"^(data:image/(png|jpeg|jpg|gif|webp);base64,)?[A-Za-z0-9+/=\s]+$")
+
+VIEWER_CSS = """
+.atropos-group { font-size: 14px; }
+.atropos-group .meta { color: #57606a; margin-bottom: 6px; }
+.atropos-group .rollout { border-left: 5px solid #8c959f; padding: 4px 10px; margin: 8px 0; background: #fbfbfc; }
+.atropos-group .rollout.reward-positive { border-left-color: #1a7f37; }
+.atropos-group .rollout.reward-negative { border-left-color: #cf222e; }
+.atropos-group .rollout-head { font-weight: 600; }
+.atropos-group .messages { white-space: pre-wrap; margin: 4px 0; }
+.atropos-group .tokens { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace;
+  font-size: 12px; line-height: 1.7; }
+.atropos-group .tok.prompt { color: #8c959f; }
+.atropos-group .tok.trained { color: #0b3d91; border-bottom: 2px solid #0969da; }
+.atropos-group .legend span { margin-right: 12px; }
+.atropos-group img.group-image { max-width: 360px; max-height: 360px; margin: 4px 8px 4px 0; }
+"""
+
+
+def _score_class(score: float) -> str:
+    if score > 0:
+        return "reward-positive"
+    if score < 0:
+        return "reward-negative"
+    return "reward-zero"
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def _token_html(span: TokenSpan) -> str:
+    text = html.escape(span.text) if span.text else "&#8203;"
+    if not span.trained:
+        return f'<span class="tok prompt" title="id {span.token_id} · not trained">{text}</span>'
+    # Shade by surprise: logprob 0 -> no shade, <= -5 -> strongest.
+    alpha = 0.0 if span.logprob is None else min(max(-span.logprob, 0.0), 5.0) / 5.0 * 0.55
+    return (
+        f'<span class="tok trained" style="background: rgba(255, 140, 0, {alpha:.2f})" '
+        f'title="id {span.token_id} · trained · logprob {_fmt(span.logprob)}">{text}</span>'
+    )
+
+
+def _images_html(images: Any, limit: int = 4) -> str:
+    """``<img>`` tags for base64 images of a group (plain base64 is assumed to be PNG/JPEG)."""
+    if isinstance(images, str):
+        images = [images]
+    if not isinstance(images, list):
+        return ""
+    tags = []
+    for value in images[:limit]:
+        if not isinstance(value, str) or len(value) < 16 or not _B64.match(value):
+            continue
+        url = value if value.startswith("data:") else f"data:image/png;base64,{value}"
+        tags.append(f'<img class="group-image" alt="group image" src="{html.escape(url, quote=True)}">')
+    return "".join(tags)
+
+
+def sequence_stats(spans: Sequence[TokenSpan]) -> dict[str, Any]:
+    """Counts for a rollout header: tokens, trained tokens, mean inference logprob of trained tokens."""
+    trained = [s for s in spans if s.trained]
+    lps = [s.logprob for s in trained if s.logprob is not None]
+    return {
+        "tokens": len(spans),
+        "trained": len(trained),
+        "mean_logprob": (sum(lps) / len(lps)) if lps else None,
+    }
+
+
+def render_group_html(group: dict[str, Any], decode_one: Optional[Callable[[int], str]], title: str = "") -> str:
+    """The whole group as an HTML fragment (all rollout text escaped).
+
+    ``decode_one`` turns a token id into text; without it tokens show as ``[id]``.
+    """
+    decode = decode_one or (lambda t: f"[{t}]")
+    scores = [float(s) for s in group.get("scores") or []]
+    tokens = group.get("tokens") or []
+    masks = group.get("masks") or []
+    logprobs = group.get("inference_logprobs") or []
+    messages = group.get("messages") or []
+    parts = [
+        '<div class="atropos-group">',
+        f'<div class="meta">{html.escape(title)} · {len(scores)} rollouts · scores: '
+        f'{html.escape(", ".join(_fmt(s) for s in scores))}</div>',
+        '<div class="legend"><span class="tok prompt">prompt / not trained</span>'
+        '<span class="tok trained">trained (shade = lower inference logprob)</span></div>',
+        _images_html(group.get("images")),
+    ]
+    for i, score in enumerate(scores):
+        spans = []
+        if i < len(tokens) and isinstance(tokens[i], list):
+            spans = token_spans(
+                tokens[i],
+                masks[i] if i < len(masks) else None,
+                logprobs[i] if i < len(logprobs) else None,
+                decode,
+            )
+        stats = sequence_stats(spans)
+        parts.append(f'<div class="rollout {_score_class(score)}">')
+        parts.append(
+            f'<div class="rollout-head">Rollout {i} · score {_fmt(score)} · '
+            f'{stats["trained"]}/{stats["tokens"]} tokens trained · '
+            f'mean logprob {_fmt(stats["mean_logprob"])}</div>'
+        )
+        if i < len(messages):
+            parts.append(f'<div class="messages">{html.escape(messages_text(messages[i]))}</div>')
+        if spans:
+            parts.append(
+                '<details open><summary>Tokens</summary><div class="tokens">'
+                + "".join(_token_html(s) for s in spans)
+                + "</div></details>"
+            )
+        parts.append("</div>")
+    parts.append("</div>")
+    return "".join(parts)

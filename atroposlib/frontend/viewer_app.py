@@ -1,0 +1,186 @@
+"""The Gradio apps behind ``view-run`` and ``view-run-multimodal``.
+
+Two modes:
+
+* live: acts as the trainer against ``run-api``; "Grab Next Batch" polls
+  ``/batch`` once a second and shows the first group of the batch (prefix,
+  each output without the prefix, each score) — the original behaviour;
+* file (``--file``): browses the groups of ``process`` jsonl files without
+  touching any API: navigate, filter by environment, score range and text,
+  and see which tokens are trained and their inference logprobs.
+
+Gradio is imported here and only here, so nothing else in the package needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import gradio as gr
+
+from atroposlib.frontend.api_client import ApiError, TrainerClient
+from atroposlib.frontend.multimodal import extract_text_prompt, group_image
+from atroposlib.frontend.rollouts import RolloutIndex, default_group_text, split_prefix
+from atroposlib.frontend.viewer import VIEWER_CSS, render_group_html
+
+logger = logging.getLogger(__name__)
+
+ALL_ENVS = "(all environments)"
+SCORE_MODES = ["any", "all", "mean"]
+
+
+def make_decode_one(tokenizer: Any) -> Optional[Callable[[int], str]]:
+    """A cached single-token decoder, or None without a tokenizer."""
+    if tokenizer is None:
+        return None
+
+    @functools.lru_cache(maxsize=65536)
+    def decode_one(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    return decode_one
+
+
+def live_group_fields(group: dict[str, Any], tokenizer: Any, n_boxes: int) -> tuple[str, list[str], list[str]]:
+    """(prefix, outputs, scores) for the first ``n_boxes`` sequences of a group, padded with ""."""
+    texts = [tokenizer.decode(seq) for seq in group.get("tokens") or []]
+    prefix, outputs = split_prefix(texts) if len(texts) > 1 else ("", texts)
+    scores = [str(s) for s in group.get("scores") or []]
+    outputs = (outputs + [""] * n_boxes)[:n_boxes]
+    scores = (scores + [""] * n_boxes)[:n_boxes]
+    return prefix, outputs, scores
+
+
+def build_live_app(client: TrainerClient, tokenizer: Any, group_size: int, poll_interval: float = 1.0,
+                   poll_timeout: Optional[float] = None, multimodal: bool = False) -> gr.Blocks:
+    """The original batch inspector: prefix, outputs and scores of the next batch's first group."""
+    with gr.Blocks(title="Atropos run viewer", analytics_enabled=False) as demo:
+        image = None
+        text_prompt = None
+        if multimodal:
+            with gr.Row():
+                image = gr.Image(label="Image", type="pil")
+                text_prompt = gr.Textbox(label="Text Prompt", lines=4)
+        prefix = gr.Textbox(label="Prefix", lines=4)
+        outputs: list[gr.Textbox] = []
+        scores: list[gr.Textbox] = []
+        for i in range(group_size):
+            with gr.Row():
+                outputs.append(gr.Textbox(label=f"Output_{i}", lines=4, scale=4))
+                scores.append(gr.Textbox(label=f"Score_{i}", scale=1))
+        status = gr.Markdown("Press **Grab Next Batch** to pull a batch from the API.")
+        button = gr.Button("Grab Next Batch")
+
+        def grab() -> list[Any]:
+            try:
+                batch = client.wait_for_batch(poll_interval=poll_interval, timeout=poll_timeout)
+            except ApiError as e:
+                raise gr.Error(str(e)) from None
+            if batch is None:
+                empty = ["", *[""] * group_size, *[""] * group_size,
+                         f"No batch arrived within {poll_timeout:g} s; press again to keep waiting."]
+                return ([None, ""] if multimodal else []) + empty
+            group = batch[0]
+            p, outs, scs = live_group_fields(group, tokenizer, group_size)
+            note = (f"Batch of {len(batch)} groups; showing the first "
+                    f"({len(group.get('scores') or [])} rollouts, env_id={group.get('env_id')}).")
+            extra: list[Any] = []
+            if multimodal:
+                full = tokenizer.decode(group["tokens"][0]) if group.get("tokens") else ""
+                extra = [group_image(group, full), extract_text_prompt(full)]
+            return extra + [p, *outs, *scs, note]
+
+        out_components = ([image, text_prompt] if multimodal else []) + [prefix, *outputs, *scores, status]
+        button.click(grab, inputs=None, outputs=out_components, api_name="grab_next_batch")
+    return demo
+
+
+def _bound(text: Any, label: str) -> Optional[float]:
+    """Parse a score bound typed by the user; empty means unbounded."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise gr.Error(f"{label} must be a number, got {text!r}") from None
+
+
+@dataclass
+class _Search:
+    env: Optional[str]
+    low: Optional[float]
+    high: Optional[float]
+    mode: str
+    query: str
+
+
+def build_file_app(index: RolloutIndex, tokenizer: Any = None, title: str = "Atropos rollouts") -> gr.Blocks:
+    """A read-only browser over indexed rollouts files; no API is touched."""
+    decode_one = make_decode_one(tokenizer)
+
+    def text_of(group: dict[str, Any]) -> str:
+        text = default_group_text(group)
+        if not text and tokenizer is not None:
+            text = "\n".join(tokenizer.decode(seq) for seq in group.get("tokens") or [])
+        return text
+
+    def show(matches: list[int], pos: int) -> tuple[int, str, str]:
+        if not matches:
+            return 0, f"No group matches (of {len(index)}).", "<p>No group matches the filters.</p>"
+        pos = min(max(int(pos), 1), len(matches))
+        i = matches[pos - 1]
+        ref = index.refs[i]
+        where = f"{ref.env} · {ref.source.name} line {ref.line_no}"
+        status = f"Group {pos} of {len(matches)} matching ({len(index)} in total) — {where}"
+        return pos, status, render_group_html(index.load(i), decode_one, title=where)
+
+    def search(env: str, low: str, high: str, mode: str, query: str) -> tuple:
+        s = _Search(None if env in (None, "", ALL_ENVS) else env, _bound(low, "Min score"),
+                    _bound(high, "Max score"), mode or "any", query or "")
+        matches = index.filter(s.env, s.low, s.high, s.query, s.mode, text_of=text_of)
+        pos, status, body = show(matches, 1)
+        return matches, pos, status, body
+
+    initial_matches = list(range(len(index)))
+    _, initial_status, initial_html = show(initial_matches, 1)
+
+    with gr.Blocks(title=title, analytics_enabled=False) as demo:
+        gr.Markdown(f"## {title}\n{len(index)} groups · environments: {', '.join(index.envs())}")
+        matches_state = gr.State(initial_matches)
+        with gr.Row():
+            env = gr.Dropdown([ALL_ENVS, *index.envs()], value=ALL_ENVS, label="Environment")
+            low = gr.Textbox(label="Min score", placeholder="no minimum")
+            high = gr.Textbox(label="Max score", placeholder="no maximum")
+            mode = gr.Radio(SCORE_MODES, value="any", label="Score range applies to")
+            query = gr.Textbox(label="Search text", placeholder="substring, case-insensitive")
+            apply = gr.Button("Apply filters", variant="primary")
+        with gr.Row():
+            prev_btn = gr.Button("◀ Previous")
+            pos = gr.Number(value=1, label="Group #", precision=0, minimum=1)
+            next_btn = gr.Button("Next ▶")
+        status = gr.Markdown(initial_status, elem_id="atropos-status")
+        body = gr.HTML(initial_html, elem_id="atropos-group")
+
+        def step(delta: int) -> Callable[[list[int], float], tuple[int, str, str]]:
+            def go(matches: list[int], current: float) -> tuple[int, str, str]:
+                return show(matches, int(current or 1) + delta)
+
+            return go
+
+        search_inputs = [env, low, high, mode, query]
+        apply.click(search, search_inputs, [matches_state, pos, status, body], api_name="search")
+        query.submit(search, search_inputs, [matches_state, pos, status, body])
+        prev_btn.click(step(-1), [matches_state, pos], [pos, status, body], api_name="previous")
+        next_btn.click(step(1), [matches_state, pos], [pos, status, body], api_name="next")
+        pos.submit(step(0), [matches_state, pos], [pos, status, body], api_name="goto")
+    return demo
+
+
+def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
+    """Serve ``demo`` (blocking) on ``host:port``."""
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(server_name=host, server_port=port, share=share, ssr_mode=False, css=VIEWER_CSS,
+                show_error=True, quiet=False)

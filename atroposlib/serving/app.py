@@ -1,0 +1,210 @@
+"""HTTP routes of ``atropos-serve-model``: parse, call the engine, answer.
+
+Endpoints: ``GET /health``, ``GET /health_generate``, ``GET /v1/models``,
+``POST /v1/completions``, ``POST /v1/chat/completions``, the vLLM-style
+``POST /generate`` used by ``VLLMServer`` and ``POST /update_weights``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fastapi import Depends, FastAPI, Request
+from jinja2 import TemplateError
+
+from atroposlib.serving.config import ServeModelConfig
+from atroposlib.serving.engine import Engine
+from atroposlib.serving.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    Unauthorized,
+    install_error_handlers,
+)
+from atroposlib.serving.loader import (
+    load_compatible,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from atroposlib.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    UpdateWeightsRequest,
+)
+from atroposlib.serving.responses import chat_response, completion_response, generate_response
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServingState:
+    """Everything the routes need: the engine, the tokenizer and the names served."""
+
+    config: ServeModelConfig
+    engine: Engine
+    tokenizer: Any
+    names: list[str]
+    started: float
+
+    @property
+    def name(self) -> str:
+        """The primary served model name."""
+        return self.names[0]
+
+
+def build_state(config: ServeModelConfig) -> ServingState:
+    """Load model and tokenizer per ``config`` and wrap them in an engine (blocking)."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_model(config.model, device, dtype)
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    max_len = config.max_model_len or int(limit)
+    engine = Engine(model, tokenizer, max_model_len=max_len, max_num_seqs=config.max_num_seqs,
+                    max_batched_tokens=config.max_batched_tokens,
+                    loader=lambda path: load_compatible(path, engine.model, device, dtype))
+    logger.info("loaded %s on %s (%s), max_model_len=%d", config.model, device, dtype, max_len)
+    return ServingState(config, engine, tokenizer,
+                        list(config.served_model_name or [config.model]), time.time())
+
+
+def create_app(config: ServeModelConfig, state: ServingState | None = None) -> FastAPI:
+    """Build the FastAPI app; the model is loaded at startup unless ``state`` is given."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        st = state or await asyncio.to_thread(build_state, config)
+        app.state.serving = st
+        await st.engine.start()
+        try:
+            yield
+        finally:
+            await st.engine.stop()
+
+    app = FastAPI(title="atropos-serve-model", lifespan=lifespan)
+    install_error_handlers(app)
+
+    def get_state(request: Request) -> ServingState:
+        return request.app.state.serving
+
+    def require_key(request: Request) -> None:
+        if not config.api_key:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:] if header.lower().startswith("bearer ") else ""
+        if not secrets.compare_digest(token.encode(), config.api_key.encode()):
+            raise Unauthorized("missing or invalid API key (send 'Authorization: Bearer KEY')")
+
+    def check_model(st: ServingState, model: str | None) -> str:
+        if model is None or model in st.names:
+            return model or st.name
+        raise ModelNotFound(f"The model `{model}` does not exist. Served: {st.names}",
+                            param="model", code="model_not_found")
+
+    auth = [Depends(require_key)]
+
+    @app.get("/health")
+    async def health(st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        return {"status": "ok", "model": st.name, "version": st.engine.version,
+                "running": st.engine.running, "waiting": st.engine.waiting}
+
+    @app.get("/health_generate", dependencies=auth)
+    async def health_generate(st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        from atroposlib.serving.sampling import SamplingParams
+
+        ids = st.tokenizer.encode("hi", add_special_tokens=False) or [0]
+        await st.engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0))
+        return {"status": "ok", "version": st.engine.version}
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models(st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(st.started),
+             "owned_by": "atroposlib", "root": st.config.model,
+             "max_model_len": st.engine.max_model_len, "version": st.engine.version,
+             "weights_path": st.engine.weights_path}
+            for name in st.names]}
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: CompletionRequest,
+                          st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        name = check_model(st, body.model)
+        params = body.sampling_params(st.config.max_n, logprobs=body.logprobs,
+                                      prompt_logprobs=body.prompt_logprobs)
+        prompts = body.prompts()
+        ids_list, texts = [], []
+        for p in prompts:
+            if isinstance(p, str):
+                ids_list.append(st.tokenizer.encode(p, add_special_tokens=True))
+                texts.append(p)
+            else:
+                ids_list.append(list(p))
+                texts.append(st.tokenizer.decode(p) if body.echo else "")
+        for ids in ids_list:  # validate every prompt before generating any
+            st.engine.resolve_max_tokens(len(ids), params)
+        results = await asyncio.gather(*(st.engine.generate(ids, params) for ids in ids_list))
+        return completion_response(name, st.tokenizer, list(results), texts,
+                                   body.logprobs is not None, body.echo)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(body: ChatCompletionRequest,
+                   st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        name = check_model(st, body.model)
+        top = body.top_logprobs or 0
+        params = body.sampling_params(st.config.max_n, logprobs=top if body.logprobs else None)
+        ids = render_chat(st.tokenizer, body)
+        result = await st.engine.generate(ids, params)
+        parse_tools = bool(body.tools) and body.tool_choice != "none"
+        return chat_response(name, st.tokenizer, result, body.logprobs, parse_tools)
+
+    @app.post("/generate", dependencies=auth)
+    async def generate(body: GenerateRequest,
+                       st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        check_model(st, body.model)
+        params = body.sampling_params(st.config.max_n, logprobs=body.logprobs,
+                                      prompt_logprobs=body.prompt_logprobs)
+        if isinstance(body.prompt, str):
+            text: str | None = body.prompt
+            ids = st.tokenizer.encode(body.prompt, add_special_tokens=True)
+        else:
+            text, ids = None, list(body.prompt["prompt_token_ids"])
+        result = await st.engine.generate(ids, params)
+        return generate_response(result, text, body.logprobs is not None)
+
+    @app.post("/update_weights", dependencies=auth)
+    async def update_weights(body: UpdateWeightsRequest,
+                             st: ServingState = Depends(get_state)) -> dict[str, Any]:
+        info = await st.engine.update_weights(body.path)
+        return {**info, "model": st.name}
+
+    return app
+
+
+def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
+    """Apply the model's chat template (with tools) and tokenize the prompt."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest("this model's tokenizer has no chat template; use /v1/completions",
+                             param="messages")
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    if body.continue_final_message and messages[-1]["role"] != "assistant":
+        raise InvalidRequest("'continue_final_message' needs a final assistant message",
+                             param="messages")
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=body.tools, tokenize=False,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            **(body.chat_template_kwargs or {}))
+    except (TemplateError, ValueError, TypeError, KeyError) as exc:
+        raise InvalidRequest(f"cannot render the chat template: {exc}", param="messages") from exc
+    return tokenizer.encode(text, add_special_tokens=False)

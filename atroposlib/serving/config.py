@@ -1,0 +1,33 @@
+"""Configuration of ``atropos-serve-model`` (the field descriptions are the CLI help)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class ServeModelConfig(BaseModel):
+    """Settings of the embedded inference server."""
+
+    model: str = Field(..., description="Local model directory or a Hugging Face hub name.")
+    host: str = Field("127.0.0.1", description="Interface to bind (use 0.0.0.0 for remote clients).")
+    port: int = Field(9001, ge=0, le=65535, description="TCP port to listen on.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the model runs; auto picks cuda when available.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weight dtype; auto is float32 on CPU and bfloat16 on CUDA.")
+    max_model_len: int | None = Field(
+        None, ge=2, description="Longest prompt+completion in tokens; default: the model's "
+                                "max_position_embeddings.")
+    served_model_name: list[str] | None = Field(
+        None, description="Name(s) clients use in the 'model' field; default: MODEL as given.")
+    api_key: str | None = Field(
+        None, description="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences decoded in one batch.")
+    max_batched_tokens: int = Field(
+        8192, ge=1, description="Padded prompt-token budget of one prefill batch.")
+    max_n: int = Field(128, ge=1, description="Largest 'n' (completions per request) accepted.")
+    seed: int = Field(0, description="Seed of the global sampler (requests may pass their own).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the server.")

@@ -1,0 +1,142 @@
+"""Sampling parameters and the pure, batched sampling step.
+
+Logprob convention (documented for RL users): the logprob reported for a token
+is ``log_softmax(logits / temperature)`` at that position, taken *before*
+top-k / top-p / min-p filtering. At temperature 1 it is exactly the model's
+log-probability (what a trainer's forward pass computes); at temperature 0
+(greedy) the temperature is treated as 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation settings (validated by the HTTP layer)."""
+
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+
+@dataclass
+class SampleOutput:
+    """Result of one batched sampling step."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
+def filter_logits(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+    """Mask (to -inf) tokens outside each row's top-k / nucleus / min-p set.
+
+    ``logp`` is ``[B, V]`` log-probabilities; ``top_k`` (``<=0`` disables),
+    ``top_p`` and ``min_p`` are ``[B]``. The most likely token always survives.
+    """
+    needs_k = bool((top_k > 0).any())
+    needs_p = bool((top_p < 1.0).any())
+    needs_min = bool((min_p > 0.0).any())
+    if not (needs_k or needs_p or needs_min):
+        return logp
+    vocab = logp.shape[-1]
+    sorted_lp, order = torch.sort(logp, dim=-1, descending=True)
+    remove = torch.zeros_like(sorted_lp, dtype=torch.bool)
+    ranks = torch.arange(vocab, device=logp.device).unsqueeze(0)
+    if needs_k:
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)
+        remove |= ranks >= k
+    probs = sorted_lp.exp()
+    if needs_p:
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly above this token
+        remove |= before >= top_p.unsqueeze(1)
+    if needs_min:
+        remove |= probs < (min_p.unsqueeze(1) * probs[:, :1])
+    remove[:, 0] = False
+    filtered_sorted = sorted_lp.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logp).scatter_(-1, order, filtered_sorted)
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> SampleOutput:
+    """Pick one token per row of ``logits`` (``[B, V]``) under that row's params.
+
+    Rows with a generator draw their noise from it (reproducible per request
+    seed); the others from torch's global generator. Sampling uses the
+    exponential-race form of the categorical draw: ``argmax(p / E)``, ``E ~ Exp(1)``.
+    """
+    logits = logits.float()
+    rows = logits.shape[0]
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32,
+                         device=logits.device)
+    greedy = temps <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    logp = torch.log_softmax(scaled, dim=-1)
+    chosen = torch.argmax(logp, dim=-1)
+    if not bool(greedy.all()):
+        filtered = filter_logits(
+            logp,
+            torch.tensor([p.top_k for p in params], device=logits.device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=logits.device),
+        )
+        probs = torch.softmax(filtered, dim=-1)
+        noise = torch.empty_like(probs)
+        for i, gen in enumerate(generators):
+            if not bool(greedy[i]):
+                noise[i].exponential_(generator=gen)
+        noise[greedy] = 1.0
+        drawn = torch.argmax(probs / noise, dim=-1)
+        chosen = torch.where(greedy, chosen, drawn)
+    token_lp = logp.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
+    max_top = max((p.logprobs or 0) for p in params)
+    if max_top > 0:
+        values, ids = torch.topk(logp, k=min(max_top, logp.shape[-1]), dim=-1)
+        values_l, ids_l = values.tolist(), ids.tolist()
+        for i, p in enumerate(params):
+            k = p.logprobs or 0
+            top[i] = list(zip(ids_l[i][:k], values_l[i][:k]))
+    return SampleOutput(chosen.tolist(), token_lp.tolist(), top)
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: list[int], k: int
+                    ) -> list[dict[int, float] | None]:
+    """vLLM-style prompt logprobs: ``None`` for position 0, then per position a dict
+    of the actual prompt token's logprob plus the top-``k`` alternatives.
+
+    ``logits`` are the model outputs for the prompt, ``[L, V]`` (position i predicts i+1).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out: list[dict[int, float] | None] = [None]
+    if len(prompt_ids) < 2:
+        return out
+    targets = torch.tensor(prompt_ids[1:], device=logp.device)
+    actual = logp[:-1].gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    tops_v: list[list[float]] = [[] for _ in actual]
+    tops_i: list[list[int]] = [[] for _ in actual]
+    if k > 0:
+        v, i = torch.topk(logp[:-1], k=min(k, logp.shape[-1]), dim=-1)
+        tops_v, tops_i = v.tolist(), i.tolist()
+    for pos, token in enumerate(prompt_ids[1:]):
+        entry = {token: actual[pos]}
+        for tid, lp in zip(tops_i[pos], tops_v[pos]):
+            entry.setdefault(tid, lp)
+        out.append(entry)
+    return out

@@ -1,0 +1,1 @@
+"""Tokenizer helpers (chat templates that keep what training needs)."""

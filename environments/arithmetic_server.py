@@ -1,0 +1,205 @@
+"""Procedurally generated arithmetic: a verifiable task small enough to learn on a CPU.
+
+Each item is ``a + b`` with operands in ``[0, max_operand]``; the model must answer
+with the number alone (``"7"``). Reward is 1.0 for the exact answer and 0.0
+otherwise. No dataset is downloaded: problems come from a seeded RNG, so the
+environment runs offline and the CPU demo (``atropos-grpo-run --config
+example_trainer/configs/demo_cpu.yaml``) trains on it.
+
+Rollouts use ``tokens_and_logprobs_completion`` on the prompt's token ids, so the
+groups carry ``inference_logprobs`` (use ``--openai.server_type vllm`` with
+``atropos-serve-model`` or vLLM).
+
+Run it like any environment::
+
+    python environments/arithmetic_server.py serve --openai.base_url http://127.0.0.1:9001/v1 \\
+        --openai.model_name MODEL_DIR --env.tokenizer_name MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import httpx
+from pydantic import Field
+
+_ANSWER_RE = re.compile(r"\s*(-?\d+)\s*")
+
+Problem = Tuple[int, int]
+
+
+# --- the task, as pure functions ------------------------------------------------------------
+
+def problem_messages(a: int, b: int) -> List[Dict[str, str]]:
+    """The chat prompt for ``a + b``."""
+    return [{"role": "user", "content": f"{a}+{b}="}]
+
+
+def answer_text(a: int, b: int) -> str:
+    """The exact expected completion."""
+    return str(a + b)
+
+
+def score_completion(text: str, a: int, b: int) -> float:
+    """1.0 when ``text`` is exactly the sum (surrounding whitespace and end tokens ignored)."""
+    for end in ("<|im_end|>", "<|endoftext|>"):
+        text = text.split(end)[0]
+    m = _ANSWER_RE.fullmatch(text)
+    return 1.0 if m is not None and int(m.group(1)) == a + b else 0.0
+
+
+def all_problems(max_operand: int = 9) -> List[Problem]:
+    """Every ``(a, b)`` pair; the evaluation set."""
+    return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+
+def sample_problem(rng: random.Random, max_operand: int = 9) -> Problem:
+    """A random training problem."""
+    return rng.randint(0, max_operand), rng.randint(0, max_operand)
+
+
+def sft_examples(n: int, seed: int = 0, max_operand: int = 9) -> List[Tuple[List[Dict[str, str]], str]]:
+    """``n`` (prompt messages, answer) pairs for a supervised format warm-up."""
+    rng = random.Random(seed)
+    return [(problem_messages(a, b), answer_text(a, b))
+            for a, b in (sample_problem(rng, max_operand) for _ in range(n))]
+
+
+def prompt_ids(tokenizer: Any, a: int, b: int) -> List[int]:
+    """Token ids of the chat prompt with the generation prompt appended."""
+    ids = tokenizer.apply_chat_template(problem_messages(a, b), tokenize=True, add_generation_prompt=True,
+                                        return_dict=False)
+    return list(ids)
+
+
+def greedy_eval(base_url: str, tokenizer: Any, problems: Optional[Sequence[Problem]] = None,
+                temperature: float = 0.0, max_tokens: int = 4, samples: int = 1,
+                timeout: float = 60.0, concurrency: int = 16, seed: int = 1234) -> float:
+    """Fraction of ``problems`` answered correctly by the server at ``base_url`` (no ``/v1``).
+
+    Uses the vLLM-style ``POST /generate`` with prompt token ids, ``samples``
+    completions per problem. Requests run concurrently so the server can batch.
+    """
+    problems = list(problems or all_problems())
+    root = base_url.rstrip("/").removesuffix("/v1")
+
+    def one(idx_ab: Tuple[int, Problem]) -> float:
+        idx, (a, b) = idx_ab
+        body = {"prompt": {"prompt_token_ids": prompt_ids(tokenizer, a, b)}, "n": samples,
+                "max_tokens": max_tokens, "temperature": temperature, "seed": seed + idx}
+        resp = httpx.post(f"{root}/generate", json=body, timeout=timeout)
+        resp.raise_for_status()
+        data = resp.json()
+        texts = data.get("text") or []
+        if data.get("token_ids"):
+            texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in data["token_ids"]]
+        return sum(score_completion(t, a, b) for t in texts) / max(len(texts), 1)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        scores = list(pool.map(one, enumerate(problems)))
+    return sum(scores) / max(len(scores), 1)
+
+
+# --- the environment -----------------------------------------------------------------------
+
+try:  # the env class needs atroposlib's BaseEnv; the pure helpers above do not
+    from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+except ImportError:  # pragma: no cover - only without the library's env runtime
+    BaseEnv = None  # type: ignore[assignment,misc]
+
+if BaseEnv is not None:
+
+    class ArithmeticEnvConfig(BaseEnvConfig):
+        """``BaseEnvConfig`` plus the task's knobs."""
+
+        max_operand: int = Field(default=9, ge=1, description="Largest operand of a + b.")
+        max_answer_tokens: int = Field(default=4, ge=1, description="max_tokens of each rollout.")
+        temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of rollouts.")
+        seed: int = Field(default=0, description="Seed of the problem generator.")
+        eval_temperature: float = Field(default=0.0, ge=0, description="Temperature of evaluation (0 = greedy).")
+
+    class ArithmeticEnv(BaseEnv):
+        """Single-step ``a + b`` with an exact-match reward."""
+
+        name = "arithmetic"
+        env_config_cls = ArithmeticEnvConfig
+
+        @classmethod
+        def config_init(cls) -> Tuple[ArithmeticEnvConfig, List[APIServerConfig]]:
+            env = ArithmeticEnvConfig(
+                group_size=8, batch_size=-1, max_token_length=64, steps_per_eval=0, total_steps=1000,
+                use_wandb=False, wandb_name="arithmetic", max_batches_offpolicy=1,
+                tokenizer_name="none",
+            )
+            server = APIServerConfig(model_name="default", base_url="http://localhost:9001/v1",
+                                     api_key="x", server_type="vllm", num_requests_for_eval=64)
+            return env, [server]
+
+        async def setup(self) -> None:
+            self.rng = random.Random(self.config.seed)
+            self.iter = 0
+            self.eval_problems = all_problems(self.config.max_operand)
+            self.percent_correct: List[float] = []
+
+        async def get_next_item(self) -> Problem:
+            self.iter += 1
+            return sample_problem(self.rng, self.config.max_operand)
+
+        async def collect_trajectories(self, item: Problem) -> Tuple[Optional[ScoredDataGroup], List[Any]]:
+            a, b = item
+            ids = prompt_ids(self.tokenizer, a, b)
+            _, outputs, logprobs, _ = await self.server.tokens_and_logprobs_completion(
+                input_ids=ids, n=self.config.group_size, max_tokens=self.config.max_answer_tokens,
+                temperature=self.config.temperature,
+            )
+            group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
+            for out, lps in zip(outputs, logprobs):
+                text = self.tokenizer.decode(out, skip_special_tokens=False)
+                score = score_completion(text, a, b)
+                group["tokens"].append(ids + list(out))
+                group["masks"].append([-100] * len(ids) + list(out))
+                group["inference_logprobs"].append([1.0] * len(ids) + list(lps)[: len(out)])
+                group["scores"].append(score)
+                self.percent_correct.append(score)
+            return group, []
+
+        async def evaluate(self, *args: Any, **kwargs: Any) -> Dict[str, float]:
+            start = time.time()
+
+            async def one(problem: Problem) -> float:
+                a, b = problem
+                _, outs, _, _ = await self.server.tokens_and_logprobs_completion(
+                    input_ids=prompt_ids(self.tokenizer, a, b), n=1, split="eval",
+                    max_tokens=self.config.max_answer_tokens, temperature=self.config.eval_temperature,
+                )
+                return score_completion(self.tokenizer.decode(outs[0], skip_special_tokens=False), a, b)
+
+            scores = await asyncio.gather(*(one(p) for p in self.eval_problems))
+            metrics = {"eval/percent_correct": sum(scores) / max(len(scores), 1)}
+            await self.evaluate_log(metrics=metrics, task_name="arithmetic_eval", start_time=start,
+                                    end_time=time.time(),
+                                    generation_parameters={"temperature": self.config.eval_temperature,
+                                                           "max_tokens": self.config.max_answer_tokens})
+            return metrics
+
+        async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+            wandb_metrics = dict(wandb_metrics or {})
+            if self.percent_correct:
+                wandb_metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
+                self.percent_correct = []
+            await super().wandb_log(wandb_metrics)
+
+        def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+            super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
+
+
+if __name__ == "__main__":
+    if BaseEnv is None:
+        raise SystemExit("atroposlib.envs.base is not available")
+    ArithmeticEnv.cli()

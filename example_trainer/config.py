@@ -1,0 +1,188 @@
+"""`TrainingConfig`: every knob of the example GRPO trainer.
+
+Field names and defaults follow the original trainer (single-file 2025 version plus
+the 2026 modular additions). Each field's ``description`` is also its ``--help`` text
+(see :mod:`example_trainer.cli`, which turns ``lr`` into ``--lr`` and
+``gradient_accumulation_steps`` into ``--gradient-accumulation-steps``).
+
+Additions over the original (all default to the original behaviour):
+
+- ``weight_bridge_mode="http_reload"``: push new weights to ``atropos-serve-model``
+  through ``POST /update_weights`` without restarting it;
+- ``kl_coef`` (default 0, i.e. no KL term, like the original) for an optional KL
+  penalty towards a frozen copy of the starting policy;
+- ``resume`` to continue from the newest ``save_path/step_N`` checkpoint;
+- ``inference_url``/``inference_backend``/``sync_timeout`` for weight sync;
+- ``pad_to_multiple``, ``batch_poll_interval``, ``max_grad_norm``, ``seed``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+from typing import List, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+WeightBridgeMode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "http_reload"]
+OptimizerName = Literal["adamw", "adamw_8bit", "adafactor"]
+InferenceBackend = Literal["auto", "vllm", "serve_model"]
+
+
+def _default_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu`` (same rule as the original)."""
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:  # torch is an optional extra; the config itself must import without it
+        return "cpu"
+
+
+def _random_group() -> str:
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=8))
+
+
+class TrainingConfig(BaseModel):
+    """Configuration of the GRPO trainer (``atropos-grpo``).
+
+    Example::
+
+        cfg = TrainingConfig(model_name="/path/to/model", training_steps=20, lr=1e-4)
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- model and optimisation -------------------------------------------------------
+    model_name: str = Field(..., description="HF model name or local directory of the policy to train.")
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
+    training_steps: int = Field(10, ge=1, description="Number of optimizer steps (one API batch each).")
+    batch_size: int = Field(2, ge=1, description="Micro-batch size (sequences per forward/backward).")
+    seq_len: int = Field(2048, ge=2, description="Maximum sequence length; registered as max_token_len.")
+    gradient_accumulation_steps: int = Field(
+        32, ge=1,
+        description="Micro-batches per optimizer step; the API batch is batch_size * this many sequences.",
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup steps.")
+    optimizer: OptimizerName = Field(
+        "adamw_8bit",
+        description="adamw | adamw_8bit (bitsandbytes; falls back to AdamW when unavailable) | adafactor.",
+    )
+    adafactor_scale_parameter: bool = Field(False, description="Adafactor scale_parameter.")
+    adafactor_relative_step: bool = Field(False, description="Adafactor relative_step.")
+    clip_eps: float = Field(0.2, ge=0, description="PPO clip range for the importance ratio.")
+    kl_coef: float = Field(
+        0.0, ge=0,
+        description="Weight of a KL penalty towards a frozen copy of the starting policy (0 = off, as in the original).",
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    gradient_checkpointing: bool = Field(
+        False, description="Enable gradient checkpointing (saves memory on big models, costs time)."
+    )
+    device: str = Field(default_factory=_default_device, description="Torch device (cuda, cpu, cuda:1...).")
+    dtype: str = Field("bfloat16", description="Model dtype on GPU (bfloat16|float16|float32); CPU always uses float32.")
+    seed: int = Field(0, description="Random seed for torch.")
+    pad_to_multiple: int = Field(64, ge=1, description="Pad micro-batch sequence length to a multiple of this.")
+
+    # --- checkpoints ----------------------------------------------------------------
+    save_path: str = Field("trained_model_checkpoints", description="Directory for step_N checkpoints and final_model.")
+    checkpoint_interval: int = Field(
+        3, description="Save a resumable checkpoint every N steps (<=0: only the final model)."
+    )
+    resume: bool = Field(False, description="Continue from the newest save_path/step_N checkpoint (optimizer and step included).")
+
+    # --- inference server / weight sync ------------------------------------------------
+    weight_bridge_mode: WeightBridgeMode = Field(
+        "none",
+        description=(
+            "How new weights reach inference: none (checkpoint + restart the inference server), "
+            "http_reload (POST /update_weights to atropos-serve-model), lora_only (hot-swap a PEFT adapter), "
+            "lora_restart (restart the server with the merged adapter), shared_vllm (CUDA IPC; needs vLLM)."
+        ),
+    )
+    vllm_restart_interval: int = Field(3, ge=1, description="Sync weights to inference every N steps (and on the last step).")
+    vllm_port: int = Field(9001, ge=1, le=65535, description="Port of the inference server.")
+    vllm_gpu: Optional[int] = Field(None, description="GPU index for the inference server the trainer launches.")
+    vllm_gpu_memory_utilization: float = Field(0.45, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    max_model_len: int = Field(4096, ge=1, description="Inference server maximum model length.")
+    vllm_config_path: Optional[str] = Field(None, description="vllm_bridge_config.json path (shared_vllm mode).")
+    single_copy: bool = Field(False, description="shared_vllm: train directly on vLLM's weights.")
+    inference_backend: InferenceBackend = Field(
+        "auto",
+        description="Server the trainer launches in none/lora_restart mode: vllm, serve_model (atropos-serve-model) or auto (vllm if installed).",
+    )
+    inference_url: Optional[str] = Field(
+        None, description="Base URL of the inference server (default http://localhost:{vllm_port})."
+    )
+    launch_inference: bool = Field(
+        True, description="In none/lora_restart mode, launch the inference server at start (false: one is already running and is restarted by us only after the first sync)."
+    )
+    sync_timeout: float = Field(300.0, gt=0, description="Seconds a weight sync (reload or restart) may take before it fails.")
+
+    # --- layer / LoRA selection ----------------------------------------------------------
+    train_layer_indices: Optional[List[int]] = Field(None, description="Train only these transformer layers (others frozen).")
+    lora_r: int = Field(16, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout.")
+    lora_target_modules: List[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"], description="Module names LoRA adapts."
+    )
+    lora_layer_indices: Optional[List[int]] = Field(None, description="Apply LoRA only to these layers.")
+
+    # --- distributed (accepted for compatibility; single process here) -----------------------
+    trainer_rank: int = Field(0, ge=0, description="Rank of this trainer process.")
+    world_size: int = Field(1, ge=1, description="Number of trainer processes.")
+    init_method: str = Field("env://", description="torch.distributed init method.")
+    num_inference_nodes: int = Field(0, ge=0, description="Number of inference nodes (informational).")
+
+    # --- API ---------------------------------------------------------------------------
+    atropos_url: str = Field("http://localhost:8000", description="Base URL of the rollout API (run-api).")
+    batch_poll_interval: float = Field(1.0, gt=0, description="Seconds between GET /batch polls while no batch is ready.")
+    batch_wait_timeout: float = Field(
+        0.0, ge=0, description="Give up if no batch arrives for this many seconds (0 = wait forever)."
+    )
+
+    # --- logging -------------------------------------------------------------------------
+    use_wandb: bool = Field(False, description="Log metrics to Weights & Biases (WANDB_MODE=offline works).")
+    wandb_project: Optional[str] = Field(None, description="W&B project.")
+    wandb_group: Optional[str] = Field(default_factory=_random_group, description="W&B group (random 8 characters if unset).")
+    log_dir: Optional[str] = Field(None, description="Directory for metrics.jsonl (default: save_path).")
+    progress: bool = Field(True, description="Show a rich progress bar.")
+    debug_loading: bool = Field(False, description="Log details while loading the model.")
+    benchmark: bool = Field(False, description="Log benchmark/* summary metrics at the end.")
+
+    @field_validator("atropos_url", "inference_url")
+    @classmethod
+    def _strip_slash(cls, v: Optional[str]) -> Optional[str]:
+        return v.rstrip("/") if v else v
+
+    @model_validator(mode="after")
+    def _check_modes(self) -> "TrainingConfig":
+        if self.weight_bridge_mode == "shared_vllm" and not os.environ.get("VLLM_ENABLE_SHARED_WEIGHTS"):
+            raise ValueError(
+                "weight_bridge_mode=shared_vllm needs vLLM with VLLM_ENABLE_SHARED_WEIGHTS=1 and a CUDA GPU; "
+                "use http_reload (atropos-serve-model) or none instead"
+            )
+        return self
+
+    # --- derived values ----------------------------------------------------------------------
+    @property
+    def api_batch_size(self) -> int:
+        """Sequences per API batch: ``batch_size * gradient_accumulation_steps``."""
+        return self.batch_size * self.gradient_accumulation_steps
+
+    @property
+    def resolved_inference_url(self) -> str:
+        """Inference server base URL (no trailing slash, no ``/v1``)."""
+        return self.inference_url or f"http://localhost:{self.vllm_port}"
+
+    @property
+    def metrics_dir(self) -> str:
+        """Where ``metrics.jsonl`` is written."""
+        return self.log_dir or self.save_path
+
+    @property
+    def uses_lora(self) -> bool:
+        """True for the PEFT modes."""
+        return self.weight_bridge_mode in ("lora_only", "lora_restart")

@@ -1,0 +1,126 @@
+"""The GRPO loss: a PPO-style clipped surrogate against the rollout policy.
+
+``compute_grpo_loss`` is a pure function of logits and batch tensors:
+
+- per-token log-probs of the labels under ``logits / temperature``;
+- importance ratio ``r = exp(logp − old_logp)`` where ``old_logp`` is the rollout's
+  ``inference_logprobs``; when the batch carries none, the current policy's
+  detached log-probs are used (``r = 1``, the plain GRPO/REINFORCE gradient)
+  instead of failing as the original did;
+- pessimistic clipped objective per token, ``min(r·A, clip(r, 1−ε, 1+ε)·A)``
+  (for A < 0 this is the larger |loss|, i.e. the ratio is clipped only where it
+  would make the update more optimistic);
+- optional KL penalty (k3 estimator) towards reference log-probs, weighted by
+  ``kl_coef``;
+- token-level averaging: the sum over all label tokens divided by ``normalizer``
+  (by default the label tokens of this micro-batch; the trainer passes the count
+  over the whole optimizer step so that gradient accumulation is exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .data import IGNORE_INDEX
+
+
+@dataclass
+class LossOutput:
+    """The scalar loss to backpropagate plus detached statistics for logging."""
+
+    loss: torch.Tensor
+    metrics: Dict[str, float]
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperatures: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Log-probability of each label under ``logits / temperature``; 0 where label is −100.
+
+    ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``.
+    """
+    if temperatures is not None:
+        logits = logits / temperatures.to(logits.dtype).view(-1, 1, 1)
+    logits = logits.float()
+    safe = labels.clamp(min=0)
+    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), safe.reshape(-1), reduction="none")
+    logp = -nll.view_as(labels)
+    return logp * (labels != IGNORE_INDEX)
+
+
+def compute_grpo_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    advantages: torch.Tensor,
+    temperatures: Optional[torch.Tensor] = None,
+    inference_logprobs: Optional[torch.Tensor] = None,
+    clip_eps: float = 0.2,
+    ref_logprobs: Optional[torch.Tensor] = None,
+    kl_coef: float = 0.0,
+    normalizer: Optional[float] = None,
+) -> LossOutput:
+    """GRPO loss for one micro-batch. See the module docstring for the formula.
+
+    ``advantages`` is per token ``[B, T]`` (or per sequence ``[B]``, broadcast).
+    """
+    mask = (labels != IGNORE_INDEX).float()
+    if advantages.dim() == 1:
+        advantages = advantages.view(-1, 1).expand_as(mask)
+    advantages = advantages.to(mask.dtype)
+    logp = token_logprobs(logits, labels, temperatures)
+    has_old = inference_logprobs is not None
+    old_logp = inference_logprobs.to(logp.dtype) if has_old else logp.detach()
+    log_ratio = (logp - old_logp) * mask
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    surrogate = torch.min(ratio * advantages, clipped_ratio * advantages)
+    per_token = -surrogate
+    kl = None
+    if kl_coef > 0 and ref_logprobs is not None:
+        delta = (ref_logprobs.to(logp.dtype) - logp) * mask
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + kl_coef * kl
+    n_tokens = mask.sum()
+    denom = float(normalizer) if normalizer is not None else max(float(n_tokens), 1.0)
+    loss = (per_token * mask).sum() / denom
+
+    with torch.no_grad():
+        tok = max(float(n_tokens), 1.0)
+        seq_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        seq_logp = (logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        pos, neg = seq_adv > 0, seq_adv < 0
+        clipped = ((ratio - clipped_ratio).abs() > 1e-6).float() * mask
+        metrics = {
+            "grpo/mean_ratio": float((ratio * mask).sum() / tok),
+            "grpo/clipped_fraction": float(clipped.sum() / tok),
+            "train/logp": float((logp * mask).sum() / tok),
+            "train/pos_logp": float(seq_logp[pos].mean()) if pos.any() else 0.0,
+            "train/neg_logp": float(seq_logp[neg].mean()) if neg.any() else 0.0,
+            "logprobs/training_mean": float((logp * mask).sum() / tok),
+            "logprobs/training_std": _masked_std(logp, mask),
+            "train/num_tokens": float(n_tokens),
+            "grpo/has_inference_logprobs": 1.0 if has_old else 0.0,
+        }
+        if has_old:
+            diff = (logp - old_logp) * mask
+            metrics.update({
+                "logprobs/inference_mean": float((old_logp * mask).sum() / tok),
+                "logprobs/inference_std": _masked_std(old_logp, mask),
+                "alignment/diff_mean": float(diff.sum() / tok),
+                "alignment/diff_abs_mean": float(diff.abs().sum() / tok),
+                "alignment/diff_max": float(diff.abs().max()) if n_tokens > 0 else 0.0,
+            })
+        if kl is not None:
+            metrics["train/kl"] = float((kl * mask).sum() / tok)
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> float:
+    n = float(mask.sum())
+    if n < 2:
+        return 0.0
+    mean = (values * mask).sum() / n
+    var = (((values - mean) ** 2) * mask).sum() / (n - 1)
+    return float(var.sqrt())

@@ -1,0 +1,152 @@
+"""Launch, health-check and stop an inference server process the trainer owns.
+
+Used by the ``none`` and ``lora_restart`` weight-bridge modes, which restart the
+server on each new checkpoint. Works with vLLM (``python -m
+vllm.entrypoints.openai.api_server``) and with ``atropos-serve-model``.
+
+Unlike the original, it never kills foreign processes that hold the port: a busy
+port is a clear error. The child runs in its own process group and is killed with
+it; every wait is bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceServerError(RuntimeError):
+    """The inference server could not be started, reached or stopped in time."""
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` → ``vllm`` when vLLM is importable, else ``serve_model``."""
+    if backend != "auto":
+        return backend
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "serve_model"
+
+
+def server_command(backend: str, model_path: str, port: int, served_model_name: Optional[str] = None,
+                   host: str = "127.0.0.1", gpu_memory_utilization: float = 0.45,
+                   max_model_len: Optional[int] = None) -> List[str]:
+    """The command line that serves ``model_path`` on ``port``."""
+    backend = resolve_backend(backend)
+    if backend == "vllm":
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+               "--host", host, "--port", str(port), "--dtype", "auto",
+               "--gpu-memory-utilization", str(gpu_memory_utilization)]
+        if max_model_len:
+            cmd += ["--max-model-len", str(max_model_len)]
+    elif backend == "serve_model":
+        cmd = [sys.executable, "-m", "atroposlib.cli.serve_model", model_path, "--host", host, "--port", str(port)]
+    else:
+        raise InferenceServerError(f"unknown inference backend {backend!r} (vllm | serve_model)")
+    if served_model_name:
+        cmd += ["--served-model-name", served_model_name]
+    return cmd
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) != 0
+
+
+def wait_healthy(url: str, timeout: float, proc: Optional[subprocess.Popen] = None) -> None:
+    """Poll ``{url}/health`` until 200; raise :class:`InferenceServerError` on timeout or early exit."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise InferenceServerError(f"inference server exited with code {proc.returncode} before becoming healthy")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise InferenceServerError(f"inference server at {url} not healthy within {timeout:.0f}s ({last})")
+
+
+class InferenceProcess:
+    """One inference server child process, restartable on a new model path."""
+
+    def __init__(self, backend: str, port: int, served_model_name: Optional[str], log_path: Optional[Path],
+                 timeout: float, gpu_memory_utilization: float = 0.45, max_model_len: Optional[int] = None,
+                 gpu: Optional[int] = None) -> None:
+        self.backend = resolve_backend(backend)
+        self.port = port
+        self.served_model_name = served_model_name
+        self.log_path = log_path
+        self.timeout = timeout
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.max_model_len = max_model_len
+        self.gpu = gpu
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, model_path: str) -> None:
+        """Start serving ``model_path`` and wait until healthy."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise InferenceServerError("inference server already running")
+        if not port_is_free(self.port):
+            raise InferenceServerError(
+                f"port {self.port} is already in use; stop whatever listens there or pick another --vllm-port"
+            )
+        cmd = server_command(self.backend, model_path, self.port, self.served_model_name,
+                             gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len)
+        env = dict(os.environ)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            logger.info("starting inference server: %s", " ".join(cmd))
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        finally:
+            if self.log_path:
+                out.close()
+        try:
+            wait_healthy(self.url, self.timeout, self.proc)
+        except InferenceServerError:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Terminate the server's process group (SIGKILL after ``timeout`` s)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while not port_is_free(self.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def restart(self, model_path: str) -> None:
+        """Stop, then serve ``model_path``."""
+        self.stop()
+        self.start(model_path)

@@ -1,0 +1,193 @@
+"""Getting new weights from the trainer to the inference server.
+
+One class per ``weight_bridge_mode``; all share :class:`WeightSync`'s interface
+(``start`` once, ``sync(step)`` after optimizer steps, ``close`` at the end).
+Every network call and process wait is bounded by ``config.sync_timeout``; a
+failure raises :class:`WeightSyncError` with the reason, it never hangs.
+
+- ``none``: save a checkpoint and restart the inference server on it (vLLM or
+  ``atropos-serve-model``).
+- ``http_reload``: save the weights and ``POST /update_weights {"path": DIR}`` to
+  ``atropos-serve-model`` (no restart); checks the returned ``version``.
+- ``lora_only``: save the adapter and ``POST /lora/load`` (vLLM's custom server);
+  a server without that endpoint (404) gets the merged weights via
+  ``/update_weights`` instead.
+- ``lora_restart``: merge the adapter and restart the server on the merged model.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+from .checkpointing import save_model_dir
+from .config import TrainingConfig
+from .vllm_manager import InferenceProcess, InferenceServerError
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed or timed out."""
+
+
+def merged_copy(model: Any) -> Any:
+    """A plain model with LoRA adapters merged in (the trained model is untouched)."""
+    if hasattr(model, "merge_and_unload"):
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
+class WeightSync:
+    """Base class: no-op sync (used when nothing has to be pushed)."""
+
+    def __init__(self, config: TrainingConfig, model: Any, tokenizer: Any) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.url = config.resolved_inference_url
+        self.root = Path(config.save_path)
+        self.syncs = 0
+
+    def start(self) -> None:
+        """Called once before training."""
+
+    def sync(self, step: int) -> float:
+        """Push the current weights; returns the seconds it took."""
+        return 0.0
+
+    def close(self) -> None:
+        """Release resources (stop processes the sync owns)."""
+
+    def should_sync(self, step: int) -> bool:
+        """Whether to sync after optimizer step ``step`` (1-based)."""
+        return step % self.config.vllm_restart_interval == 0 or step >= self.config.training_steps
+
+
+class HttpReloadSync(WeightSync):
+    """``POST /update_weights`` to ``atropos-serve-model`` with a freshly saved weights dir."""
+
+    def __init__(self, config: TrainingConfig, model: Any, tokenizer: Any) -> None:
+        super().__init__(config, model, tokenizer)
+        self.live_root = self.root / "live_weights"
+        self._previous: Optional[Path] = None
+        self.last_version: Optional[int] = None
+
+    def start(self) -> None:
+        try:
+            resp = httpx.get(f"{self.url}/health", timeout=min(10.0, self.config.sync_timeout))
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"http_reload: inference server {self.url} not reachable: {exc}") from exc
+        if resp.status_code != 200:
+            raise WeightSyncError(f"http_reload: {self.url}/health answered {resp.status_code}")
+
+    def _post(self, path: Path) -> dict:
+        try:
+            resp = httpx.post(f"{self.url}/update_weights", json={"path": str(path.resolve())},
+                              timeout=self.config.sync_timeout)
+        except httpx.TimeoutException as exc:
+            raise WeightSyncError(f"http_reload: /update_weights timed out after {self.config.sync_timeout:.0f}s") from exc
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"http_reload: /update_weights failed: {exc}") from exc
+        if resp.status_code == 404:
+            raise WeightSyncError(f"http_reload: {self.url} has no /update_weights (is it atropos-serve-model?)")
+        if resp.status_code >= 400:
+            raise WeightSyncError(f"http_reload: /update_weights answered {resp.status_code}: {resp.text[:300]}")
+        try:
+            return resp.json()
+        except ValueError:
+            return {}
+
+    def sync(self, step: int) -> float:
+        t0 = time.perf_counter()
+        target = self.live_root / f"step_{step}"
+        save_model_dir(merged_copy(self.model), self.tokenizer, target)
+        data = self._post(target)
+        version = data.get("version")
+        if isinstance(version, int) and self.last_version is not None and version <= self.last_version:
+            raise WeightSyncError(f"http_reload: server version did not advance ({self.last_version} → {version})")
+        self.last_version = version if isinstance(version, int) else self.last_version
+        if self._previous is not None and self._previous != target:
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self._previous = target
+        self.syncs += 1
+        return time.perf_counter() - t0
+
+
+class RestartSync(WeightSync):
+    """Mode ``none`` (and ``lora_restart``): checkpoint, then restart the inference server on it."""
+
+    def __init__(self, config: TrainingConfig, model: Any, tokenizer: Any) -> None:
+        super().__init__(config, model, tokenizer)
+        log = Path(config.metrics_dir) / "inference_server.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.server = InferenceProcess(
+            backend=config.inference_backend, port=config.vllm_port, served_model_name=config.model_name,
+            log_path=log, timeout=config.sync_timeout,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_len=config.max_model_len,
+            gpu=config.vllm_gpu,
+        )
+        self._previous: Optional[Path] = None
+
+    def start(self) -> None:
+        if self.config.launch_inference:
+            try:
+                self.server.start(self.config.model_name)
+            except InferenceServerError as exc:
+                raise WeightSyncError(f"could not start the inference server: {exc}") from exc
+
+    def sync(self, step: int) -> float:
+        t0 = time.perf_counter()
+        target = self.root / "served_weights" / f"step_{step}"
+        save_model_dir(merged_copy(self.model), self.tokenizer, target)
+        try:
+            self.server.restart(str(target))
+        except InferenceServerError as exc:
+            raise WeightSyncError(f"restart on {target} failed: {exc}") from exc
+        if self._previous is not None and self._previous != target:
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self._previous = target
+        self.syncs += 1
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+class LoraOnlySync(HttpReloadSync):
+    """Hot-swap the adapter through ``POST /lora/load``; merged ``/update_weights`` fallback."""
+
+    def sync(self, step: int) -> float:
+        t0 = time.perf_counter()
+        adapter = self.root / f"adapter_step_{step}"
+        save_model_dir(self.model, None, adapter)
+        try:
+            resp = httpx.post(f"{self.url}/lora/load",
+                              json={"adapter_path": str(adapter.resolve()), "adapter_name": f"step_{step}"},
+                              timeout=self.config.sync_timeout)
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"lora_only: /lora/load failed: {exc}") from exc
+        if resp.status_code == 404:
+            return super().sync(step) + (time.perf_counter() - t0)
+        if resp.status_code >= 400:
+            raise WeightSyncError(f"lora_only: /lora/load answered {resp.status_code}: {resp.text[:300]}")
+        self.syncs += 1
+        return time.perf_counter() - t0
+
+
+def make_weight_sync(config: TrainingConfig, model: Any, tokenizer: Any) -> WeightSync:
+    """The :class:`WeightSync` for ``config.weight_bridge_mode``."""
+    mode = config.weight_bridge_mode
+    if mode == "http_reload":
+        return HttpReloadSync(config, model, tokenizer)
+    if mode in ("none", "lora_restart"):
+        return RestartSync(config, model, tokenizer)
+    if mode == "lora_only":
+        return LoraOnlySync(config, model, tokenizer)
+    raise WeightSyncError(f"weight_bridge_mode {mode!r} is not supported by this trainer")

@@ -1,0 +1,1 @@
+"""Repository helpers shared by environments (not part of the installed package)."""

@@ -1,0 +1,83 @@
+"""``run-api --persist``: acknowledged groups survive ``kill -9``; nothing is served twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+
+from tests.api.conftest import TRAINER, group, start_api
+from tests.helpers.procs import free_port
+
+
+def _drain(c: httpx.Client) -> list[int]:
+    served = []
+    while True:
+        batch = c.get("/batch").json()["batch"]
+        if batch is None:
+            return served
+        served += [g["tokens"][0][0] // 1000 for g in batch]
+
+
+def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
+    db = str(tmp_path / "api.db")
+    port = free_port()
+    acked: list[int] = []
+    served_before: list[int] = []
+    ctx, url = start_api(tmp_path, "--persist", db, port=port)
+    with ctx as proc, httpx.Client(base_url=url, timeout=10) as c:
+        c.post("/register", json={**TRAINER, "batch_size": 4, "starting_step": 3})
+        c.get("/batch")
+        env = c.post("/register-env", json={"max_token_length": 64, "desired_name": "persist", "weight": 2.0,
+                                            "group_size": 4}).json()["env_id"]
+        for tag in (1, 2, 3):
+            assert c.post("/scored_data", json=group(4, env_id=env, base=tag)).status_code == 200
+            acked.append(tag)
+        served_before.append(c.get("/batch").json()["batch"][0]["tokens"][0][0] // 1000)
+        assert c.post("/scored_data", json=group(2, env_id=env, base=90)).json()["status"] == "buffered"
+
+        stop = threading.Event()
+
+        def post_forever() -> None:
+            tag = 100
+            with httpx.Client(base_url=url, timeout=5) as poster:
+                while not stop.is_set():
+                    try:
+                        r = poster.post("/scored_data", json=group(4, env_id=env, base=tag))
+                    except httpx.HTTPError:
+                        return
+                    if r.status_code == 200:
+                        acked.append(tag)
+                    tag += 1
+
+        thread = threading.Thread(target=post_forever)
+        thread.start()
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        stop.set()
+        thread.join(timeout=10)
+    assert len(acked) > 5
+
+    ctx, url = start_api(tmp_path, "--persist", db, port=port)
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/info").json() == {"batch_size": 4, "max_token_len": 512}
+        assert c.get("/wandb_info").json() == {"group": "grp", "project": "proj"}
+        assert c.get("/status").json()["current_step"] == 4
+        status = c.get("/status-env", params={"env_id": env}).json()
+        assert status["env_weight"] == 1.0 and status["current_step"] == 4
+        # The env registry survived: a new env gets the next id and a distinct name.
+        again = c.post("/register-env", json={"max_token_length": 64, "desired_name": "persist", "weight": 1.0,
+                                              "group_size": 4}).json()
+        assert (again["env_id"], again["wandb_name"]) == (env + 1, "persist_1")
+        # The buffered half-group is still there: completing it puts both halves on the queue.
+        assert c.post("/scored_data", json=group(2, env_id=env, base=91)).json() == {
+            "status": "buffered", "buffer_size": 0}
+        served_after = _drain(c)
+    assert served_after[:len(acked) - 1] == [t for t in acked if t not in served_before]
+    unacked = served_after[len(acked) - 1:]
+    assert unacked[-2:] == [90, 91] and len(unacked) <= 3  # at most the one in-flight post extra
+    assert not set(served_before) & set(served_after)

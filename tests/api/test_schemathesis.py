@@ -1,0 +1,37 @@
+"""Schemathesis over the running server's own OpenAPI schema: no input yields a 5xx."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+
+from tests.api.conftest import TRAINER, start_api
+
+
+@pytest.fixture(scope="module")
+def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemathesis.BaseSchema]:
+    """A persisting server with a registered trainer and env, and its schema."""
+    tmp = tmp_path_factory.mktemp("schemathesis")
+    ctx, url = start_api(tmp, "--persist", str(tmp / "api.db"), "--max-request-mb", "1")
+    with ctx:
+        import httpx
+
+        with httpx.Client(base_url=url, timeout=10) as c:
+            c.post("/register", json=TRAINER)
+            c.get("/batch")
+            c.post("/register-env", json={"max_token_length": 64, "desired_name": "s", "weight": 1.0,
+                                          "group_size": 4})
+        yield schemathesis.openapi.from_url(f"{url}/openapi.json")
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_input_makes_the_server_answer_5xx(case: schemathesis.Case) -> None:
+    case.call_and_validate(checks=[not_a_server_error], timeout=10)

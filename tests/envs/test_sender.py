@@ -1,0 +1,149 @@
+"""Delivery of groups: gzip, 503 Retry-After, outbox on failure, FIFO drain, rejections."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+
+import httpx
+import pytest
+
+from atroposlib.envs.api_client import GZIP_MIN_BYTES, RolloutAPIClient, encode_body
+from atroposlib.envs.outbox import Outbox
+from atroposlib.envs.sender import GroupSender
+
+
+class ScriptedAPI:
+    """An httpx transport that answers from a script and records what arrived."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.received: list = []
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        action = self.script.pop(0) if self.script else 200
+        if action == "down":
+            raise httpx.ConnectError("refused", request=request)
+        if action == 200:
+            body = request.content
+            if request.headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            self.received.append(json.loads(body))
+            return httpx.Response(200, json={"status": "received"})
+        if isinstance(action, tuple):
+            status, headers = action
+            return httpx.Response(status, headers=headers, json={"detail": "busy"})
+        return httpx.Response(action, json={"detail": f"tokens[0]: bad length ({action})"})
+
+
+def make_sender(tmp_path, script, **kwargs):
+    api = ScriptedAPI(script)
+    client = RolloutAPIClient("http://api.test", transport=httpx.MockTransport(api))
+    return api, GroupSender(client, Outbox(tmp_path / "outbox"), **kwargs)
+
+
+def group(i: int) -> dict:
+    return {"tokens": [[i, 1]], "masks": [[-100, 1]], "scores": [float(i)], "env_id": 0}
+
+
+def test_small_body_is_plain_json_and_large_body_is_gzipped():
+    small, headers = encode_body({"a": 1})
+    assert "Content-Encoding" not in headers and json.loads(small) == {"a": 1}
+    payload = {"tokens": [[7] * 2000]}
+    big, headers = encode_body(payload)
+    assert headers["Content-Encoding"] == "gzip"
+    assert len(big) < GZIP_MIN_BYTES and json.loads(gzip.decompress(big)) == payload
+
+
+async def test_503_with_retry_after_is_honoured_and_same_group_resent(tmp_path):
+    api, sender = make_sender(tmp_path, [(503, {"Retry-After": "0.2"}), 200])
+    started = time.monotonic()
+    assert await sender.send(group(1)) is True
+    assert time.monotonic() - started >= 0.2
+    assert api.received == [group(1)] and api.calls == 2
+    assert len(sender.outbox) == 0
+
+
+async def test_unreachable_api_parks_group_in_outbox_then_flushes_in_order(tmp_path):
+    api, sender = make_sender(tmp_path, ["down"] * 3, attempts=3)
+    assert await sender.send(group(1)) is False
+    assert len(sender.outbox) == 1 and sender.outboxed == 1
+    # While the outbox holds data, newer groups queue behind it (FIFO).
+    assert await sender.send(group(2)) is False
+    assert len(sender.outbox) == 2
+    sender.start()
+    for _ in range(100):
+        if not len(sender.outbox):
+            break
+        await asyncio.sleep(0.05)
+    await sender.close(drain_timeout_s=1)
+    assert api.received == [group(1), group(2)]
+    assert sender.delivered == 2 and not sender.rejected
+
+
+async def test_client_error_is_counted_per_reason_not_outboxed(tmp_path):
+    api, sender = make_sender(tmp_path, [422])
+    assert await sender.send(group(1)) is False
+    assert sender.rejected == {"http_422": 1}
+    assert len(sender.outbox) == 0 and api.received == []
+
+
+async def test_persistent_503_ends_in_outbox_after_busy_wait(tmp_path):
+    api, sender = make_sender(tmp_path, [(503, {"Retry-After": "0.05"})] * 50, busy_wait_s=0.3)
+    assert await sender.send(group(3)) is False
+    assert len(sender.outbox) == 1
+
+
+async def test_close_keeps_undelivered_groups_on_disk(tmp_path):
+    api, sender = make_sender(tmp_path, ["down"] * 1000, attempts=1)
+    sender.start()
+    await sender.send(group(5))
+    await sender.close(drain_timeout_s=0.2)
+    reopened = Outbox(tmp_path / "outbox")
+    assert len(reopened) == 1 and reopened.peek()[1] == group(5)
+
+
+def test_outbox_is_fifo_and_survives_reopening(tmp_path):
+    box = Outbox(tmp_path / "box")
+    for i in range(3):
+        box.put(group(i))
+    again = Outbox(tmp_path / "box")
+    seen = []
+    while len(again):
+        key, payload = again.peek()
+        seen.append(payload["tokens"][0][0])
+        again.remove(key)
+    assert seen == [0, 1, 2]
+    box2 = Outbox(tmp_path / "box")
+    box2.put(group(9))
+    assert box2.peek()[1] == group(9)
+
+
+async def test_api_client_sends_bearer_key_from_environment(monkeypatch):
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["auth"] = request.headers.get("authorization")
+        seen["query"] = request.url.query.decode()
+        return httpx.Response(200, json={"current_step": 0})
+
+    monkeypatch.setenv("ATROPOS_API_KEY", "s3cret")
+    client = RolloutAPIClient("http://api.test", transport=httpx.MockTransport(handler))
+    await client.status_env(3)
+    await client.aclose()
+    assert seen == {"auth": "Bearer s3cret", "query": "env_id=3"}
+
+
+@pytest.mark.parametrize("value, expected", [("2", 2.0), ("junk", None)])
+async def test_retry_after_parsing(value, expected):
+    def handler(request):
+        return httpx.Response(503, headers={"Retry-After": value})
+
+    client = RolloutAPIClient("http://api.test", transport=httpx.MockTransport(handler))
+    result = await client.post_scored(group(1))
+    await client.aclose()
+    assert result.status == 503 and result.retry_after == expected

@@ -1,0 +1,71 @@
+"""Fixtures for the inspection/export tools: a local tokenizer and rollouts files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+
+def _build_byte_tokenizer(out_dir: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(str(out_dir))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer directory loadable offline by AutoTokenizer."""
+    return _build_byte_tokenizer(tmp_path_factory.mktemp("byte-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def make_group(tokenizer: Any) -> Callable[..., dict[str, Any]]:
+    """Build a ScoredDataGroup like ``process`` writes: shared prompt, one completion per score."""
+
+    def make(prompt: str, completions: list[str], scores: list[float], **extra: Any) -> dict[str, Any]:
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        group: dict[str, Any] = {"tokens": [], "masks": [], "scores": list(scores), "messages": [],
+                                 "inference_logprobs": []}
+        for k, completion in enumerate(completions):
+            comp_ids = tokenizer.encode(completion, add_special_tokens=False)
+            group["tokens"].append(prompt_ids + comp_ids)
+            group["masks"].append([-100] * len(prompt_ids) + comp_ids)
+            group["inference_logprobs"].append([1.0] * len(prompt_ids) + [-0.5 - 0.01 * k] * len(comp_ids))
+            group["messages"].append([
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": completion},
+            ])
+        group.update(extra)
+        return group
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def write_jsonl() -> Callable[[Path, list], Path]:
+    """Write dicts (or raw strings) as jsonl lines."""
+
+    def write(path: Path, rows: list) -> Path:
+        path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+        return path
+
+    return write

@@ -1,0 +1,145 @@
+"""view-run: the API-free file browser (in headless chromium and via gradio_client) and the live mode."""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.procs import PYTHON, free_port, running_process
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--virtual-time-budget=15000", "--window-size=1280,1400"]
+
+
+def _visible_text(dom: str) -> str:
+    """Text of a DOM dump without scripts/styles (the app config embeds values in a script)."""
+    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S | re.I)
+    return html.unescape(re.sub(r"<[^>]+>", " ", dom))
+
+
+@pytest.fixture(scope="module")
+def file_viewer(tmp_path_factory, make_group, write_jsonl, tokenizer_dir):
+    """A ``view-run --file`` process over two rollouts files (two environments)."""
+    d = tmp_path_factory.mktemp("viewrun")
+    math = write_jsonl(d / "math.jsonl", [
+        make_group("Q: two plus two? A: ", ["the answer is four", "five <b>bold</b>"], [0.75, -1.0]),
+        make_group("Q: three plus three? A: ", ["six", "seven"], [1.0, 0.0]),
+    ])
+    code = write_jsonl(d / "code.jsonl", [make_group("Write hello: ", ["print('hello')", "echo"], [0.5, 0.25])])
+    port = free_port()
+    cmd = [PYTHON, "-m", "atroposlib.cli.view_run", "--file", str(math), "--file", str(code),
+           "--tokenizer", str(tokenizer_dir), "--port", str(port)]
+    with running_process(cmd, health_url=f"http://127.0.0.1:{port}/", timeout=120, log_path=d / "view.log"):
+        yield f"http://127.0.0.1:{port}/", d
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (the Makefile / .ci/run installs it with apt)")
+def test_file_mode_page_shows_group_text_and_score_in_chromium(file_viewer) -> None:
+    url, d = file_viewer
+    base = [CHROMIUM, *CHROMIUM_FLAGS]
+    dom = subprocess.run([*base, f"--user-data-dir={d / 'chrome-dom'}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=90).stdout
+    text = _visible_text(dom)
+    assert "user: Q: two plus two? A:" in text
+    assert "assistant: the answer is four" in text
+    assert "score 0.75" in text and "score -1" in text
+    assert "five <b>bold</b>" in text  # shown as text, not rendered as markup
+    assert re.search(r"18/38 tokens trained · mean logprob -0.5\b", text)
+    assert re.search(r'class="tok trained"[^>]*title="id \d+ · trained · logprob -0.5"', dom)
+    shot = d / "view.png"
+    subprocess.run([*base, f"--user-data-dir={d / 'chrome-shot'}", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=90)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_file_mode_filters_and_navigation_via_gradio_client(file_viewer) -> None:
+    from gradio_client import Client
+
+    url, _ = file_viewer
+    client = Client(url, verbose=False)
+    pos, status, body = client.predict("code", "", "", "any", "", api_name="/search")
+    assert pos == 1 and "Group 1 of 1 matching (3 in total) — code · code.jsonl line 1" in status
+    assert "print(&#x27;hello&#x27;)" in body
+    _, status, body = client.predict("(all environments)", "0.9", "", "any", "", api_name="/search")
+    assert "Group 1 of 1 matching" in status and "three plus three" in body
+    _, status, body = client.predict("(all environments)", "", "", "any", "FOUR", api_name="/search")
+    assert "Group 1 of 1 matching" in status and "the answer is four" in body
+    _, status, _ = client.predict("(all environments)", "0.3", "0.6", "all", "", api_name="/search")
+    assert "No group matches" in status
+    _, status, _ = client.predict("math", "", "", "mean", "", api_name="/search")
+    assert "Group 1 of 2 matching" in status
+    # navigation works on the session's last search (held in gr.State)
+    pos, status, body = client.predict(1, api_name="/next")
+    assert pos == 2 and "math.jsonl line 2" in status and "three plus three" in body
+    pos, status, _ = client.predict(2, api_name="/next")
+    assert pos == 2  # clamped at the last match
+    pos, _, body = client.predict(2, api_name="/previous")
+    assert pos == 1 and "two plus two" in body
+    with pytest.raises(Exception, match="Min score must be a number"):
+        client.predict("(all environments)", "abc", "", "any", "", api_name="/search")
+
+
+def test_bad_file_input_and_unreachable_api_exit_with_a_message(tmp_path: Path, write_jsonl, port: int,
+                                                                tokenizer_dir: Path, capsys) -> None:
+    from atroposlib.cli import view_run
+
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"scores": [1.0], "messages": ["ok"]}, '["not", "a group"]'])
+    assert view_run.main(["--file", str(bad), "--port", str(port)]) == 2
+    assert "bad.jsonl:2: expected a JSON object" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    assert view_run.main(["--file", str(empty), "--port", str(port)]) == 2
+    assert "the file is empty" in capsys.readouterr().err
+    assert view_run.main(["--file", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert view_run.main(["--tokenizer", str(tmp_path), "--port", str(port)]) == 2
+    assert "cannot load tokenizer" in capsys.readouterr().err
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    assert view_run.main(["--api-url", unreachable, "--tokenizer", str(tokenizer_dir), "--port", str(port)]) == 1
+    assert f"cannot reach the rollout API at {unreachable}" in capsys.readouterr().err
+
+
+def _tokenized(tokenizer, prompt: str, completions: list[str], scores: list[float]) -> dict:
+    p = tokenizer.encode(prompt, add_special_tokens=False)
+    toks = [p + tokenizer.encode(c, add_special_tokens=False) for c in completions]
+    return {"tokens": toks, "masks": [[-100] * len(p) + t[len(p):] for t in toks], "scores": scores}
+
+
+def test_live_mode_shows_first_group_of_next_batch_without_resetting_the_api(
+        tmp_path: Path, tokenizer, tokenizer_dir: Path) -> None:
+    pytest.importorskip("atroposlib.cli.run_api")
+    from gradio_client import Client
+
+    api_port, ui_port = free_port(), free_port()
+    api = f"http://127.0.0.1:{api_port}"
+    with running_process([PYTHON, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(api_port)],
+                         health_url=f"{api}/health", log_path=tmp_path / "api.log"):
+        with httpx.Client(base_url=api, timeout=10) as h:
+            h.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 4,
+                                      "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
+                                      "starting_step": 0, "num_steps": 10}).raise_for_status()
+            h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
+                   ).raise_for_status()
+            cmd = [PYTHON, "-m", "atroposlib.cli.view_run", "--api-url", api, "--tokenizer", str(tokenizer_dir),
+                   "--port", str(ui_port), "--poll-timeout", "20"]
+            with running_process(cmd, health_url=f"http://127.0.0.1:{ui_port}/", timeout=120,
+                                 log_path=tmp_path / "view.log"):
+                assert h.get("/status").json()["queue_size"] == 1  # view-run did not wipe the queue
+                h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
+                       ).raise_for_status()
+                client = Client(f"http://127.0.0.1:{ui_port}/", verbose=False)
+                prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
+    assert prefix == "Q: 1+1? A: "
+    assert (out0, out1) == ("2", "3")
+    assert (float(score0), float(score1)) == (1.0, -1.0)
+    assert "Batch of 2 groups" in status

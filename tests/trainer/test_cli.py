@@ -1,0 +1,77 @@
+"""The kebab-case CLI of atropos-grpo: defaults, flags, and bad-input exits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from example_trainer.cli import build_parser, config_from_args
+from example_trainer.config import TrainingConfig
+
+SPEC_FLAGS = (
+    "--model-name --lr --training-steps --batch-size --seq-len --gradient-accumulation-steps --warmup-steps "
+    "--optimizer --device --save-path --checkpoint-interval --clip-eps --vllm-port --vllm-gpu "
+    "--vllm-gpu-memory-utilization --max-model-len --dtype --vllm-restart-interval --atropos-url --use-wandb "
+    "--wandb-project --wandb-group --weight-bridge-mode --vllm-config-path --train-layer-indices --lora-r "
+    "--lora-alpha --lora-dropout --lora-target-modules --lora-layer-indices --trainer-rank --world-size "
+    "--init-method --num-inference-nodes --debug-loading --benchmark --log-dir --kl-coef --resume"
+).split()
+
+
+def test_every_spec_flag_exists():
+    opts = {o for a in build_parser()._actions for o in a.option_strings}
+    missing = [f for f in SPEC_FLAGS if f not in opts]
+    assert not missing
+
+
+def test_defaults_match_original():
+    c = config_from_args(["--model-name", "m"])
+    assert (c.lr, c.training_steps, c.batch_size, c.seq_len, c.gradient_accumulation_steps) == (1e-5, 10, 2, 2048, 32)
+    assert (c.clip_eps, c.checkpoint_interval, c.warmup_steps, c.optimizer) == (0.2, 3, 0, "adamw_8bit")
+    assert (c.kl_coef, c.weight_bridge_mode, c.atropos_url, c.vllm_port) == (0.0, "none", "http://localhost:8000", 9001)
+    assert c.lora_target_modules == ["q_proj", "v_proj"]
+    assert c.api_batch_size == 64
+
+
+def test_flags_are_parsed_into_config():
+    c = config_from_args([
+        "--model-name", "m", "--lr", "3e-4", "--use-wandb", "--resume", "false", "--train-layer-indices", "0", "1",
+        "--weight-bridge-mode", "http_reload", "--atropos-url", "http://127.0.0.1:1234/",
+    ])
+    assert c.lr == 3e-4 and c.use_wandb is True and c.resume is False
+    assert c.train_layer_indices == [0, 1]
+    assert c.weight_bridge_mode == "http_reload"
+    assert c.atropos_url == "http://127.0.0.1:1234"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--model-name", "m", "--no-such-flag"], "--no-such-flag"),
+        (["--lr", "1e-4"], "--model-name"),
+        (["--model-name", "m", "--lr", "abc"], "--lr"),
+        (["--model-name", "m", "--lr", "-1"], "--lr"),
+        (["--model-name", "m", "--weight-bridge-mode", "telepathy"], "--weight-bridge-mode"),
+        (["--model-name", "m", "--use-wandb", "maybe"], "--use-wandb"),
+        (["--model-name", "m", "--training-steps", "0"], "--training-steps"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        config_from_args(argv)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_console_entry_exits_2_on_unknown_flag():
+    proc = subprocess.run([sys.executable, "-m", "example_trainer.grpo", "--model-name", "m", "--bogus"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --bogus" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_field_has_description():
+    assert all(f.description for f in TrainingConfig.model_fields.values())
