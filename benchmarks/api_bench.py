@@ -135,19 +135,25 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
     conn = aiohttp.TCPConnector(limit=64)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
         env_id = await setup(s, base, 8)
-        cpu0 = sum(me.cpu_times()[:2])
+        server = psutil.Process(pid)
+        cpu0, scpu0 = sum(me.cpu_times()[:2]), sum(server.cpu_times()[:2])
         with RssSampler(pid) as rss:
             secs = await ingest(s, base, bodies, args.groups, args.concurrency)
             client_cpu = sum(me.cpu_times()[:2]) - cpu0
+            server_cpu = sum(server.cpu_times()[:2]) - scpu0
             p50_full = await status_p50(s, base, env_id)
             rss_full = psutil.Process(pid).memory_info().rss
+            scpu0 = sum(server.cpu_times()[:2])
             batches, dsecs = await drain(s, base, gzip=True)
+            drain_cpu = sum(server.cpu_times()[:2]) - scpu0
         print(f"body size            {len(bodies[0]) / 1024:.1f} KiB per group")
         print(f"ingest               {args.groups / secs:,.0f} groups/s "
-              f"({args.groups} groups in {secs:.2f}s, client CPU {client_cpu / secs * 100:.0f}% of a core)")
+              f"({args.groups} groups in {secs:.2f}s, client CPU {client_cpu / secs * 100:.0f}% of a core, "
+              f"server CPU {server_cpu / args.groups * 1e6:.0f} us/group)")
         print(f"/status-env p50      {p50_full:.3f} ms at {args.groups} queued groups")
         print(f"RSS full queue       {rss_full / 2**20:.1f} MiB (peak during run {rss.peak / 2**20:.1f} MiB)")
-        print(f"drain (gzip)         {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s)")
+        print(f"drain (gzip)         {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
+              f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)")
         await ingest(s, base, bodies, args.groups, args.concurrency)
         batches, dsecs = await drain(s, base, gzip=False)
         print(f"drain (identity)     {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s)")

@@ -2,7 +2,9 @@
 
 Each turn the model sees its hand and the dealer's card and answers ``hit`` or
 ``stick``; the game's outcome is the score (+1 win, 0 draw, -1 loss). An answer that
-names no action (or both) ends the game with ``invalid_action_reward``. All rollouts
+names no action (or both) ends the game with ``invalid_action_reward`` — or, with
+``on_invalid_action`` set to ``hit``/``stick``, plays that action and goes on (useful
+to warm up a model that cannot follow the format yet). All rollouts
 of a group play the same deal (same seed), so their scores are comparable.
 
 Every trajectory runs inside its own ``ManagedServer`` context: each new turn's prompt
@@ -21,7 +23,7 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Tuple
 
 import gymnasium as gym
 from pydantic import Field
@@ -47,6 +49,8 @@ class BlackjackConfig(BaseEnvConfig):
     max_turns: int = Field(5, ge=1, description="Turns before the player is made to stick.")
     max_tokens_per_turn: int = Field(256, ge=1, description="Generation budget of one turn.")
     invalid_action_reward: float = Field(-1.0, description="Score of a game ended by an unreadable action.")
+    on_invalid_action: Literal["end", "hit", "stick"] = Field(
+        "end", description="What an unreadable action does: end the game, or play hit/stick and go on.")
     seed: int = Field(0, description="First deal's seed; item i plays seed + i.")
     eval_episodes: int = Field(32, ge=0, description="Games played by evaluate().")
     eval_seed: int = Field(1_000_000, description="First seed of the evaluation games.")
@@ -72,12 +76,15 @@ ChatFn = Callable[[List[Dict[str, str]], int], Awaitable[str]]
 
 async def play_blackjack(chat: ChatFn, seed: int, max_turns: int, max_tokens_per_turn: int,
                          invalid_action_reward: float,
-                         budget_left: Optional[Callable[[], int]] = None) -> Dict[str, Any]:
+                         budget_left: Optional[Callable[[], int]] = None,
+                         on_invalid_action: str = "end") -> Dict[str, Any]:
     """Play one game; ``chat(messages, max_tokens)`` returns the model's reply.
 
     ``budget_left()`` (tokens still available in the sequence) makes the player stick
-    before the sequence would overflow. Returns ``{"reward", "outcome", "messages", "turns"}``.
+    before the sequence would overflow. Returns ``{"reward", "outcome", "messages",
+    "turns", "invalid_actions"}``.
     """
+    invalid = 0
     game = gym.make("Blackjack-v1")
     try:
         observation, _ = game.reset(seed=seed)
@@ -89,16 +96,21 @@ async def play_blackjack(chat: ChatFn, seed: int, max_turns: int, max_tokens_per
             messages.append({"role": "assistant", "content": reply})
             action = parse_action(reply)
             if action is None:
-                return {"reward": invalid_action_reward, "outcome": "invalid_action", "messages": messages, "turns": turn}
+                invalid += 1
+                if on_invalid_action == "end":
+                    return {"reward": invalid_action_reward, "outcome": "invalid_action", "messages": messages,
+                            "turns": turn, "invalid_actions": invalid}
+                action = HIT if on_invalid_action == "hit" else STICK
             observation, reward, terminated, truncated, _ = game.step(action)
             if terminated or truncated:
-                return {"reward": float(reward), "outcome": _outcome(reward), "messages": messages, "turns": turn}
+                return {"reward": float(reward), "outcome": _outcome(reward), "messages": messages, "turns": turn,
+                        "invalid_actions": invalid}
             messages.append({"role": "user", "content": describe(observation)})
         _, reward, _, _, _ = game.step(STICK)  # out of turns or tokens: the player stands
         if messages[-1]["role"] == "user":
             messages.pop()  # the unanswered observation is not part of the trajectory
         return {"reward": float(reward), "outcome": _outcome(reward), "messages": messages,
-                "turns": sum(1 for m in messages if m["role"] == "assistant")}
+                "turns": sum(1 for m in messages if m["role"] == "assistant"), "invalid_actions": invalid}
     finally:
         game.close()
 
@@ -157,7 +169,7 @@ class BlackjackEnv(BaseEnv):
                 return out.choices[0].message.content or ""
 
             game = await play_blackjack(chat, seed, cfg.max_turns, cfg.max_tokens_per_turn,
-                                        cfg.invalid_action_reward, budget_left)
+                                        cfg.invalid_action_reward, budget_left, cfg.on_invalid_action)
             nodes = managed.get_state()["nodes"]
         if not nodes:
             return None
@@ -197,7 +209,7 @@ class BlackjackEnv(BaseEnv):
             async with sem:
                 try:
                     return await play_blackjack(chat, seed, cfg.max_turns, cfg.max_tokens_per_turn,
-                                                cfg.invalid_action_reward)
+                                                cfg.invalid_action_reward, on_invalid_action=cfg.on_invalid_action)
                 except Exception:  # counted in eval/failed_games
                     logger.exception("blackjack eval game failed")
                     return None

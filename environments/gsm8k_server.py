@@ -25,7 +25,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, EvalHandlingEnum, ScoredDataGroup
-from atroposlib.envs.reward_fns.math_answers import answer_after_think, parse_gold, parse_prediction
+from atroposlib.envs.reward_fns.math_answers import (
+    answer_after_think,
+    parse_gold,
+    parse_prediction,
+    verify_parsed,
+)
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -83,12 +88,7 @@ def length_penalty_scores(lengths: List[int], max_token_length: int) -> List[flo
 
 def score_response(text: str, gold_parsed: List[Any]) -> float:
     """+1.0 when the boxed answer after ``</think>`` verifies against the gold, else -1.0."""
-    from math_verify import verify
-
-    prediction = parse_prediction(text)
-    if len(prediction) == 0:
-        return -1.0
-    return 1.0 if verify(gold_parsed, prediction) else -1.0
+    return 1.0 if verify_parsed(gold_parsed, parse_prediction(text)) else -1.0
 
 
 class GSM8kEnv(BaseEnv):
@@ -104,6 +104,7 @@ class GSM8kEnv(BaseEnv):
         self.percent_correct_buffer: List[float] = []
         self.eval_metrics: List[Tuple[str, float]] = []
         self.skips = SkipCounter(self.name)
+        self.eval_skips = SkipCounter(f"{self.name} (eval)")
         self.train: List[Dict[str, str]] = []
         self.test: List[Dict[str, str]] = []
 
@@ -129,16 +130,17 @@ class GSM8kEnv(BaseEnv):
         )
         return env_config, server_config
 
-    def _items(self, rows: List[Dict[str, Any]]) -> List[Dict[str, str]]:
+    def _items(self, rows: List[Dict[str, Any]], skips: Optional[SkipCounter] = None) -> List[Dict[str, str]]:
+        skips = skips or self.skips
         items = []
         for row in rows:
-            if not self.skips.require(row, "question", "answer"):
+            if not skips.require(row, "question", "answer"):
                 continue
             if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
-                self.skips.skip("non_text_fields", repr(row)[:120])
+                skips.skip("non_text_fields", repr(row)[:120])
                 continue
             if "#" not in row["answer"] or not gold_from_answer(row["answer"]):
-                self.skips.skip("no_final_answer", row["answer"][-60:])
+                skips.skip("no_final_answer", row["answer"][-60:])
                 continue
             items.append({"question": row["question"], "gold_answer": gold_from_answer(row["answer"])})
         return items
@@ -149,7 +151,7 @@ class GSM8kEnv(BaseEnv):
         self.train = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, "train", cfg.data_path,
                                            self.skips, cfg.shuffle_seed))
         self.test = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, "test", eval_path,
-                                          self.skips, cfg.shuffle_seed))
+                                          self.eval_skips, cfg.shuffle_seed), self.eval_skips)
         if cfg.max_eval_items >= 0:
             self.test = self.test[: cfg.max_eval_items]
         if not self.train:

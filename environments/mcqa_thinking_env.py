@@ -103,6 +103,7 @@ class MCQAThinkingEnv(BaseEnv):
         self.config: MCQAConfig = config
         self.iter = 0
         self.skips = SkipCounter(self.name)
+        self.eval_skips = SkipCounter(f"{self.name} (eval)")
         self.train: List[Dict[str, Any]] = []
         self.test: List[Dict[str, Any]] = []
         self.percent_correct_buffer: List[float] = []
@@ -118,18 +119,19 @@ class MCQAThinkingEnv(BaseEnv):
                             num_requests_for_eval=256),
         )
 
-    def _items(self, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    def _items(self, rows: List[Dict[str, Any]], skips: Optional[SkipCounter] = None) -> List[Dict[str, Any]]:
+        skips = skips or self.skips
         items = []
         for row in rows:
-            if not self.skips.require(row, "question"):
+            if not skips.require(row, "question"):
                 continue
             choices = row.get("choices")
             if not isinstance(choices, list) or not 2 <= len(choices) <= len(LETTERS):
-                self.skips.skip("bad_choices", repr(choices)[:80])
+                skips.skip("bad_choices", repr(choices)[:80])
                 continue
             gold = answer_letter(row.get("answer"), len(choices))
             if gold is None:
-                self.skips.skip("bad_answer", repr(row.get("answer")))
+                skips.skip("bad_answer", repr(row.get("answer")))
                 continue
             items.append({"prompt": format_question(str(row["question"]), choices), "gold": gold,
                           "n_choices": len(choices)})
@@ -140,7 +142,8 @@ class MCQAThinkingEnv(BaseEnv):
         self.train = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, cfg.train_split,
                                            cfg.data_path, self.skips, cfg.shuffle_seed))
         self.test = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, cfg.eval_split,
-                                          cfg.eval_data_path or cfg.data_path, self.skips, cfg.shuffle_seed))
+                                          cfg.eval_data_path or cfg.data_path, self.eval_skips, cfg.shuffle_seed),
+                                 self.eval_skips)
         if cfg.max_eval_items >= 0:
             self.test = self.test[: cfg.max_eval_items]
         if not self.train:

@@ -26,6 +26,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse flags, train, print where the final model went."""
     config: TrainingConfig = config_from_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _terminate)
     from .api import AtroposAPIError
     from .trainers import train

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
 
+import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -162,6 +163,7 @@ class Launcher:
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.inf_url = f"http://127.0.0.1:{self.inf_port}"
         self.evals: List[Dict[str, float]] = []
+        self.inference_version: Optional[int] = None
         self.t0 = time.time()
 
     # -- phases
@@ -255,8 +257,15 @@ class Launcher:
         status = self.monitor(model)
         if status == 0:
             self.evaluate("after", self._last_step(), model)
+            self.inference_version = self._inference_version()
         self.write_summary(status)
         return status
+
+    def _inference_version(self) -> Optional[int]:
+        try:
+            return httpx.get(f"{self.inf_url}/health", timeout=5.0).json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
 
     def _last_step(self) -> int:
         rows = read_metrics(self.run_dir / "metrics.jsonl")
@@ -328,6 +337,7 @@ class Launcher:
             "first_mean_score": rows[0].get("train/mean_score") if rows else None,
             "last_mean_score": rows[-1].get("train/mean_score") if rows else None,
             "final_loss": rows[-1].get("train/loss") if rows else None,
+            "inference_weights_version": self.inference_version,
             "run_dir": str(self.run_dir),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -448,6 +458,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``atropos-grpo-run``."""
     cfg = config_from_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     launcher = Launcher(cfg)

@@ -201,6 +201,8 @@ class GRPOTrainer:
                         and self.step < cfg.training_steps:
                     save_checkpoint(self.model, self.tokenizer, self.optimizer, self.scheduler, self.step, cfg.save_path)
                 metrics["train/sync_time"] = sync.sync(self.step) if sync.should_sync(self.step) else 0.0
+                if getattr(sync, "last_version", None) is not None:
+                    metrics["train/weights_version"] = float(sync.last_version)
                 writer.log(metrics, self.step)
                 progress.update(self.step, (
                     f"loss {metrics['train/loss']:+.4f}  score {metrics['train/mean_score']:.3f}  "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Sequence
 
@@ -13,10 +14,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ApiError",
+    "BodyValidationError",
     "GroupInconsistentError",
     "QueueFullError",
     "StorageError",
     "UnknownEnvError",
+    "error_response",
     "install_error_handlers",
     "validation_detail",
 ]
@@ -89,6 +92,26 @@ class GroupInconsistentError(ApiError):
 
     def payload(self) -> dict[str, Any]:
         return {"detail": [{"type": "value_error", "loc": ["body", *self.loc], "msg": self.message}]}
+
+
+class BodyValidationError(ApiError):
+    """A request body (or parameter) that fails validation; FastAPI-shaped ``detail`` list."""
+
+    status_code = 422
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in detail))
+        self.detail = detail
+
+    def payload(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+
+def error_response(exc: ApiError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """``(status, headers, JSON body)`` of a domain error, for raw-ASGI handlers."""
+    headers = [(b"content-type", b"application/json")]
+    headers += [(k.lower().encode(), v.encode()) for k, v in (exc.headers() or {}).items()]
+    return exc.status_code, headers, json.dumps(exc.payload()).encode()
 
 
 def validation_detail(errors: Sequence[dict[str, Any]], prefix: Sequence[Any] = ("body",)) -> list[dict]:

@@ -46,7 +46,8 @@ class GroupRow:
     env_id: Optional[int]
     size: int
     buffered: bool
-    body: bytes
+    body: Optional[bytes]
+    nbytes: int = 0
 
 
 @dataclass
@@ -73,13 +74,45 @@ class SqlitePersistence:
             raise StorageError(f"cannot open persistence database {self.path}: {e}") from e
 
     def load(self) -> PersistedState:
-        """Read everything back, groups ordered by queue position."""
+        """Read the state back: meta, and every group's row without its body, by queue position."""
         state = PersistedState()
         for key, value in self._conn.execute("SELECT key, value FROM meta"):
             state.meta[key] = json.loads(value)
-        rows = self._conn.execute("SELECT seq, env_id, size, buffered, body FROM groups ORDER BY seq")
-        state.groups = [GroupRow(seq, env_id, size, bool(buf), bytes(body)) for seq, env_id, size, buf, body in rows]
+        rows = self._conn.execute("SELECT seq, env_id, size, buffered, length(body) FROM groups ORDER BY seq")
+        state.groups = [GroupRow(seq, env_id, size, bool(buf), None, n) for seq, env_id, size, buf, n in rows]
         return state
+
+    def body(self, seq: int) -> Optional[bytes]:
+        """The stored JSON of one group."""
+        row = self._conn.execute("SELECT body FROM groups WHERE seq = ?", (seq,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def take(self, seqs: Sequence[int], meta: dict[str, Any]) -> list[bytes]:
+        """Atomically read and delete the groups ``seqs`` (in that order) and set ``meta``."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            bodies = []
+            for seq in seqs:
+                row = conn.execute("SELECT body FROM groups WHERE seq = ?", (seq,)).fetchone()
+                if row is None:
+                    raise sqlite3.IntegrityError(f"group {seq} is missing from the database")
+                bodies.append(bytes(row[0]))
+            conn.executemany("DELETE FROM groups WHERE seq = ?", [(s,) for s in seqs])
+            self._set_meta(meta)
+            conn.execute("COMMIT")
+            return bodies
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            logger.error("persistence take failed: %s", e)
+            raise StorageError(f"could not read the batch from the database: {e}") from e
+
+    def _set_meta(self, meta: dict[str, Any]) -> None:
+        self._conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [(k, json.dumps(v)) for k, v in meta.items()],
+        )
 
     def commit(
         self,
@@ -106,11 +139,7 @@ class SqlitePersistence:
             if delete:
                 conn.executemany("DELETE FROM groups WHERE seq = ?", [(s,) for s in delete])
             if meta:
-                conn.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    [(k, json.dumps(v)) for k, v in meta.items()],
-                )
+                self._set_meta(meta)
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             if conn.in_transaction:

@@ -20,15 +20,21 @@ __all__ = ["EnvQueueStats", "GroupQueue", "StoredGroup"]
 
 
 class StoredGroup:
-    """One validated group: queue position, sender, sequence count and its JSON bytes."""
+    """One validated group: queue position, sender, sequence count and its JSON bytes.
 
-    __slots__ = ("seq", "env_id", "size", "body")
+    ``body`` is None when the bytes live only in the persistence database
+    (``--persist``); ``nbytes`` is their length either way.
+    """
 
-    def __init__(self, seq: int, env_id: Optional[int], size: int, body: bytes) -> None:
+    __slots__ = ("seq", "env_id", "size", "body", "nbytes")
+
+    def __init__(self, seq: int, env_id: Optional[int], size: int, body: Optional[bytes],
+                 nbytes: Optional[int] = None) -> None:
         self.seq = seq
         self.env_id = env_id
         self.size = size
         self.body = body
+        self.nbytes = len(body) if nbytes is None and body is not None else (nbytes or 0)
 
 
 @dataclass
@@ -44,7 +50,7 @@ class EnvQueueStats:
         """Count ``g`` in (``sign=1``) or out (``sign=-1``)."""
         self.groups += sign
         self.sequences += sign * g.size
-        self.nbytes += sign * len(g.body)
+        self.nbytes += sign * g.nbytes
         left = self.sizes.get(g.size, 0) + sign
         if left:
             self.sizes[g.size] = left
@@ -92,7 +98,7 @@ class GroupQueue:
         if not stats.groups:
             del self.per_env[g.env_id]
         self.sequences += sign * g.size
-        self.nbytes += sign * len(g.body)
+        self.nbytes += sign * g.nbytes
 
     def _forget(self, g: StoredGroup) -> None:
         del self._order[g.seq]

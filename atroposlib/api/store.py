@@ -121,15 +121,18 @@ class RolloutStore:
         self.queue.clear()
         self._buffers.clear()
         self._buffer_bytes = 0
+        last_queued: Optional[int] = None
         for row in state.groups:
-            g = StoredGroup(row.seq, row.env_id, row.size, row.body)
+            g = StoredGroup(row.seq, row.env_id, row.size, None, row.nbytes)
             if row.buffered and row.env_id is not None:
                 self._buffers.setdefault(row.env_id, []).append(g)
-                self._buffer_bytes += len(g.body)
+                self._buffer_bytes += g.nbytes
             else:
                 self.queue.append(g)
-                self.latest = g.body
+                last_queued = g.seq
             self._next_seq = max(self._next_seq, row.seq + 1)
+        if last_queued is not None:
+            self.latest = self._db.body(last_queued)
         logger.info("restored %d queued groups, %d envs, step %d from %s",
                     len(self.queue), len(self.envs), self.step, self._db.path)
 
@@ -231,8 +234,10 @@ class RolloutStore:
         inserts: List[GroupRow] = []
         moves: List[tuple[int, int]] = []
         outcomes: List[IngestOutcome] = []
+        created: List[StoredGroup] = []
         for g in groups:
             stored = StoredGroup(self._next_seq, g.env_id, g.size, g.body)
+            created.append(stored)
             self._next_seq += 1
             target = self.envs[g.env_id].group_size if g.env_id is not None else g.size
             if g.size == target:
@@ -245,11 +250,15 @@ class RolloutStore:
         self.counters["groups_ingested"] += len(groups)
         self.counters["sequences_ingested"] += sum(g.size for g in groups)
         self._commit(insert=inserts, move_to_queue=moves)
+        if self._db is not None:
+            for stored in created:  # the database holds the bytes now; memory keeps the ints
+                stored.body = None
         return outcomes
 
     def _enqueue(self, g: StoredGroup) -> None:
         self.queue.append(g)
-        self.latest = g.body
+        if g.body is not None:
+            self.latest = g.body
 
     def _buffer(self, g: StoredGroup, target: int, moves: List[tuple[int, int]]) -> int:
         """Buffer an odd-sized group; flush buffered groups that add up to ``target``."""
@@ -259,13 +268,15 @@ class RolloutStore:
                            "it stays buffered until the group size grows", g.env_id, g.size, target)
         buf = self._buffers.setdefault(g.env_id, [])
         buf.append(g)
-        self._buffer_bytes += len(g.body)
+        self._buffer_bytes += g.nbytes
         picked = find_groups_summing_to_target([{"tokens": range(b.size)} for b in buf], target)
         if picked:
             chosen = set(picked)
             for i in picked:
                 flushed = buf[i]
-                self._buffer_bytes -= len(flushed.body)
+                if flushed.body is None and self._db is not None:  # its bytes are only on disk
+                    self.latest = self._db.body(flushed.seq)
+                self._buffer_bytes -= flushed.nbytes
                 moves.append((flushed.seq, self._next_seq))
                 flushed.seq = self._next_seq
                 self._next_seq += 1
@@ -291,9 +302,16 @@ class RolloutStore:
         self.counters["batches_served"] += 1
         sequences = sum(g.size for g in batch)
         self.counters["sequences_served"] += sequences
-        self._commit(delete=[g.seq for g in batch], meta={_META_KEY: self._meta()})
+        if self._db is None:
+            bodies = [g.body for g in batch]
+        else:
+            try:
+                bodies = self._db.take([g.seq for g in batch], {_META_KEY: self._meta()})
+            except StorageError:
+                self._restore()
+                raise
         logger.info("Sending batch of %d sequences", sequences)
-        return [g.body for g in batch]
+        return bodies
 
     # -------------------------------------------------------------- status
     def env_status(self, env_id: int) -> Dict[str, Any]:

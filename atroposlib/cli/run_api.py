@@ -76,7 +76,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         logger.warning("listening on %s WITHOUT an API key: anyone who can reach this port can read and "
                        "write rollouts; pass --api-key or set ATROPOS_API_KEY", settings.host)
     common = dict(host=settings.host, port=settings.port, log_level=settings.log_level,
-                  access_log=settings.access_log, loop="auto", http="auto", timeout_graceful_shutdown=5)
+                  access_log=settings.access_log, loop="auto", http="auto", proxy_headers=False,
+                  timeout_graceful_shutdown=5)
     if settings.reload:
         # The reloader imports the app by name, so hand the settings over as ATROPOS_* variables.
         for name, value in settings.model_dump(exclude_none=True).items():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from typing import Any, Optional
+from typing import Any
 
 from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
 from atroposlib.frontend.export import GroupView, select_sft, sft_records
@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
                           num_steps=args.num_seqs_to_save)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of ``atropos-sft-gen``."""
     return main_with(build_parser(), argv, _run)
 

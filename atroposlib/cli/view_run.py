@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Optional
 
 from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
 from atroposlib.frontend.dataset_gen import DEFAULT_TOKENIZER, ToolError, load_tokenizer
@@ -90,7 +89,7 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of ``view-run``."""
     return run(build_parser().parse_args(argv))
 

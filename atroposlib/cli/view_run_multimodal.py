@@ -8,12 +8,11 @@ as ``view-run``, including the API-free ``--file`` mode.
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 from atroposlib.cli.view_run import build_parser, run
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of ``view-run-multimodal``."""
     parser = build_parser(prog="view-run-multimodal",
                           description="Inspect multimodal Atropos rollouts (image + text) in a browser.")

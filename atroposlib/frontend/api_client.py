@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import httpx
 
@@ -42,7 +42,7 @@ class TrainerClient:
     """Talks to ``run-api`` as a trainer does: reset, register, poll ``/batch``."""
 
     def __init__(self, api_url: str = DEFAULT_API_URL, timeout: float = 10.0,
-                 client: Optional[httpx.Client] = None) -> None:
+                 client: httpx.Client | None = None) -> None:
         self.api_url = api_url.rstrip("/")
         self._client = client or httpx.Client(timeout=timeout, headers=api_key_headers())
 
@@ -50,7 +50,7 @@ class TrainerClient:
         """Close the underlying HTTP connection pool."""
         self._client.close()
 
-    def __enter__(self) -> "TrainerClient":
+    def __enter__(self) -> TrainerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,7 +123,7 @@ class TrainerClient:
         """``GET /wandb_info``: the trainer's W&B group and project."""
         return self._json("GET", "/wandb_info")
 
-    def get_batch(self) -> Optional[list[dict[str, Any]]]:
+    def get_batch(self) -> list[dict[str, Any]] | None:
         """One ``GET /batch``: a list of groups, or None when no full batch is ready."""
         payload = self._json("GET", "/batch")
         if not isinstance(payload, dict):
@@ -137,8 +137,8 @@ class TrainerClient:
             raise ApiError("GET /batch: 'batch' is not a list")
         return batch
 
-    def wait_for_batch(self, poll_interval: float = 1.0, timeout: Optional[float] = None,
-                       should_stop: Optional[Callable[[], bool]] = None) -> Optional[list[dict[str, Any]]]:
+    def wait_for_batch(self, poll_interval: float = 1.0, timeout: float | None = None,
+                       should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]] | None:
         """Poll ``/batch`` every ``poll_interval`` s until a batch arrives.
 
         Returns None when ``timeout`` seconds pass or ``should_stop()`` turns true.

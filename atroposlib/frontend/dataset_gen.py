@@ -18,7 +18,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -98,8 +98,7 @@ def load_tokenizer(name: str) -> Any:
 def _live_groups(client: TrainerClient, poll_interval: float) -> Iterator[dict[str, Any]]:
     while True:
         batch = client.wait_for_batch(poll_interval=poll_interval)
-        for group in batch or []:
-            yield group
+        yield from batch or []
 
 
 def _file_groups(path: str) -> Iterator[dict[str, Any]]:
@@ -115,7 +114,7 @@ RecordsFn = Callable[[GroupView, bool, random.Random], list[dict[str, Any]]]
 
 
 def run_generation(args: argparse.Namespace, records_for: RecordsFn, batch_size: int, num_steps: int,
-                   console: Optional[Console] = None) -> int:
+                   console: Console | None = None) -> int:
     """Run one generator; return its exit code. ``records_for(view, use_messages, rng)`` makes lines."""
     console = console or Console(stderr=True, soft_wrap=True)
     try:
@@ -153,20 +152,21 @@ def _generate(args: argparse.Namespace, records_for: RecordsFn, batch_size: int,
     if args.num_seqs_to_save <= 0:
         raise ToolError("--num-seqs-to-save must be positive")
     use_messages = bool(args.save_messages)
+    # Check the cheap things first: a bad rollouts file or an unreachable API is
+    # reported before a tokenizer is loaded, and nothing registers before it is.
+    groups: Iterator[dict[str, Any]]
+    client: TrainerClient | None = None
+    if args.from_file:
+        groups = _peeked(_file_groups(args.from_file))
+    else:
+        client = TrainerClient(args.api_url)
+        client.check()
     tokenizer = None if use_messages else load_tokenizer(args.tokenizer)
     rng = random.Random(args.seed)
     dedupe = Deduper() if args.dedupe else None
     if dedupe is not None and out_path.exists():
         dedupe.load(out_path)
-
-    client: Optional[TrainerClient] = None
-    if args.from_file:
-        groups = _file_groups(args.from_file)
-        # Surface an empty or malformed file before creating the output.
-        groups = _peeked(groups)
-    else:
-        client = TrainerClient(args.api_url)
-        client.check()
+    if client is not None:
         client.ensure_registered(batch_size=batch_size, max_token_len=args.max_token_len,
                                  num_steps=num_steps, reset=args.reset_api)
         groups = _live_groups(client, args.poll_interval)
@@ -223,7 +223,7 @@ def _peeked(groups: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     return chain()
 
 
-def main_with(parser: argparse.ArgumentParser, argv: Optional[list[str]],
+def main_with(parser: argparse.ArgumentParser, argv: list[str] | None,
               run: Callable[[argparse.Namespace], int]) -> int:
     """Parse ``argv`` and run, with logging set up for a person at a terminal."""
     args = parser.parse_args(argv)

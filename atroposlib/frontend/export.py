@@ -23,7 +23,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 from atroposlib.frontend.rollouts import split_prefix
 
@@ -95,14 +95,14 @@ def clean_messages(messages: Any) -> list[dict[str, Any]]:
 
 def _shared_turns(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
     return n
 
 
-def split_conversation_pair(chosen: Any, rejected: Any) -> Optional[tuple[list, list, list]]:
+def split_conversation_pair(chosen: Any, rejected: Any) -> tuple[list, list, list] | None:
     """(prompt turns, chosen turns, rejected turns) of two conversations.
 
     The prompt is the leading turns both share; it never swallows a whole
@@ -122,11 +122,11 @@ class GroupView:
 
     scores: list[float]
     prefix: str
-    completions: Optional[list[str]]
-    messages: Optional[list[Any]]
+    completions: list[str] | None
+    messages: list[Any] | None
 
 
-def group_view(group: dict[str, Any], decoded: Optional[Sequence[str]]) -> GroupView:
+def group_view(group: dict[str, Any], decoded: Sequence[str] | None) -> GroupView:
     """Build a GroupView from a group and its decoded sequences (None when not decoded)."""
     scores = [float(s) for s in group.get("scores") or []]
     prefix, completions = ("", None)

@@ -27,7 +27,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from xml.etree.ElementTree import Element
 
 import markdown
@@ -162,7 +162,7 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
             index, len(messages), len(scores), count,
         )
     items: list[str] = []
-    for message, score in zip(messages[:count], scores[:count]):
+    for message, score in zip(messages[:count], scores[:count], strict=False):
         items.append(
             f'<div class="item {_score_class(score)}">'
             f'<div class="content">{_message_to_html(message)}</div>'
@@ -229,7 +229,7 @@ def render_jsonl(input_path: str | Path, output_path: str | Path) -> RenderStats
     return stats
 
 
-def generate_html(input_path: str, output_path: Optional[str] = None) -> str:
+def generate_html(input_path: str, output_path: str | None = None) -> str:
     """Write the HTML report for ``input_path``; return the output path.
 
     The default output is ``<input stem>.html`` next to the input.
@@ -241,7 +241,7 @@ def generate_html(input_path: str, output_path: Optional[str] = None) -> str:
     return str(dst)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m atroposlib.frontend.jsonl2html INPUT [OUTPUT]``.
 
     Exit codes: 0 written; 1 nothing to render (empty file or no valid group);

@@ -15,7 +15,7 @@ import io
 import json
 import logging
 import re
-from typing import Any, Optional
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ _PREFIX = re.compile(r"^data:image/[a-zA-Z0-9.+-]+;base64,")
 _TEXT_PART = re.compile(r'"type"\s*:\s*"text"\s*,\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
-def decode_image(value: Any) -> Optional[Any]:
+def decode_image(value: Any) -> Any | None:
     """A PIL image from a PIL image or a (data-URL) base64 string; None if it is neither."""
     from PIL import Image, UnidentifiedImageError
 
@@ -43,7 +43,7 @@ def decode_image(value: Any) -> Optional[Any]:
         return None
 
 
-def group_image(group: dict[str, Any], decoded_text: str = "") -> Optional[Any]:
+def group_image(group: dict[str, Any], decoded_text: str = "") -> Any | None:
     """The image to show for a group: ``images[0]``, else one embedded in the text."""
     images = group.get("images")
     if isinstance(images, list) and images:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 MASKED = -100
 
@@ -81,7 +81,7 @@ def longest_common_prefix(texts: Sequence[str]) -> str:
         return ""
     low, high = min(texts), max(texts)
     n = 0
-    for a, b in zip(low, high):
+    for a, b in zip(low, high, strict=False):
         if a != b:
             break
         n += 1
@@ -151,7 +151,7 @@ def group_env(group: dict[str, Any], default: str) -> str:
 
 
 def score_in_range(
-    scores: Sequence[float], low: Optional[float], high: Optional[float], mode: str = "any"
+    scores: Sequence[float], low: float | None, high: float | None, mode: str = "any"
 ) -> bool:
     """Whether a group's scores fall in ``[low, high]`` (``None`` = unbounded).
 
@@ -180,13 +180,13 @@ class TokenSpan:
     token_id: int
     text: str
     trained: bool
-    logprob: Optional[float]
+    logprob: float | None
 
 
 def token_spans(
     tokens: Sequence[int],
-    masks: Optional[Sequence[int]],
-    logprobs: Optional[Sequence[float]],
+    masks: Sequence[int] | None,
+    logprobs: Sequence[float] | None,
     decode_one: Callable[[int], str],
 ) -> list[TokenSpan]:
     """Describe each token: trained when its mask is not -100; logprob from ``inference_logprobs``.
@@ -227,7 +227,7 @@ class RolloutIndex:
     refs: list[GroupRef] = field(default_factory=list)
 
     @classmethod
-    def build(cls, paths: Sequence[str | Path]) -> "RolloutIndex":
+    def build(cls, paths: Sequence[str | Path]) -> RolloutIndex:
         """Index every group of ``paths``; raise RolloutFileError on any malformed line."""
         index = cls()
         for raw in paths:
@@ -277,12 +277,12 @@ class RolloutIndex:
 
     def filter(
         self,
-        env: Optional[str] = None,
-        low: Optional[float] = None,
-        high: Optional[float] = None,
+        env: str | None = None,
+        low: float | None = None,
+        high: float | None = None,
         query: str = "",
         mode: str = "any",
-        text_of: Optional[Callable[[dict[str, Any]], str]] = None,
+        text_of: Callable[[dict[str, Any]], str] | None = None,
     ) -> list[int]:
         """Indices of groups matching environment, score range and a case-insensitive text query.
 

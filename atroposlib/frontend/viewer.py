@@ -11,11 +11,13 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import html
 import re
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
-from atroposlib.frontend.rollouts import TokenSpan, messages_text, token_spans
+from atroposlib.frontend.multimodal import extract_text_prompt, group_image
+from atroposlib.frontend.rollouts import TokenSpan, messages_text, split_prefix, token_spans
 
 _B64 = re.compile(r"^(data:image/(png|jpeg|jpg|gif|webp);base64,)?[A-Za-z0-9+/=\s]+$")
 
@@ -44,7 +46,7 @@ def _score_class(score: float) -> str:
     return "reward-zero"
 
 
-def _fmt(x: Optional[float]) -> str:
+def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
@@ -86,7 +88,7 @@ def sequence_stats(spans: Sequence[TokenSpan]) -> dict[str, Any]:
     }
 
 
-def render_group_html(group: dict[str, Any], decode_one: Optional[Callable[[int], str]], title: str = "") -> str:
+def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | None, title: str = "") -> str:
     """The whole group as an HTML fragment (all rollout text escaped).
 
     ``decode_one`` turns a token id into text; without it tokens show as ``[id]``.
@@ -132,3 +134,46 @@ def render_group_html(group: dict[str, Any], decode_one: Optional[Callable[[int]
         parts.append("</div>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def make_decode_one(tokenizer: Any) -> Callable[[int], str] | None:
+    """A cached single-token decoder, or None without a tokenizer."""
+    if tokenizer is None:
+        return None
+
+    @functools.lru_cache(maxsize=65536)
+    def decode_one(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    return decode_one
+
+
+def live_group_fields(group: dict[str, Any], tokenizer: Any, n_boxes: int) -> tuple[str, list[str], list[str]]:
+    """(prefix, outputs, scores) for the first ``n_boxes`` sequences of a group, padded with ""."""
+    texts = [tokenizer.decode(seq) for seq in group.get("tokens") or []]
+    prefix, outputs = split_prefix(texts) if len(texts) > 1 else ("", texts)
+    scores = [str(s) for s in group.get("scores") or []]
+    outputs = (outputs + [""] * n_boxes)[:n_boxes]
+    scores = (scores + [""] * n_boxes)[:n_boxes]
+    return prefix, outputs, scores
+
+
+def live_outputs(batch: list[dict[str, Any]] | None, tokenizer: Any, n_boxes: int, multimodal: bool = False,
+                 poll_timeout: float | None = None) -> list[Any]:
+    """Values for the live viewer's components, in order:
+    ``[image, text prompt]`` (multimodal only), prefix, ``n_boxes`` outputs, ``n_boxes`` scores, status.
+    """
+    if not batch:
+        waited = f" within {poll_timeout:g} s" if poll_timeout is not None else ""
+        empty = ["", *[""] * n_boxes, *[""] * n_boxes,
+                 f"No batch arrived{waited}; press again to keep waiting."]
+        return ([None, ""] if multimodal else []) + empty
+    group = batch[0]
+    prefix, outs, scores = live_group_fields(group, tokenizer, n_boxes)
+    status = (f"Batch of {len(batch)} groups; showing the first "
+              f"({len(group.get('scores') or [])} rollouts, env_id={group.get('env_id')}).")
+    extra: list[Any] = []
+    if multimodal:
+        full = tokenizer.decode(group["tokens"][0]) if group.get("tokens") else ""
+        extra = [group_image(group, full), extract_text_prompt(full)]
+    return extra + [prefix, *outs, *scores, status]

@@ -14,17 +14,20 @@ Gradio is imported here and only here, so nothing else in the package needs it.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import gradio as gr
 
 from atroposlib.frontend.api_client import ApiError, TrainerClient
-from atroposlib.frontend.multimodal import extract_text_prompt, group_image
-from atroposlib.frontend.rollouts import RolloutIndex, default_group_text, split_prefix
-from atroposlib.frontend.viewer import VIEWER_CSS, render_group_html
+from atroposlib.frontend.rollouts import RolloutIndex, default_group_text
+from atroposlib.frontend.viewer import (
+    VIEWER_CSS,
+    live_outputs,
+    make_decode_one,
+    render_group_html,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,30 +35,8 @@ ALL_ENVS = "(all environments)"
 SCORE_MODES = ["any", "all", "mean"]
 
 
-def make_decode_one(tokenizer: Any) -> Optional[Callable[[int], str]]:
-    """A cached single-token decoder, or None without a tokenizer."""
-    if tokenizer is None:
-        return None
-
-    @functools.lru_cache(maxsize=65536)
-    def decode_one(token_id: int) -> str:
-        return tokenizer.decode([token_id])
-
-    return decode_one
-
-
-def live_group_fields(group: dict[str, Any], tokenizer: Any, n_boxes: int) -> tuple[str, list[str], list[str]]:
-    """(prefix, outputs, scores) for the first ``n_boxes`` sequences of a group, padded with ""."""
-    texts = [tokenizer.decode(seq) for seq in group.get("tokens") or []]
-    prefix, outputs = split_prefix(texts) if len(texts) > 1 else ("", texts)
-    scores = [str(s) for s in group.get("scores") or []]
-    outputs = (outputs + [""] * n_boxes)[:n_boxes]
-    scores = (scores + [""] * n_boxes)[:n_boxes]
-    return prefix, outputs, scores
-
-
 def build_live_app(client: TrainerClient, tokenizer: Any, group_size: int, poll_interval: float = 1.0,
-                   poll_timeout: Optional[float] = None, multimodal: bool = False) -> gr.Blocks:
+                   poll_timeout: float | None = None, multimodal: bool = False) -> gr.Blocks:
     """The original batch inspector: prefix, outputs and scores of the next batch's first group."""
     with gr.Blocks(title="Atropos run viewer", analytics_enabled=False) as demo:
         image = None
@@ -79,26 +60,14 @@ def build_live_app(client: TrainerClient, tokenizer: Any, group_size: int, poll_
                 batch = client.wait_for_batch(poll_interval=poll_interval, timeout=poll_timeout)
             except ApiError as e:
                 raise gr.Error(str(e)) from None
-            if batch is None:
-                empty = ["", *[""] * group_size, *[""] * group_size,
-                         f"No batch arrived within {poll_timeout:g} s; press again to keep waiting."]
-                return ([None, ""] if multimodal else []) + empty
-            group = batch[0]
-            p, outs, scs = live_group_fields(group, tokenizer, group_size)
-            note = (f"Batch of {len(batch)} groups; showing the first "
-                    f"({len(group.get('scores') or [])} rollouts, env_id={group.get('env_id')}).")
-            extra: list[Any] = []
-            if multimodal:
-                full = tokenizer.decode(group["tokens"][0]) if group.get("tokens") else ""
-                extra = [group_image(group, full), extract_text_prompt(full)]
-            return extra + [p, *outs, *scs, note]
+            return live_outputs(batch, tokenizer, group_size, multimodal, poll_timeout)
 
         out_components = ([image, text_prompt] if multimodal else []) + [prefix, *outputs, *scores, status]
         button.click(grab, inputs=None, outputs=out_components, api_name="grab_next_batch")
     return demo
 
 
-def _bound(text: Any, label: str) -> Optional[float]:
+def _bound(text: Any, label: str) -> float | None:
     """Parse a score bound typed by the user; empty means unbounded."""
     if text is None or (isinstance(text, str) and not text.strip()):
         return None
@@ -110,9 +79,9 @@ def _bound(text: Any, label: str) -> Optional[float]:
 
 @dataclass
 class _Search:
-    env: Optional[str]
-    low: Optional[float]
-    high: Optional[float]
+    env: str | None
+    low: float | None
+    high: float | None
     mode: str
     query: str
 

@@ -116,7 +116,8 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
     @app.get("/health")
     async def health(st: ServingState = Depends(get_state)) -> dict[str, Any]:
         return {"status": "ok", "model": st.name, "version": st.engine.version,
-                "running": st.engine.running, "waiting": st.engine.waiting}
+                "running": st.engine.running, "waiting": st.engine.waiting,
+                "steps": st.engine.steps, "generated_tokens": st.engine.generated_tokens}
 
     @app.get("/health_generate", dependencies=auth)
     async def health_generate(st: ServingState = Depends(get_state)) -> dict[str, Any]:
@@ -154,7 +155,8 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             st.engine.resolve_max_tokens(len(ids), params)
         results = await asyncio.gather(*(st.engine.generate(ids, params) for ids in ids_list))
         return completion_response(name, st.tokenizer, list(results), texts,
-                                   body.logprobs is not None, body.echo)
+                                   body.logprobs is not None, body.echo,
+                                   body.return_tokens_as_token_ids)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(body: ChatCompletionRequest,
@@ -165,7 +167,8 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         ids = render_chat(st.tokenizer, body)
         result = await st.engine.generate(ids, params)
         parse_tools = bool(body.tools) and body.tool_choice != "none"
-        return chat_response(name, st.tokenizer, result, body.logprobs, parse_tools)
+        return chat_response(name, st.tokenizer, result, body.logprobs, parse_tools,
+                             body.return_tokens_as_token_ids)
 
     @app.post("/generate", dependencies=auth)
     async def generate(body: GenerateRequest,

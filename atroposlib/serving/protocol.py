@@ -43,6 +43,8 @@ class _Sampling(BaseModel):
     best_of: int | None = Field(None, description="Must equal n when given.")
     stream: bool = Field(False, description="Not implemented: must be false.")
     user: str | None = Field(None, description="Accepted and ignored (OpenAI field).")
+    return_tokens_as_token_ids: bool = Field(
+        False, description="vLLM extension: logprob tokens as 'token_id:N' strings.")
 
     @field_validator("stop")
     @classmethod

@@ -21,33 +21,35 @@ def usage(results: list[GenerationResult]) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def token_text(tokenizer: Any, token_id: int) -> str:
-    """Text of one token as OpenAI logprobs show it."""
-    return tokenizer.decode([token_id])
+def token_text(tokenizer: Any, token_id: int, as_ids: bool = False) -> str:
+    """Text of one token as OpenAI logprobs show it (``token_id:N`` when ``as_ids``)."""
+    return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
 
 
-def completion_logprobs(tokenizer: Any, out: SequenceOutput, offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(tokenizer: Any, out: SequenceOutput, offset: int = 0,
+                        as_ids: bool = False) -> dict[str, Any]:
     """Legacy completions ``logprobs`` object (tokens, token_logprobs, top_logprobs, offsets)."""
-    tokens = [token_text(tokenizer, t) for t in out.token_ids]
+    tokens = [token_text(tokenizer, t, as_ids) for t in out.token_ids]
     offsets, pos = [], offset
     for tok in tokens:
         offsets.append(pos)
         pos += len(tok)
-    tops = [{token_text(tokenizer, tid): lp for tid, lp in top} for top in out.top_logprobs]
+    tops = [{token_text(tokenizer, tid, as_ids): lp for tid, lp in top}
+            for top in out.top_logprobs]
     return {"tokens": tokens, "token_logprobs": list(out.logprobs), "top_logprobs": tops,
             "text_offset": offsets}
 
 
-def chat_logprobs(tokenizer: Any, out: SequenceOutput) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Any, out: SequenceOutput, as_ids: bool = False) -> dict[str, Any]:
     """Chat ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     content = []
     for tid, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs):
-        text = token_text(tokenizer, tid)
+        text = token_text(tokenizer, tid, as_ids)
+        alts = [(token_text(tokenizer, t, as_ids), v) for t, v in top]
         content.append({
             "token": text, "logprob": lp, "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": token_text(tokenizer, t), "logprob": v,
-                              "bytes": list(token_text(tokenizer, t).encode("utf-8"))}
-                             for t, v in top],
+            "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode("utf-8"))}
+                             for a, v in alts],
         })
     return {"content": content}
 
@@ -81,7 +83,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 
 
 def chat_response(model: str, tokenizer: Any, result: GenerationResult, want_logprobs: bool,
-                  parse_tools: bool) -> dict[str, Any]:
+                  parse_tools: bool, as_ids: bool = False) -> dict[str, Any]:
     """Build a ``chat.completion`` payload."""
     choices = []
     for out in result.outputs:
@@ -93,7 +95,7 @@ def chat_response(model: str, tokenizer: Any, result: GenerationResult, want_log
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 finish = "tool_calls" if finish == "stop" else finish
         choices.append({"index": out.index, "message": message,
-                        "logprobs": chat_logprobs(tokenizer, out) if want_logprobs else None,
+                        "logprobs": chat_logprobs(tokenizer, out, as_ids) if want_logprobs else None,
                         "finish_reason": finish})
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
             "created": int(time.time()), "model": model, "choices": choices,
@@ -101,8 +103,8 @@ def chat_response(model: str, tokenizer: Any, result: GenerationResult, want_log
 
 
 def completion_response(model: str, tokenizer: Any, results: list[GenerationResult],
-                        prompt_texts: list[str], want_logprobs: bool, echo: bool
-                        ) -> dict[str, Any]:
+                        prompt_texts: list[str], want_logprobs: bool, echo: bool,
+                        as_ids: bool = False) -> dict[str, Any]:
     """Build a ``text_completion`` payload (choices ordered prompt-major, then n)."""
     choices = []
     for p_idx, (result, prompt_text) in enumerate(zip(results, prompt_texts)):
@@ -111,7 +113,7 @@ def completion_response(model: str, tokenizer: Any, results: list[GenerationResu
             prefix = prompt_text if echo else ""
             choices.append({
                 "index": p_idx * n + out.index, "text": prefix + out.text,
-                "logprobs": completion_logprobs(tokenizer, out, len(prefix))
+                "logprobs": completion_logprobs(tokenizer, out, len(prefix), as_ids)
                 if want_logprobs else None,
                 "finish_reason": out.finish_reason,
             })

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 DEFAULT_TAGS = ("tool_call",)
 
@@ -20,7 +20,7 @@ def _block_pattern(tag: str) -> re.Pattern[str]:
     return re.compile(rf"<{tag}>\s*(.*?)\s*(?:</{tag}>|$)", re.DOTALL)
 
 
-def _loads_call(raw: str) -> Optional[dict[str, Any]]:
+def _loads_call(raw: str) -> dict[str, Any] | None:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError:
@@ -64,8 +64,8 @@ def extract_tool_calls(
 
 def parse_tool_call(
     response: str,
-    available_tools: Optional[Sequence[dict[str, Any]]] = None,
-    preferred_tags: Optional[Sequence[str]] = None,
+    available_tools: Sequence[dict[str, Any]] | None = None,
+    preferred_tags: Sequence[str] | None = None,
 ) -> tuple[str, dict[str, Any], bool]:
     """The first tool call in ``response`` as ``(name, arguments, is_error)``.
 

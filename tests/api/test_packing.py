@@ -142,22 +142,28 @@ def test_min_allocations_above_batch_are_scaled_down():
 
 
 @FAST
-@given(st.lists(st.tuples(st.sampled_from([2, 4]), st.integers(0, 2)), max_size=30),
-       st.sampled_from([0.0, 0.25, 0.5]), st.sampled_from([0.25, 0.5]))
-def test_min_allocations_are_honoured_whenever_a_batch_forms(items, alloc0, alloc1):
-    queue = [g(s, env_id=e, tag=i) for i, (s, e) in enumerate(items)]
+@given(st.lists(st.integers(0, 2), max_size=30), st.sampled_from([0.0, 0.25, 0.5]),
+       st.sampled_from([0.25, 0.5]))
+def test_min_allocations_are_honoured_up_to_each_envs_supply(env_ids, alloc0, alloc1):
+    queue = [g(4, env_id=e, tag=i) for i, e in enumerate(env_ids)]
     envs = [{"connected": True, "min_batch_allocation": alloc0},
             {"connected": True, "min_batch_allocation": alloc1},
             {"connected": True, "min_batch_allocation": None}]
-    batch_size = 8
+    batch_size = 16
     batch, rest = grab_batch_with_minimum_allocations(queue, batch_size, envs)
     if batch is None:
         return
     assert sum(len(x["tokens"]) for x in batch) == batch_size
     for env_id, alloc in ((0, alloc0), (1, alloc1)):
+        supply = 4 * env_ids.count(env_id)
         got = sum(len(x["tokens"]) for x in batch if x["env_id"] == env_id)
-        assert got >= int(batch_size * alloc)
+        assert got >= min(int(batch_size * alloc), supply)
     assert sorted(tags(batch) + tags(rest)) == list(range(len(queue)))
+    # Within each env the oldest groups go first.
+    for env_id in (0, 1, 2):
+        mine = [x["tag"] for x in queue if x["env_id"] == env_id]
+        taken = [t for t in tags(batch) if env_ids[t] == env_id]
+        assert sorted(taken) == mine[:len(taken)]
 
 
 # --------------------------------------------- the store's queue makes the same choices

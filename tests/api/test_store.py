@@ -135,9 +135,11 @@ def test_persistence_restores_queue_buffer_envs_and_step(tmp_path):
     store.next_batch()
     again = RolloutStore(10**9, SqlitePersistence(db))
     assert (again.registered, again.started, again.step, len(again.envs)) == (True, True, 6, 1)
-    assert [json.loads(g.body)["tokens"][0][0] for g in again.queue] == [2]
+    assert [g.seq for g in again.queue] == [3] and json.loads(again.latest)["tokens"][0][0] == 2
     assert [g.size for g in again.buffered(0)] == [2]
     # The buffered group still completes a group after the restart, and nothing is re-served.
     again.ingest([incoming(2, 0, tag=10)])
     assert [g.size for g in again.queue] == [4, 2, 2]
-    assert len(again.next_batch()) == 3 and again.next_batch() is None
+    served = again.next_batch()
+    assert [json.loads(b)["tokens"][0][0] for b in served] == [2, 9, 10]
+    assert again.next_batch() is None

@@ -21,6 +21,13 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup  # noqa
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig  # noqa: E402
 
 
+class ByteTokenizer:
+    """Decodes byte-valued ids, like the fake inference server's tokens."""
+
+    def decode(self, ids: List[int], **_: Any) -> str:
+        return bytes(i % 256 for i in ids).decode("latin-1")
+
+
 class TrivialEnvConfig(BaseEnvConfig):
     """Adds the sequence length of the fake rollouts."""
 
@@ -51,6 +58,7 @@ class TrivialEnv(BaseEnv):
         )
 
     async def setup(self) -> None:
+        self.tokenizer = ByteTokenizer()
         self.next_id = self.config.id_offset
         self.eval_calls = 0
 

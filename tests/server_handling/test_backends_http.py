@@ -8,7 +8,6 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.sglang_server import SGLangServer
 from atroposlib.envs.server_handling.vllm_server import VLLMServer
-from tests.server_handling.conftest import fake_servers
 
 MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -49,17 +48,19 @@ async def test_bare_api_server_config_means_one_server_at_its_base_url(fake_pool
         await manager.close()
 
 
-async def test_openai_server_discovers_ignored_n_and_sends_separate_requests(tmp_path):
-    with fake_servers(1, "--latency-ms", "1", "--ignore-n", tmp_path=tmp_path) as (srv,):
-        manager = ServerManager([_cfg(srv)])
-        try:
-            completion = await manager.chat_completion(messages=MESSAGES, n=3, max_tokens=4)
-            assert [c.index for c in completion.choices] == [0, 1, 2]
-            assert manager.servers[0].config.n_kwarg_is_ignored is True
-            completion = await manager.completion(prompt="x", n=2, max_tokens=4)
-            assert len(completion.choices) == 2
-        finally:
-            await manager.close()
+async def test_openai_server_discovers_ignored_n_and_sends_separate_requests(fake_pool):
+    srv = fake_pool[2]
+    srv.configure(ignore_n=True)
+    manager = ServerManager([_cfg(srv)])
+    try:
+        completion = await manager.chat_completion(messages=MESSAGES, n=3, max_tokens=4)
+        assert [c.index for c in completion.choices] == [0, 1, 2]
+        assert manager.servers[0].config.n_kwarg_is_ignored is True
+        completion = await manager.completion(prompt="x", n=2, max_tokens=4)
+        assert len(completion.choices) == 2
+    finally:
+        srv.configure(ignore_n=False)
+        await manager.close()
 
 
 async def test_vllm_tokens_and_logprobs_parse_generate_output(fake_pool):
@@ -71,7 +72,7 @@ async def test_vllm_tokens_and_logprobs_parse_generate_output(fake_pool):
         )
         assert prompt == [10, 11, 12]
         assert len(outs) == len(lps) == len(finish) == 3
-        for ids, lp, fr in zip(outs, lps, finish):
+        for ids, lp, fr in zip(outs, lps, finish, strict=False):
             assert 1 <= len(ids) <= 7 and len(ids) == len(lp)
             assert all(x <= 0 for x in lp)
             assert fr == ("length" if len(ids) == 7 else "stop")
@@ -133,24 +134,23 @@ async def test_sglang_tokens_and_logprobs_parse_meta_info(fake_pool):
             input_ids=[3, 4], n=2, max_tokens=5
         )
         assert prompt == [3, 4]
-        assert len(outs) == 2 and all(len(o) == len(lp) for o, lp in zip(outs, lps))
+        assert len(outs) == 2 and all(len(o) == len(lp) for o, lp in zip(outs, lps, strict=False))
         assert set(finish) <= {"stop", "length"}
     finally:
         await manager.close()
 
 
-async def test_trl_server_decodes_completion_ids_and_sets_finish_reason(fake_pool, tokenizer, tmp_path):
-    tokenizer.save_pretrained(tmp_path / "tok")
+async def test_trl_server_decodes_completion_ids_and_sets_finish_reason(fake_pool, tokenizer):
     manager = ServerManager(
         [
             APIServerConfig(
                 base_url=fake_pool[0].url,  # TRL's vllm-serve has no /v1 prefix
                 server_type="trl",
-                tokenizer_name=str(tmp_path / "tok"),
                 timeout=10,
             )
         ]
     )
+    manager.servers[0].tokenizer = tokenizer
     try:
         completion = await manager.chat_completion(messages=MESSAGES, n=2, max_tokens=4)
         assert len(completion.choices) == 2
@@ -181,3 +181,32 @@ async def test_bad_request_is_not_retried_and_names_field(fake_pool):
         assert manager.servers[0].server_healthy
     finally:
         await manager.close()
+
+
+async def test_sglang_get_logprobs_reads_input_top_logprobs(fake_pool):
+    manager = ServerManager([_cfg(fake_pool[2], server_type="sglang")])
+    try:
+        out = await manager.get_logprobs(input_ids=[4, 5, 6], top_k=2)
+        assert out["prompt_tokens"] == [4, 5, 6]
+        assert [len(r) for r in out["prompt_topk_token_ids"]] == [2, 2, 2]
+        assert out["prompt_topk_token_ids"][1][0] == 5 and out["prompt_topk_token_ids"][2][0] == 6
+    finally:
+        await manager.close()
+
+
+def test_fake_server_rejects_bad_input_with_field_names(fake_pool):
+    import httpx
+
+    url = fake_pool[0].url
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 422 and "messages" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/generate", json={"prompt": {"prompt_token_ids": [1]}, "max_tokens": 0})
+    assert r.status_code == 422 and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/generate", content=b"[1,", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    r = httpx.post(f"{url}/generate", json=[1, 2])
+    assert r.status_code == 422
+    r = httpx.post(f"{url}/fake/config", json={"fail_status": 200})
+    assert r.status_code == 422 and "fail_status" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}})
+    assert r.status_code == 422 and "max_new_tokens" in r.json()["error"]["message"]

@@ -39,7 +39,7 @@ async def test_chat_completion_records_masked_prompt_and_output_logprobs(tokeniz
     assert [c.finish_reason for c in completion.choices] == ["stop", "length"]
     nodes = managed.get_state()["nodes"]
     assert len(nodes) == 2
-    for node, out, lp in zip(nodes, [out_a, out_b], [-0.1, -0.2]):
+    for node, out, lp in zip(nodes, [out_a, out_b], [-0.1, -0.2], strict=False):
         n_prompt = len(prompt_ids)
         assert node.tokens == prompt_ids + out
         assert node.masked_tokens == [-100] * n_prompt + out

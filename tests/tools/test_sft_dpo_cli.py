@@ -102,16 +102,20 @@ def _run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120)
 
 
-def test_bad_input_gives_a_message_and_exit_code_not_a_traceback(tmp_path: Path, write_jsonl, make_group) -> None:
+def test_bad_input_gives_a_message_and_exit_code_not_a_traceback(tmp_path: Path, write_jsonl, make_group,
+                                                                 capsys) -> None:
     bad = write_jsonl(tmp_path / "bad.jsonl", [make_group("q", ["a", "b"], [1.0, 0.0]), "{broken"])
+    proc = _run_cli("atroposlib.cli.sft", str(tmp_path / "o_bad.jsonl"), "--from-file", str(bad),
+                    "--save-messages", "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert "bad.jsonl:2: not valid JSON" in proc.stderr and "Traceback" not in proc.stderr
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    for src, expected in ((bad, "bad.jsonl:2: not valid JSON"), (empty, "the file is empty"),
-                          (tmp_path / "nope.jsonl", "no such file")):
-        proc = _run_cli("atroposlib.cli.sft", str(tmp_path / f"o_{src.stem}.jsonl"), "--from-file", str(src),
-                        "--save-messages", "--no-progress")
-        assert proc.returncode == 2, proc.stderr
-        assert expected in proc.stderr and "Traceback" not in proc.stderr
+    for src, expected in ((empty, "the file is empty"), (tmp_path / "nope.jsonl", "no such file")):
+        code = dpo.main([str(tmp_path / f"o_{src.stem}.jsonl"), "--from-file", str(src), "--save-messages",
+                         "--no-progress"])
+        assert code == 2
+        assert expected in capsys.readouterr().err
 
 
 def test_unreachable_api_gives_a_message_and_exit_code(tmp_path: Path, port: int) -> None:

@@ -6,7 +6,6 @@ import html
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx

@@ -61,15 +61,19 @@ def parse_prediction(text: str) -> List[Any]:
                  extraction_mode="first_match", **_timeouts())
 
 
+def verify_parsed(gold_parsed: List[Any], pred_parsed: List[Any]) -> bool:
+    """``math_verify.verify`` with timeouts that work off the main thread too."""
+    if len(gold_parsed) == 0 or len(pred_parsed) == 0:
+        return False
+    return bool(verify(gold_parsed, pred_parsed, **_verify_timeouts()))
+
+
 def verify_answer(text: str, gold: str) -> bool | None:
     """Whether ``text``'s answer equals ``gold``; ``None`` when the gold cannot be parsed."""
     gold_parsed = parse_gold(gold)
     if len(gold_parsed) == 0:
         return None
-    pred_parsed = parse_prediction(text)
-    if len(pred_parsed) == 0:
-        return False
-    return bool(verify(gold_parsed, pred_parsed, **_verify_timeouts()))
+    return verify_parsed(gold_parsed, parse_prediction(text))
 
 
-__all__ = ["answer_after_think", "parse_gold", "parse_prediction", "verify_answer"]
+__all__ = ["answer_after_think", "parse_gold", "parse_prediction", "verify_answer", "verify_parsed"]

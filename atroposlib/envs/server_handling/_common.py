@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 
 logger = logging.getLogger(__name__)
 
 
-def root_url(base_url: Optional[str]) -> str:
+def root_url(base_url: str | None) -> str:
     """``http://host:port/v1`` → ``http://host:port`` (the server root for /health, /generate)."""
     url = (base_url or "").rstrip("/")
     if url.endswith("/v1"):
@@ -26,7 +26,7 @@ def drop_none(d: dict[str, Any]) -> dict[str, Any]:
 class HttpClientMixin:
     """Owns one ``httpx.AsyncClient`` per event loop, created on first use."""
 
-    _http: Optional[httpx.AsyncClient] = None
+    _http: httpx.AsyncClient | None = None
     _http_loop: Any = None
 
     def http_client(self, timeout: float) -> httpx.AsyncClient:

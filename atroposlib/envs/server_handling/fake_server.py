@@ -34,7 +34,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -56,7 +56,7 @@ class FakeServerSettings(BaseModel):
     model_name: str = Field("fake", description="Model id reported by /v1/models and responses.")
     seed: int = Field(0, description="Default seed when a request gives none.")
     ignore_n: bool = Field(False, description="Return a single choice whatever n is (like some APIs).")
-    fail_status: Optional[int] = Field(
+    fail_status: int | None = Field(
         None, ge=400, le=599, description="When set, every endpoint answers this HTTP status."
     )
 
@@ -69,24 +69,24 @@ class ChatRequest(_Lenient):
     """Body of ``POST /v1/chat/completions`` (unknown OpenAI fields are accepted and ignored)."""
 
     messages: list[dict[str, Any]] = Field(..., min_length=1)
-    model: Optional[str] = None
+    model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    max_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
-    max_completion_tokens: Optional[int] = Field(None, ge=1, le=MAX_TOKENS)
-    seed: Optional[int] = None
-    logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    seed: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Lenient):
     """Body of ``POST /v1/completions``."""
 
     prompt: Union[str, list[str], list[int]]
-    model: Optional[str] = None
+    model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    max_tokens: Optional[int] = Field(16, ge=1, le=MAX_TOKENS)
-    seed: Optional[int] = None
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS)
+    seed: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
 
@@ -102,18 +102,20 @@ class VLLMGenerateRequest(_Lenient):
     prompt: Union[VLLMPrompt, str]
     n: int = Field(1, ge=1, le=MAX_N)
     max_tokens: int = Field(16, ge=1, le=MAX_TOKENS)
-    seed: Optional[int] = None
-    logprobs: Optional[int] = Field(None, ge=0, le=20)
-    prompt_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    seed: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class SGLangGenerateRequest(_Lenient):
     """Body of the SGLang-style ``POST /generate``."""
 
-    input_ids: Optional[list[int]] = None
-    text: Optional[str] = None
+    input_ids: list[int] | None = None
+    text: str | None = None
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = Field(None, ge=0, le=20)
 
 
 class TrlGenerateRequest(_Lenient):
@@ -122,7 +124,7 @@ class TrlGenerateRequest(_Lenient):
     prompts: list[str] = Field(..., min_length=1)
     n: int = Field(1, ge=1, le=MAX_N)
     max_tokens: int = Field(1024, ge=1, le=MAX_TOKENS)
-    seed: Optional[int] = None
+    seed: int | None = None
 
 
 def fake_tokenize(text: str) -> list[int]:
@@ -196,7 +198,7 @@ def _validation_error(exc: ValidationError) -> JSONResponse:
     )
 
 
-def create_app(settings: Optional[FakeServerSettings] = None) -> FastAPI:
+def create_app(settings: FakeServerSettings | None = None) -> FastAPI:
     """Build the fake server's FastAPI app with the given settings."""
     state = settings or FakeServerSettings()
     counts: Counter[str] = Counter()
@@ -294,7 +296,7 @@ def create_app(settings: Optional[FakeServerSettings] = None) -> FastAPI:
                                 for a, v in fake_top_logprobs(t, lp, k).items()
                             ][:k],
                         }
-                        for t, lp in zip(ids, lps)
+                        for t, lp in zip(ids, lps, strict=False)
                     ]
                 }
             choices.append(choice)
@@ -344,7 +346,7 @@ def create_app(settings: Optional[FakeServerSettings] = None) -> FastAPI:
                         "token_logprobs": lps,
                         "top_logprobs": [
                             {chr(a): v for a, v in fake_top_logprobs(t, lp, req.logprobs).items()}
-                            for t, lp in zip(ids, lps)
+                            for t, lp in zip(ids, lps, strict=False)
                         ],
                         "text_offset": list(range(len(ids))),
                     }
@@ -402,13 +404,13 @@ def create_app(settings: Optional[FakeServerSettings] = None) -> FastAPI:
                 out["logprobs"].append(
                     [
                         [{str(a): v} for a, v in fake_top_logprobs(t, lp, req.logprobs).items()]
-                        for t, lp in zip(ids, lps)
+                        for t, lp in zip(ids, lps, strict=False)
                     ]
                 )
         if req.prompt_logprobs is not None:
             k = max(req.prompt_logprobs, 1)
             rng = random.Random(seed)
-            pl: list[Optional[dict[str, float]]] = [None]
+            pl: list[dict[str, float] | None] = [None]
             for tok in prompt_ids[1:]:
                 lp = -round(rng.random() * 3.0, 6)
                 pl.append({str(a): v for a, v in fake_top_logprobs(tok, lp, k).items()})
@@ -442,7 +444,15 @@ def create_app(settings: Optional[FakeServerSettings] = None) -> FastAPI:
                 "finish_reason": {"type": finish} if finish == "stop" else {"type": "length", "length": max_tokens},
             }
             if req.return_logprob:
-                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps)]
+                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=False)]
+                if req.logprob_start_len == 0 and req.top_logprobs_num:
+                    rng = random.Random(seed)
+                    rows: list[list[list[Any]] | None] = [None]
+                    for tok in prompt_ids[1:]:
+                        lp = -round(rng.random() * 3.0, 6)
+                        top = fake_top_logprobs(tok, lp, req.top_logprobs_num)
+                        rows.append([[v, a, None] for a, v in top.items()])
+                    meta["input_top_logprobs"] = rows
             results.append({"text": fake_detokenize(ids), "output_ids": ids, "meta_info": meta})
         return JSONResponse(results[0] if n == 1 else results)
 
@@ -465,7 +475,7 @@ class _BadBody(Exception):
     """The request body could not be parsed."""
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Command-line entry point: ``python -m atroposlib.envs.server_handling.fake_server``."""
     parser = argparse.ArgumentParser(description="Deterministic fake OpenAI/vLLM inference server.")
     parser.add_argument("--host", default="127.0.0.1")

@@ -24,7 +24,7 @@ import os
 import re
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -47,7 +47,7 @@ class SequenceNode(BaseModel):
     tokens: list[int] = Field(..., description="Prompt and completion token ids.")
     masked_tokens: list[int] = Field(..., description="tokens with -100 on prompt positions.")
     logprobs: list[float] = Field(..., description="Logprobs, 1.0 on prompt positions.")
-    metadata: Optional[dict[str, Any]] = Field(None, description="finish_reason and extras.")
+    metadata: dict[str, Any] | None = Field(None, description="finish_reason and extras.")
 
 
 def _debug(msg: str, *args: Any) -> None:
@@ -77,7 +77,7 @@ class ManagedServer:
         server: Any,
         tokenizer: Any,
         track_tree: bool = False,
-        tool_parser: Optional[str] = None,
+        tool_parser: str | None = None,
         preserve_think_blocks: bool = False,
     ):
         if tokenizer is None:
@@ -89,11 +89,11 @@ class ManagedServer:
         self.translator = ToolCallTranslator(tool_parser) if tool_parser else None
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
-        self._parents: dict[str, Optional[str]] = {}
+        self._parents: dict[str, str | None] = {}
 
     # ----------------------------------------------------------------- prompt rendering
     def _convert_messages_to_prompt(
-        self, messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
         if not messages:
             raise ValueError("messages must not be empty")
@@ -131,9 +131,9 @@ class ManagedServer:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _find_extendable(self, prompt: str) -> Optional[SequenceNode]:
+    def _find_extendable(self, prompt: str) -> SequenceNode | None:
         candidates = self.sequences.values() if self.track_tree else self.current_nodes
-        best: Optional[SequenceNode] = None
+        best: SequenceNode | None = None
         for node in candidates:
             if prompt.startswith(node.full_text) and (
                 best is None or len(node.full_text) > len(best.full_text)
@@ -181,7 +181,7 @@ class ManagedServer:
         self._store(parent, nodes)
         return nodes, texts, finish_out
 
-    def _store(self, parent: Optional[SequenceNode], nodes: list[SequenceNode]) -> None:
+    def _store(self, parent: SequenceNode | None, nodes: list[SequenceNode]) -> None:
         if self.track_tree:
             for node in nodes:
                 self.sequences[node.full_text] = node
@@ -205,7 +205,7 @@ class ManagedServer:
         prompt = self._convert_messages_to_prompt(messages, tools)
         _, texts, finishes = await self._generate(prompt, kwargs)
         choices = []
-        for i, (text, finish) in enumerate(zip(texts, finishes)):
+        for i, (text, finish) in enumerate(zip(texts, finishes, strict=False)):
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self.translator is not None:
                 content, tool_calls = self.translator.parse_model_output(text)
@@ -244,7 +244,7 @@ class ManagedServer:
                     text=text,
                     finish_reason=finish if finish in _FINISH else "stop",  # type: ignore[arg-type]
                 )
-                for i, (text, finish) in enumerate(zip(texts, finishes))
+                for i, (text, finish) in enumerate(zip(texts, finishes, strict=False))
             ],
         )
 
@@ -291,7 +291,7 @@ class DummyManagedServer:
         self.tokenizer = tokenizer
         self.current_nodes: list[SequenceNode] = []
 
-    def _placeholder(self, text: str, finish: Optional[str]) -> SequenceNode:
+    def _placeholder(self, text: str, finish: str | None) -> SequenceNode:
         toks = list(self.PLACEHOLDER_TOKENS)
         return SequenceNode(
             full_text=text,

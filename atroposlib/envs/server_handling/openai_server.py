@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import openai
 
@@ -41,7 +41,9 @@ class OpenAIServer(HttpClientMixin, APIServer):
     The health probe is ``GET {base_url}/models`` (cheap; any answer below 500 is up).
     """
 
-    def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None):
+    transport_has_timeout = True  # the HTTP client enforces config.timeout
+
+    def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         super().__init__(config, reasoning_config)
         api_key = config.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.openai = openai.AsyncClient(
@@ -105,7 +107,7 @@ def resolve_openai_configs(
     openai_config_dict: dict[str, Any],
     yaml_config: dict[str, Any],
     cli_passed_flags: dict[str, Any],
-    logger: Optional[logging.Logger] = None,
+    logger: logging.Logger | None = None,
 ) -> Union[ServerBaseline, list[APIServerConfig]]:
     """Combine the env's default server configs with YAML and ``--openai.*`` CLI values.
 

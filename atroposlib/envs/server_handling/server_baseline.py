@@ -22,7 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Literal, Optional
+from typing import Any, AsyncIterator, Callable, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
@@ -76,8 +76,8 @@ class ServerBaseline(BaseModel):
 class APIServerConfig(ServerBaseline):
     """Connection settings for one OpenAI-compatible inference server."""
 
-    api_key: Optional[str] = Field("", description="API key sent to the server.")
-    base_url: Optional[str] = Field(
+    api_key: str | None = Field("", description="API key sent to the server.")
+    base_url: str | None = Field(
         "", description="Base URL of the server, e.g. http://localhost:9001/v1."
     )
     n_kwarg_is_ignored: bool = Field(
@@ -104,16 +104,16 @@ class ReasoningConfig(BaseModel):
         # {"reasoning": {"enabled": True, "effort": "high"}}
     """
 
-    enabled: Optional[bool] = Field(False, description="Ask the server for reasoning output.")
-    effort: Optional[str] = Field(
+    enabled: bool | None = Field(False, description="Ask the server for reasoning output.")
+    effort: str | None = Field(
         None, description="Reasoning effort: none, minimal, low, medium, high or xhigh."
     )
-    max_tokens: Optional[int] = Field(
+    max_tokens: int | None = Field(
         None, ge=1, description="Token budget for reasoning (used when effort is not set)."
     )
 
     @model_validator(mode="after")
-    def _auto_enable(self) -> "ReasoningConfig":
+    def _auto_enable(self) -> ReasoningConfig:
         if self.effort is not None and self.effort not in REASONING_EFFORTS:
             raise ValueError(
                 f"invalid reasoning effort {self.effort!r}; expected one of {REASONING_EFFORTS}"
@@ -124,8 +124,8 @@ class ReasoningConfig(BaseModel):
         return self
 
     def build_extra_body(
-        self, base_url: Optional[str] = None, use_max_tokens: bool = False
-    ) -> Optional[dict[str, Any]]:
+        self, base_url: str | None = None, use_max_tokens: bool = False
+    ) -> dict[str, Any] | None:
         """The ``extra_body`` that asks ``base_url`` for reasoning, or None when disabled.
 
         ``use_max_tokens`` converts an effort into a token budget with
@@ -145,7 +145,7 @@ class ReasoningConfig(BaseModel):
         return {"reasoning": reasoning}
 
 
-def is_official_openai(base_url: Optional[str]) -> bool:
+def is_official_openai(base_url: str | None) -> bool:
     """True when ``base_url`` points at api.openai.com."""
     return bool(base_url) and "api.openai.com" in str(base_url)
 
@@ -166,28 +166,35 @@ class AsyncSemWithAdaptiveWeight:
         self.max_val = value
         self._value = value
         self.weight = 1.0
+        self._min = 0.0  # cached min_val(), recomputed when the weight changes
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self._listeners: list[Callable[[], None]] = []
 
     def min_val(self) -> float:
         """The value below which ``acquire`` blocks."""
-        return self.max_val * (1.0 - self.weight)
+        return self._min
 
     def in_use(self) -> int:
         """Slots currently held."""
         return self.max_val - self._value
 
     def _can_acquire(self) -> bool:
-        return self._value > self.min_val() or (self.in_use() <= 0 and self.max_val > 0)
+        value = self._value
+        return value > self._min or (value >= self.max_val > 0)
+
+    def available(self) -> float:
+        """Free capacity right now (0 when callers are queued); hot path of the router."""
+        if self._waiters:
+            return 0.0
+        value = self._value
+        free = value - self._min
+        if free > 0:
+            return free
+        return 1.0 if value >= self.max_val > 0 else 0.0
 
     def free_slots(self) -> int:
         """Slots that could be acquired right now without waiting."""
-        if self._waiters:
-            return 0
-        free = math.ceil(self._value - self.min_val())
-        if free <= 0 and self._can_acquire():
-            return 1
-        return max(free, 0)
+        return math.ceil(self.available())
 
     def locked(self) -> bool:
         """True when ``acquire`` would block."""
@@ -239,6 +246,7 @@ class AsyncSemWithAdaptiveWeight:
     def update_weight(self, weight: float) -> None:
         """Set the share of ``max_val`` that may be in use (``weight`` >= 0)."""
         self.weight = max(float(weight), 0.0)
+        self._min = self.max_val * (1.0 - self.weight)
         self._wake()
         for listener in self._listeners:
             listener()
@@ -247,7 +255,7 @@ class AsyncSemWithAdaptiveWeight:
         """Call ``callback()`` whenever slots may have become free."""
         self._listeners.append(callback)
 
-    async def __aenter__(self) -> "AsyncSemWithAdaptiveWeight":
+    async def __aenter__(self) -> AsyncSemWithAdaptiveWeight:
         await self.acquire()
         return self
 
@@ -293,10 +301,13 @@ class APIServer(ABC):
     retry_attempts: int = 3
     retry_multiplier: float = 1.0
     retry_max_wait: float = 10.0
+    transport_has_timeout: bool = False
+    """True when the backend's client enforces ``config.timeout`` itself (HTTP backends);
+    otherwise every attempt runs under an asyncio deadline of ``config.timeout``."""
     healthy_probe_interval: float = 1.0
     unhealthy_probe_interval: float = 0.25
 
-    def __init__(self, config: ServerBaseline, reasoning_config: Optional[ReasoningConfig] = None):
+    def __init__(self, config: ServerBaseline, reasoning_config: ReasoningConfig | None = None):
         self.config = config
         self.reasoning_config = reasoning_config
         self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
@@ -306,11 +317,12 @@ class APIServer(ABC):
         self.attempts_list: deque[int] = deque(maxlen=n)
         self.eval_request_timings: deque[float] = deque(maxlen=n)
         self.eval_attempts_list: deque[int] = deque(maxlen=n)
-        self.check_task: Optional[asyncio.Task[None]] = None
+        self.check_task: asyncio.Task[None] | None = None
         self.initialized = False
         self._server_healthy = True
         self._health_listeners: list[Callable[[], None]] = []
         self._healthy_waiters: list[asyncio.Future[None]] = []
+        self._health_enabled = self._health_check_enabled()
 
     # ----------------------------------------------------------------- identity and health
     @property
@@ -341,7 +353,7 @@ class APIServer(ABC):
         """Call ``callback()`` whenever the health flag changes."""
         self._health_listeners.append(callback)
 
-    def mark_unhealthy(self, cause: Optional[BaseException] = None) -> None:
+    def mark_unhealthy(self, cause: BaseException | None = None) -> None:
         """Take the server out of rotation until the health probe sees it again."""
         if self._server_healthy:
             logger.warning("marking server %s unhealthy: %r", self.name, cause)
@@ -357,7 +369,7 @@ class APIServer(ABC):
         """Start the background health loop (once) when health checks are on."""
         if self.check_task is not None and not self.check_task.done():
             return
-        if not self._health_check_enabled():
+        if not self._health_enabled:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -413,7 +425,7 @@ class APIServer(ABC):
         self.eval_sem.update_weight(weight)
 
     async def wandb_metrics(
-        self, metrics_dict: Optional[dict[str, Any]] = None, server_name: Optional[str] = None
+        self, metrics_dict: dict[str, Any] | None = None, server_name: str | None = None
     ) -> dict[str, Any]:
         """Add timing and retry metrics of the recent requests to ``metrics_dict``."""
         metrics = {} if metrics_dict is None else metrics_dict
@@ -479,11 +491,12 @@ class APIServer(ABC):
     async def _run_prepared(
         self, kind: str, kwargs: dict[str, Any], is_train: bool, slot_held: bool, fail_fast: bool
     ) -> Any:
-        self.start_health_check()
+        if self._health_enabled and self.check_task is None:
+            self.start_health_check()
         self.initialized = True
         sem = self.sem if is_train else self.eval_sem
         wrapper = getattr(self, _WRAPPERS[kind])
-        started: Optional[float] = None
+        started: float | None = None
         attempts = 0
         while True:
             attempts += 1
@@ -496,8 +509,11 @@ class APIServer(ABC):
             try:
                 if started is None:
                     started = time.monotonic()
-                async with _deadline(self.config.timeout):
+                if self.transport_has_timeout:
                     result = await wrapper(**kwargs)
+                else:
+                    async with _deadline(self.config.timeout):
+                        result = await wrapper(**kwargs)
                 self._record(is_train, time.monotonic() - started, attempts)
                 return result
             except asyncio.CancelledError:

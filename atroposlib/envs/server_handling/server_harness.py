@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -80,7 +80,7 @@ class ServerHarness(APIServer):
 
     retry_attempts = 1  # a missing canned response is a test bug: fail at once
 
-    def __init__(self, config: Optional[APIServerConfig] = None, **_: Any):
+    def __init__(self, config: APIServerConfig | None = None, **_: Any):
         super().__init__(
             config or APIServerConfig(model_name="harness", health_check=False, base_url="")
         )
@@ -110,10 +110,10 @@ class ServerHarness(APIServer):
     def set_tokens_and_logprobs_response(
         self,
         prompt: Union[str, Sequence[int]],
-        prompt_tokens: Optional[list[int]] = None,
-        output_tokens_list: Optional[list[list[int]]] = None,
-        output_logprobs_list: Optional[list[list[float]]] = None,
-        finish_reasons: Optional[list[str]] = None,
+        prompt_tokens: list[int] | None = None,
+        output_tokens_list: list[list[int]] | None = None,
+        output_logprobs_list: list[list[float]] | None = None,
+        finish_reasons: list[str] | None = None,
     ) -> None:
         """Answer a ``tokens_and_logprobs_completion`` for ``prompt`` (text or token ids).
 

@@ -18,7 +18,7 @@ import os
 import subprocess
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Mapping, Sequence, Union
 
 from pydantic import BaseModel, Field
 
@@ -53,7 +53,7 @@ class ServerManagerConfig(BaseModel):
     max_n_completions: int = Field(
         8, ge=1, description="Requests with a larger n are split into chunks of at most this size."
     )
-    proxy_url: Optional[str] = Field(
+    proxy_url: str | None = Field(
         None,
         description="URL of a managed-server proxy; managed_server() then opens proxy sessions "
         "(also read from ATROPOS_PROXY_URL).",
@@ -88,8 +88,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
 
 
 def slurm_inference_urls(
-    env: Optional[Mapping[str, str]] = None, hostnames: Optional[Sequence[str]] = None
-) -> Optional[list[str]]:
+    env: Mapping[str, str] | None = None, hostnames: Sequence[str] | None = None
+) -> list[str] | None:
     """Inference server URLs of a SLURM allocation, or None with fewer than 2 nodes.
 
     Nodes after the first ``NUM_TRAINING_NODES`` (default 1) each run ``8 // INFER_TP``
@@ -161,10 +161,10 @@ class ServerManager:
         slurm: bool = False,
         testing: bool = False,
         max_n_completions: int = 8,
-        reasoning_config: Optional[ReasoningConfig] = None,
-        proxy_url: Optional[str] = None,
+        reasoning_config: ReasoningConfig | None = None,
+        proxy_url: str | None = None,
         use_proxy: bool = False,
-        tool_parser: Optional[str] = None,
+        tool_parser: str | None = None,
     ):
         if max_n_completions < 1:
             raise ValueError("max_n_completions must be >= 1")
@@ -197,6 +197,7 @@ class ServerManager:
             True: deque(),
             False: deque(),
         }
+        self._health_loop: asyncio.AbstractEventLoop | None = None
         for server in self.servers:
             server.sem.add_listener(self._dispatch)
             server.eval_sem.add_listener(self._dispatch)
@@ -225,20 +226,22 @@ class ServerManager:
 
     # ----------------------------------------------------------------- slot routing
     @staticmethod
-    def _free_slots(server: APIServer, is_train: bool) -> int:
+    def _free_slots(server: APIServer, is_train: bool) -> float:
         if not is_train:
-            return server.eval_sem.free_slots()
-        free = server.sem.free_slots()
-        if server.eval_sem.in_use() > 0:
-            free -= server.eval_sem.free_slots()
+            return server.eval_sem.available()
+        free = server.sem.available()
+        eval_sem = server.eval_sem
+        if eval_sem._value < eval_sem.max_val:  # eval in progress: leave its share
+            free -= eval_sem.available()
         return free
 
-    def _pick(self, is_train: bool, exclude: frozenset[int] = frozenset()) -> Optional[int]:
-        best, best_slots = None, 0
+    def _pick(self, is_train: bool, exclude: frozenset[int] = frozenset()) -> int | None:
+        best, best_slots = None, 0.0
+        free_slots = self._free_slots
         for i, server in enumerate(self.servers):
-            if i in exclude or not server.server_healthy:
+            if not server._server_healthy or (exclude and i in exclude):
                 continue
-            slots = self._free_slots(server, is_train)
+            slots = free_slots(server, is_train)
             if slots > best_slots:
                 best, best_slots = i, slots
         return best
@@ -267,6 +270,10 @@ class ServerManager:
                 fut.set_result(idx)
 
     def _start_health_checks(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._health_loop is loop:
+            return
+        self._health_loop = loop
         for server in self.servers:
             server.start_health_check()
 
@@ -313,7 +320,7 @@ class ServerManager:
         deadline = started + self._wait_timeout()
         tried: list[int] = []
         exclude: set[int] = set()
-        last_error: Optional[BaseException] = None
+        last_error: BaseException | None = None
         max_tries = 2 * len(self.servers) + 2
         while True:
             try:
@@ -410,7 +417,7 @@ class ServerManager:
         finally:
             self._release(idx, True)
 
-    def _server_for_managed(self, base_url: Optional[str]) -> APIServer:
+    def _server_for_managed(self, base_url: str | None) -> APIServer:
         if base_url is not None:
             for server in self.servers:
                 if getattr(server.config, "base_url", None) == base_url:
@@ -423,7 +430,7 @@ class ServerManager:
     async def managed_server(
         self,
         tokenizer: Any = None,
-        base_url: Optional[str] = None,
+        base_url: str | None = None,
         preserve_think_blocks: bool = False,
     ) -> AsyncIterator[Any]:
         """A ``ManagedServer`` over one server, tracking tokens, masks and logprobs.
@@ -479,7 +486,7 @@ class ServerManager:
             server.update_weight(weight)
 
     async def wandb_metrics(
-        self, metrics_dict: Optional[dict[str, Any]] = None, server_name: Optional[str] = None
+        self, metrics_dict: dict[str, Any] | None = None, server_name: str | None = None
     ) -> dict[str, Any]:
         """Metrics of every server (``server/server_{i}_*``) plus the healthy-server count."""
         metrics = {} if metrics_dict is None else metrics_dict
@@ -499,7 +506,7 @@ class ServerManager:
         for server in self.servers:
             await server.close()
 
-    async def __aenter__(self) -> "ServerManager":
+    async def __aenter__(self) -> ServerManager:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -7,7 +7,7 @@ tuples and ``meta_info.finish_reason`` is a string or ``{"type": ...}``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from atroposlib.envs.server_handling._common import drop_none, load_tokenizer, post_json, root_url
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
@@ -32,7 +32,7 @@ def parse_sglang_output(item: dict[str, Any]) -> tuple[list[int], list[float], s
 class SGLangServer(OpenAIServer):
     """An SGLang server: OpenAI API for chat/completions, native ``/generate`` for tokens."""
 
-    def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None):
+    def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         super().__init__(config, reasoning_config)
         self._tokenizer: Any = None
 

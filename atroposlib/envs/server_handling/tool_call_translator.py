@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from atroposlib.utils.tool_call_parser import extract_tool_calls
 
@@ -25,7 +25,7 @@ class ToolCallTranslator:
             )
         self.parser_name = parser_name
 
-    def parse_model_output(self, raw_text: str) -> tuple[Optional[str], list[dict[str, Any]]]:
+    def parse_model_output(self, raw_text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """``(content or None, tool_calls)`` with tool calls in OpenAI's dict shape."""
         content, calls = extract_tool_calls(raw_text)
         tool_calls = [

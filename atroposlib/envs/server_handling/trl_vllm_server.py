@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -35,7 +35,9 @@ TRL_DEFAULTS: dict[str, Any] = {
 class TrlVllmServer(HttpClientMixin, APIServer):
     """A TRL ``vllm-serve`` server. Always considered healthy; no tokens/logprobs."""
 
-    def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None):
+    transport_has_timeout = True  # the HTTP client enforces config.timeout
+
+    def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         super().__init__(config, reasoning_config)
         name = config.tokenizer_name if config.tokenizer_name != "none" else config.model_name
         self._tokenizer_name = name

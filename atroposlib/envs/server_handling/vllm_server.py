@@ -10,7 +10,7 @@ logprobs come from ``POST {root}/generate``::
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from atroposlib.envs.server_handling._common import drop_none, load_tokenizer, post_json, root_url
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
@@ -38,7 +38,7 @@ def _entry_items(entry: Any) -> list[tuple[int, float]]:
 
 
 def parse_generate_logprobs(
-    token_ids: Optional[list[int]], position_entries: list[Any]
+    token_ids: list[int] | None, position_entries: list[Any]
 ) -> tuple[list[int], list[float]]:
     """The sampled tokens and their logprobs from one sequence's ``logprobs`` entries."""
     ids: list[int] = []
@@ -83,7 +83,7 @@ class VLLMServer(OpenAIServer):
     only when needed: to tokenize a text ``prompt`` and to drop a duplicated leading BOS.
     """
 
-    def __init__(self, config: APIServerConfig, reasoning_config: Optional[ReasoningConfig] = None):
+    def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         super().__init__(config, reasoning_config)
         self._tokenizer: Any = None
         self._tokenizer_failed = False
@@ -149,7 +149,7 @@ class VLLMServer(OpenAIServer):
         data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
         token_ids = data.get("token_ids") or [None] * len(data.get("logprobs", []))
         output_tokens, output_logprobs = [], []
-        for seq_ids, seq_lps in zip(token_ids, data.get("logprobs", [])):
+        for seq_ids, seq_lps in zip(token_ids, data.get("logprobs", []), strict=False):
             ids, lps = parse_generate_logprobs(seq_ids, seq_lps)
             output_tokens.append(ids)
             output_logprobs.append(lps)

@@ -1,0 +1,106 @@
+"""Raw-ASGI hot path for the endpoints environments and trainers call in a loop.
+
+``POST /scored_data``, ``POST /scored_data_list``, ``GET /batch`` and
+``GET /status-env?env_id=N`` are answered here without FastAPI's request
+objects, routing and dependency machinery; the FastAPI routes of the same paths
+remain (they serve the OpenAPI schema and the legacy JSON-body
+``/status-env``) and call the same :mod:`~atroposlib.api.handlers`. It sits
+inside the auth, body-limit and gzip middleware, so those apply unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+from urllib.parse import parse_qs
+
+from atroposlib.api import handlers
+from atroposlib.api.errors import ApiError, error_response
+from atroposlib.api.middleware import ASGIApp, Receive, Scope, Send
+from atroposlib.api.store import RolloutStore
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HotPathMiddleware"]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+Handler = Callable[[Scope, Receive], Awaitable[Optional[bytes]]]
+
+
+async def _read_body(receive: Receive) -> Optional[bytes]:
+    """The whole request body, or None when the client went away."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _query_env_id(scope: Scope) -> Optional[int]:
+    """``env_id`` from the query string when it is a plain int; None leaves the request to FastAPI."""
+    query = scope.get("query_string", b"")
+    if not query:
+        return None
+    values = parse_qs(query.decode("latin-1")).get("env_id")
+    if not values:
+        return None
+    try:
+        return int(values[-1])
+    except ValueError:
+        return None
+
+
+class HotPathMiddleware:
+    """Answer the hot endpoints directly; pass everything else to the FastAPI app."""
+
+    def __init__(self, app: ASGIApp, store: RolloutStore) -> None:
+        self.app = app
+        self.store = store
+        self._routes: Dict[Tuple[str, str], Handler] = {
+            ("POST", "/scored_data"): self._scored_data,
+            ("POST", "/scored_data_list"): self._scored_data_list,
+            ("GET", "/batch"): self._batch,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        handler = self._routes.get((method, path))
+        if handler is None and method == "GET" and path == "/status-env":
+            env_id = _query_env_id(scope)
+            if env_id is not None:
+                await self._answer(send, lambda: handlers.status_env(self.store, env_id))
+                return
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return
+        await self._answer(send, lambda: handler(body))
+
+    async def _answer(self, send: Send, produce: Callable[[], Any]) -> None:
+        try:
+            status, headers, payload = 200, _JSON_HEADERS, produce()
+        except ApiError as e:
+            status, headers, payload = error_response(e)
+        except Exception as e:  # the hot path runs outside FastAPI's error middleware
+            logger.exception("unhandled error in the hot path")
+            status, headers, payload = 500, _JSON_HEADERS, f'{{"detail":"internal error: {type(e).__name__}"}}'.encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*headers, (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
+
+    def _scored_data(self, body: bytes) -> bytes:
+        return handlers.ingest_groups(self.store, body, many=False)
+
+    def _scored_data_list(self, body: bytes) -> bytes:
+        return handlers.ingest_groups(self.store, body, many=True)
+
+    def _batch(self, body: bytes) -> bytes:
+        return handlers.serve_batch(self.store)

@@ -1,0 +1,114 @@
+"""Request handling shared by the FastAPI routes and the raw-ASGI hot path.
+
+Each function takes the store and raw inputs (body bytes, ids) and returns
+the answer as JSON bytes; domain problems are raised as
+:class:`~atroposlib.api.errors.ApiError`. Posted groups are validated once from
+their JSON bytes and kept as canonical JSON (see :func:`incoming`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List, Optional, Sequence, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from atroposlib.api.errors import BodyValidationError, validation_detail
+from atroposlib.api.models import ScoredData, ScoredDataList, check_group_consistency
+from atroposlib.api.store import IncomingGroup, IngestOutcome, RolloutStore
+
+__all__ = ["ingest_groups", "incoming", "parse_body", "serve_batch", "status_env"]
+
+M = TypeVar("M", bound=BaseModel)
+
+RECEIVED = b'{"status":"received"}'
+NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
+_FIELD_NULLS = {name: b'"%s":null,' % name.encode() for name in ScoredData.model_fields}
+_missing_cache: dict[frozenset, bytes] = {}
+
+
+def _missing_nulls(present: set) -> bytes:
+    """``"field":null,`` for every field absent from the posted group (cached per field set)."""
+    key = frozenset(present)
+    nulls = _missing_cache.get(key)
+    if nulls is None:
+        nulls = b"".join(v for k, v in _FIELD_NULLS.items() if k not in key)
+        if len(_missing_cache) < 4096:
+            _missing_cache[key] = nulls
+    return nulls
+_to_json = ScoredData.__pydantic_serializer__.to_json
+
+
+def _invalid(e: ValidationError, prefix: Sequence[Any] = ("body",)) -> BodyValidationError:
+    return BodyValidationError(validation_detail(e.errors(include_url=False, include_input=False), prefix))
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate ``model`` from JSON bytes (whatever the Content-Type); 422 on failure."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise _invalid(e) from None
+
+
+def incoming(group: ScoredData, loc: tuple = (), raw: Optional[bytes] = None) -> IncomingGroup:
+    """Check a validated group and keep it as canonical JSON with every field present.
+
+    When the posted bytes are at hand they are kept as they are (strict
+    validation guarantees they hold exactly the validated values), with the
+    absent fields added as nulls; this skips a full re-serialisation.
+    """
+    check_group_consistency(group, loc)
+    if raw is None:
+        body = _to_json(group)
+    else:
+        missing = _missing_nulls(group.model_fields_set)
+        start = raw.index(b"{")  # only JSON whitespace can precede it: validation passed
+        body = b"".join((b"{", missing, memoryview(raw)[start + 1:])) if missing else raw.strip()
+    return IncomingGroup(env_id=group.env_id, size=len(group.tokens), body=body)
+
+
+def parse_groups(body: bytes, many: bool) -> List[IncomingGroup]:
+    """Validate one group (or a list of groups) from the posted bytes."""
+    try:
+        if many:
+            groups = ScoredDataList.validate_json(body)
+            return [incoming(g, (i,)) for i, g in enumerate(groups)]
+        return [incoming(ScoredData.model_validate_json(body), raw=body)]
+    except ValidationError as e:
+        raise _invalid(e) from None
+
+
+def _list_answer(outcomes: Sequence[IngestOutcome]) -> dict[str, Any]:
+    buffered = [o for o in outcomes if o.status == "buffered"]
+    answer: dict[str, Any] = {"status": "received", "groups_processed": len(outcomes)}
+    if buffered:
+        answer["buffered"] = len(buffered)
+        answer["last_buffer_size"] = buffered[-1].buffer_size
+    return answer
+
+
+def ingest_groups(store: RolloutStore, body: bytes, many: bool) -> bytes:
+    """``POST /scored_data`` (``many=False``) and ``/scored_data_list`` (``many=True``)."""
+    outcomes = store.ingest(parse_groups(body, many))
+    if many:
+        return json.dumps(_list_answer(outcomes)).encode()
+    outcome = outcomes[0]
+    if outcome.status == "received":
+        return RECEIVED
+    return json.dumps({"status": "buffered", "buffer_size": outcome.buffer_size}).encode()
+
+
+def serve_batch(store: RolloutStore) -> bytes:
+    """``GET /batch``: the oldest full batch as joined group JSON, or ``{"batch":null}``."""
+    if not store.registered:
+        return json.dumps(NOT_REGISTERED).encode()
+    groups = store.next_batch()
+    if groups is None:
+        return b'{"batch":null}'
+    return b'{"batch":[' + b",".join(groups) + b"]}"
+
+
+def status_env(store: RolloutStore, env_id: int) -> bytes:
+    """``GET /status-env``: the env's throttling signal."""
+    return json.dumps(store.env_status(env_id)).encode()

@@ -1,0 +1,143 @@
+"""Environment throughput: groups/s of a trivial env against a 50 ms inference server.
+
+Starts three real processes on loopback: the fake inference server with a fixed
+latency, ``run-api``, and an environment whose rollout is one completion request
+(``n = group_size``) per group. A trainer registers and starts the run but pulls
+nothing, so the API's queue size counts every group the env delivered.
+
+For each worker count it reports groups/s, the ideal ``workers / latency`` and the
+ratio, and the env process's CPU time per group.
+
+    python benchmarks/env_bench.py                       # 8, 32 and 64 workers
+    python benchmarks/env_bench.py --workers 64 --seconds 20 --latency-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup  # noqa: E402
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig  # noqa: E402
+
+
+class BenchEnv(BaseEnv):
+    """One completion request per group; sequences of 32 fake tokens."""
+
+    name = "bench"
+
+    @classmethod
+    def config_init(cls) -> Tuple[BaseEnvConfig, APIServerConfig]:
+        return (
+            BaseEnvConfig(group_size=4, use_wandb=False, wandb_name="bench", total_steps=10**9,
+                          steps_per_eval=0, max_batches_offpolicy=0, tokenizer_name="none"),
+            APIServerConfig(model_name="fake", base_url="http://127.0.0.1:9001/v1", api_key="x",
+                            num_max_requests_at_once=4096),
+        )
+
+    async def setup(self) -> None:
+        self.counter = 0
+
+    async def get_next_item(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    async def collect_trajectories(self, item: int) -> Tuple[Optional[ScoredDataGroup], List[Any]]:
+        n = self.config.group_size
+        completion = await self.server.completion(prompt=f"item {item}", n=n, max_tokens=8)
+        texts = [c.text for c in completion.choices] or [""]
+        tokens = [[item, j] + list(texts[j % len(texts)].encode()[:30]) for j in range(n)]
+        masks = [[-100, -100] + t[2:] for t in tokens]
+        return ScoredDataGroup(tokens=tokens, masks=masks, scores=[float(j) for j in range(n)]), []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_dir: Path) -> dict:
+    import httpx
+    import psutil
+
+    from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+
+    api_port, infer_port = free_port(), free_port()
+    procs = []
+    try:
+        fake = start_process([sys.executable, "-m", "atroposlib.envs.server_handling.fake_server",
+                              "--port", str(infer_port), "--latency-ms", str(latency_ms)],
+                             log_path=log_dir / "fake.log")
+        api = start_process([sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(api_port),
+                             "--log-level", "warning"], log_path=log_dir / "api.log")
+        procs += [fake, api]
+        wait_http(f"http://127.0.0.1:{infer_port}/health", proc=fake)
+        wait_http(f"http://127.0.0.1:{api_port}/health", proc=api)
+        api_url = f"http://127.0.0.1:{api_port}"
+        httpx.post(f"{api_url}/register", timeout=10, json={
+            "wandb_group": "b", "wandb_project": "b", "batch_size": 64, "max_token_len": 4096,
+            "checkpoint_dir": "", "save_checkpoint_interval": -1, "starting_step": 0, "num_steps": 10**9,
+        }).raise_for_status()
+        httpx.get(f"{api_url}/batch", timeout=10)
+        env = start_process([sys.executable, str(Path(__file__).resolve()), "env", "serve",
+                             "--env.rollout_server_url", api_url, "--env.max_num_workers", str(workers),
+                             "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1"],
+                            log_path=log_dir / "env.log",
+                            env={"ATROPOS_OUTBOX_DIR": str(log_dir / "outbox")})
+        procs.append(env)
+
+        def queued() -> int:
+            return int(httpx.get(f"{api_url}/status", timeout=10).json()["queue_size"])
+
+        deadline = time.monotonic() + 60
+        while queued() == 0:
+            if env.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("env did not start; see " + str(log_dir / "env.log"))
+            time.sleep(0.2)
+        time.sleep(warmup)
+        ps = psutil.Process(env.pid)
+        q0, c0, t0 = queued(), sum(ps.cpu_times()[:2]), time.monotonic()
+        time.sleep(seconds)
+        q1, c1, t1 = queued(), sum(ps.cpu_times()[:2]), time.monotonic()
+        groups = q1 - q0
+        rate = groups / (t1 - t0)
+        ideal = workers / (latency_ms / 1000)
+        return {"workers": workers, "groups": groups, "groups_per_s": rate, "ideal": ideal,
+                "ratio": rate / ideal, "cpu_ms_per_group": 1000 * (c1 - c0) / max(1, groups)}
+    finally:
+        for proc in reversed(procs):
+            stop_process(proc)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Run the benchmark and print one line per worker count."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["env"]:
+        sys.argv = [sys.argv[0], *argv[1:]]
+        BenchEnv.cli()
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--latency-ms", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--log-dir", default="/tmp/atropos-env-bench")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} cores")
+    print(f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17}")
+    for workers in args.workers:
+        r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir)
+        print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
+              f"{r['cpu_ms_per_group']:>17.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
