@@ -32,11 +32,21 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers.procs import PYTHON, free_port, running_process  # noqa: E402
 
-TRAINER = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": 64, "max_token_len": 2048,
-           "checkpoint_dir": "ckpt", "save_checkpoint_interval": 100, "starting_step": 0, "num_steps": 10**6}
+TRAINER = {
+    "wandb_group": "bench",
+    "wandb_project": "bench",
+    "batch_size": 64,
+    "max_token_len": 2048,
+    "checkpoint_dir": "ckpt",
+    "save_checkpoint_interval": 100,
+    "starting_step": 0,
+    "num_steps": 10**6,
+}
 
 
-def make_group(rng: random.Random, group_size: int, seq_len: int, env_id: int, logprobs: bool = False) -> bytes:
+def make_group(
+    rng: random.Random, group_size: int, seq_len: int, env_id: int, logprobs: bool = False
+) -> bytes:
     """One realistic group: half prompt (masked), half completion; optionally inference logprobs."""
     prompt = seq_len // 2
     tokens, masks, lps = [], [], []
@@ -45,8 +55,12 @@ def make_group(rng: random.Random, group_size: int, seq_len: int, env_id: int, l
         tokens.append(seq)
         masks.append([-100] * prompt + seq[prompt:])
         lps.append([1.0] * prompt + [round(-rng.random() * 5, 4) for _ in range(seq_len - prompt)])
-    group = {"tokens": tokens, "masks": masks, "scores": [rng.choice([1.0, -1.0]) for _ in tokens],
-             "env_id": env_id}
+    group = {
+        "tokens": tokens,
+        "masks": masks,
+        "scores": [rng.choice([1.0, -1.0]) for _ in tokens],
+        "env_id": env_id,
+    }
     if logprobs:
         group["inference_logprobs"] = lps
     return json.dumps(group).encode()
@@ -69,7 +83,7 @@ class RssSampler:
                 return
             time.sleep(0.05)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 
@@ -82,19 +96,29 @@ async def setup(session: aiohttp.ClientSession, base: str, group_size: int) -> i
     await (await session.get(f"{base}/reset_data")).read()
     await (await session.post(f"{base}/register", json=TRAINER)).read()
     await (await session.get(f"{base}/batch")).read()
-    r = await session.post(f"{base}/register-env", json={"max_token_length": 2048, "desired_name": "bench",
-                                                         "weight": 1.0, "group_size": group_size})
+    r = await session.post(
+        f"{base}/register-env",
+        json={
+            "max_token_length": 2048,
+            "desired_name": "bench",
+            "weight": 1.0,
+            "group_size": group_size,
+        },
+    )
     return (await r.json())["env_id"]
 
 
-async def ingest(session: aiohttp.ClientSession, base: str, bodies: List[bytes], n: int,
-                 concurrency: int) -> float:
+async def ingest(
+    session: aiohttp.ClientSession, base: str, bodies: List[bytes], n: int, concurrency: int
+) -> float:
     counter = iter(range(n))
     headers = {"Content-Type": "application/json"}
 
     async def poster() -> None:
         for i in counter:
-            async with session.post(f"{base}/scored_data", data=bodies[i % len(bodies)], headers=headers) as r:
+            async with session.post(
+                f"{base}/scored_data", data=bodies[i % len(bodies)], headers=headers
+            ) as r:
                 await r.read()
                 if r.status != 200:
                     raise RuntimeError(f"POST /scored_data answered {r.status}")
@@ -147,29 +171,43 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             batches, dsecs = await drain(s, base, gzip=True)
             drain_cpu = sum(server.cpu_times()[:2]) - scpu0
         print(f"body size            {len(bodies[0]) / 1024:.1f} KiB per group")
-        print(f"ingest               {args.groups / secs:,.0f} groups/s "
-              f"({args.groups} groups in {secs:.2f}s, client CPU {client_cpu / secs * 100:.0f}% of a core, "
-              f"server CPU {server_cpu / args.groups * 1e6:.0f} us/group)")
+        print(
+            f"ingest               {args.groups / secs:,.0f} groups/s "
+            f"({args.groups} groups in {secs:.2f}s, client CPU {client_cpu / secs * 100:.0f}% of a core, "
+            f"server CPU {server_cpu / args.groups * 1e6:.0f} us/group)"
+        )
         print(f"/status-env p50      {p50_full:.3f} ms at {args.groups} queued groups")
-        print(f"RSS full queue       {rss_full / 2**20:.1f} MiB (peak during run {rss.peak / 2**20:.1f} MiB)")
-        print(f"drain (gzip)         {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
-              f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)")
+        print(
+            f"RSS full queue       {rss_full / 2**20:.1f} MiB (peak during run {rss.peak / 2**20:.1f} MiB)"
+        )
+        print(
+            f"drain (gzip)         {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
+            f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)"
+        )
         await ingest(s, base, bodies, args.groups, args.concurrency)
         batches, dsecs = await drain(s, base, gzip=False)
-        print(f"drain (identity)     {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s)")
+        print(
+            f"drain (identity)     {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s)"
+        )
         for target in (100, 10_000):
             env_id = await setup(s, base, 8)
             await ingest(s, base, tiny, target, args.concurrency)
-            print(f"/status-env p50      {await status_p50(s, base, env_id):.3f} ms at {target} queued groups")
+            print(
+                f"/status-env p50      {await status_p50(s, base, env_id):.3f} ms at {target} queued groups"
+            )
     print(f"load average         {os.getloadavg()}")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--groups", type=int, default=2000)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--logprobs", action="store_true", help="groups also carry inference_logprobs")
-    p.add_argument("--persist", action="store_true", help="run the server with --persist (SQLite WAL)")
+    p.add_argument(
+        "--persist", action="store_true", help="run the server with --persist (SQLite WAL)"
+    )
     args = p.parse_args()
     port = free_port()
     cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(port), "--log-level", "warning"]
@@ -177,7 +215,9 @@ def main() -> None:
         if args.persist:
             cmd += ["--persist", str(Path(tmp) / "api.db")]
         with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", cwd=ROOT) as proc:
-            print(f"run-api pid {proc.pid} on port {port}{' with --persist' if args.persist else ''}")
+            print(
+                f"run-api pid {proc.pid} on port {port}{' with --persist' if args.persist else ''}"
+            )
             asyncio.run(run(args, f"http://127.0.0.1:{port}", proc.pid))
 
 

@@ -22,7 +22,6 @@ import asyncio
 import random
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import httpx
@@ -79,30 +78,30 @@ def prompt_ids(tokenizer: Any, a: int, b: int) -> List[int]:
 
 def greedy_eval(base_url: str, tokenizer: Any, problems: Optional[Sequence[Problem]] = None,
                 temperature: float = 0.0, max_tokens: int = 4, samples: int = 1,
-                timeout: float = 60.0, concurrency: int = 16, seed: int = 1234) -> float:
-    """Fraction of ``problems`` answered correctly by the server at ``base_url`` (no ``/v1``).
+                timeout: float = 120.0, chunk: int = 128, seed: int = 1234, limit: int = 0) -> float:
+    """Fraction of ``problems`` answered correctly by the server at ``base_url`` (with or without ``/v1``).
 
-    Uses the vLLM-style ``POST /generate`` with prompt token ids, ``samples``
-    completions per problem. Requests run concurrently so the server can batch.
+    Sends the prompts' token ids in batched ``POST /v1/completions`` requests
+    (``samples`` completions each, greedy by default), so the server decodes them
+    together. ``limit`` > 0 evaluates only the first ``limit`` problems.
     """
     problems = list(problems or all_problems())
+    if limit > 0:
+        problems = problems[:limit]
     root = base_url.rstrip("/").removesuffix("/v1")
-
-    def one(idx_ab: Tuple[int, Problem]) -> float:
-        idx, (a, b) = idx_ab
-        body = {"prompt": {"prompt_token_ids": prompt_ids(tokenizer, a, b)}, "n": samples,
-                "max_tokens": max_tokens, "temperature": temperature, "seed": seed + idx}
-        resp = httpx.post(f"{root}/generate", json=body, timeout=timeout)
-        resp.raise_for_status()
-        data = resp.json()
-        texts = data.get("text") or []
-        if data.get("token_ids"):
-            texts = [tokenizer.decode(ids, skip_special_tokens=False) for ids in data["token_ids"]]
-        return sum(score_completion(t, a, b) for t in texts) / max(len(texts), 1)
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        scores = list(pool.map(one, enumerate(problems)))
-    return sum(scores) / max(len(scores), 1)
+    correct = 0.0
+    with httpx.Client(timeout=timeout) as client:
+        for start in range(0, len(problems), chunk):
+            part = problems[start: start + chunk]
+            body = {"prompt": [prompt_ids(tokenizer, a, b) for a, b in part], "n": samples,
+                    "max_tokens": max_tokens, "temperature": temperature, "seed": seed + start}
+            resp = client.post(f"{root}/v1/completions", json=body)
+            if resp.status_code != 200:
+                raise RuntimeError(f"eval request failed: HTTP {resp.status_code}: {resp.text[:300]}")
+            for choice in resp.json()["choices"]:
+                a, b = part[int(choice["index"]) // samples]
+                correct += score_completion(choice.get("text") or "", a, b)
+    return correct / max(len(problems) * samples, 1)
 
 
 # --- the environment -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Tuple
 
 import gymnasium as gym
 from pydantic import Field
@@ -64,7 +64,7 @@ def describe(observation: Tuple[int, int, int]) -> str:
     return f"Your hand totals {player}{ace}. The dealer shows {dealer}. Do you hit or stick?"
 
 
-def parse_action(text: str) -> Optional[int]:
+def parse_action(text: str) -> int | None:
     """``HIT``/``STICK`` from the reply after ``</think>``; None when absent or ambiguous."""
     words = {w.lower() for w in _ACTION.findall(text.split("</think>")[-1])}
     actions = {HIT if w == "hit" else STICK for w in words}
@@ -76,7 +76,7 @@ ChatFn = Callable[[List[Dict[str, str]], int], Awaitable[str]]
 
 async def play_blackjack(chat: ChatFn, seed: int, max_turns: int, max_tokens_per_turn: int,
                          invalid_action_reward: float,
-                         budget_left: Optional[Callable[[], int]] = None,
+                         budget_left: Callable[[], int] | None = None,
                          on_invalid_action: str = "end") -> Dict[str, Any]:
     """Play one game; ``chat(messages, max_tokens)`` returns the model's reply.
 
@@ -144,7 +144,7 @@ class BlackjackEnv(BaseEnv):
     async def setup(self) -> None:
         self.iter = 0
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     async def get_next_item(self) -> Item:
@@ -152,7 +152,7 @@ class BlackjackEnv(BaseEnv):
         self.iter += 1
         return {"seed": seed}
 
-    async def play_tracked(self, seed: int) -> Optional[Dict[str, Any]]:
+    async def play_tracked(self, seed: int) -> Dict[str, Any] | None:
         """One game through ManagedServer; adds the game's single token sequence."""
         cfg = self.config
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
@@ -179,7 +179,7 @@ class BlackjackEnv(BaseEnv):
         game.update(tokens=list(node.tokens), masks=list(node.masked_tokens), logprobs=list(node.logprobs))
         return game
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         games = await asyncio.gather(*(self.play_tracked(item["seed"]) for _ in range(self.config.group_size)))
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for game in games:
@@ -205,7 +205,7 @@ class BlackjackEnv(BaseEnv):
                                                     temperature=cfg.eval_temperature, split="eval")
             return out.choices[0].message.content or ""
 
-        async def one(seed: int) -> Optional[Dict[str, Any]]:
+        async def one(seed: int) -> Dict[str, Any] | None:
             async with sem:
                 try:
                     return await play_blackjack(chat, seed, cfg.max_turns, cfg.max_tokens_per_turn,
@@ -229,7 +229,7 @@ class BlackjackEnv(BaseEnv):
                                 generation_parameters={"temperature": cfg.eval_temperature,
                                                        "max_tokens": cfg.max_tokens_per_turn})
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.outcomes:
             for outcome in ("win", "draw", "loss", "invalid_action"):

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
@@ -57,10 +57,10 @@ class GSM8kConfig(BaseEnvConfig):
 
     dataset_name: str = Field("gsm8k", description="Hugging Face dataset to load when no data_path is set.")
     dataset_config: str = Field("main", description="Configuration of the Hugging Face dataset.")
-    data_path: Optional[str] = Field(
+    data_path: str | None = Field(
         None, description="Local jsonl for training (rows with 'question' and 'answer' ending in '#### N'); "
         "overrides the Hugging Face dataset.")
-    eval_data_path: Optional[str] = Field(
+    eval_data_path: str | None = Field(
         None, description="Local jsonl for evaluation; defaults to data_path when that is set.")
     shuffle_seed: int = Field(42, description="Seed for shuffling the train and test splits.")
     train_temperature: float = Field(1.0, description="Sampling temperature of training rollouts.")
@@ -130,7 +130,7 @@ class GSM8kEnv(BaseEnv):
         )
         return env_config, server_config
 
-    def _items(self, rows: List[Dict[str, Any]], skips: Optional[SkipCounter] = None) -> List[Dict[str, str]]:
+    def _items(self, rows: List[Dict[str, Any]], skips: SkipCounter | None = None) -> List[Dict[str, str]]:
         skips = skips or self.skips
         items = []
         for row in rows:
@@ -159,7 +159,7 @@ class GSM8kEnv(BaseEnv):
         logger.info("gsm8k: %d train, %d test items; %s", len(self.train), len(self.test), self.skips.summary())
         self.iter = 0
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     async def get_next_item(self) -> Item:
@@ -167,7 +167,7 @@ class GSM8kEnv(BaseEnv):
         self.iter += 1
         return item
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["question"]}]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(
@@ -185,7 +185,7 @@ class GSM8kEnv(BaseEnv):
             })
         return await self.score(rollouts, item["gold_answer"]), []
 
-    async def score(self, rollouts: List[Dict[str, Any]], gold_answer: str) -> Optional[ScoredDataGroup]:
+    async def score(self, rollouts: List[Dict[str, Any]], gold_answer: str) -> ScoredDataGroup | None:
         """Score rollouts against the gold; None when the group should be dropped."""
         gold_parsed = parse_gold(gold_answer)
         if len(gold_parsed) == 0:
@@ -240,7 +240,7 @@ class GSM8kEnv(BaseEnv):
         start = time.time()
         sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
 
-        async def one(item: Dict[str, str]) -> Optional[Dict[str, Any]]:
+        async def one(item: Dict[str, str]) -> Dict[str, Any] | None:
             async with sem:
                 try:
                     return await self.rollout_and_score_eval(item)
@@ -260,7 +260,7 @@ class GSM8kEnv(BaseEnv):
                                    "max_tokens": self.config.max_token_length},
         )
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
             metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)

@@ -20,7 +20,7 @@ import logging
 import re
 import string
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
@@ -47,8 +47,8 @@ class MCQAConfig(BaseEnvConfig):
     dataset_config: str = Field("all", description="Configuration of the Hugging Face dataset.")
     train_split: str = Field("auxiliary_train", description="Split used for training items.")
     eval_split: str = Field("test", description="Split used for evaluation.")
-    data_path: Optional[str] = Field(None, description="Local training jsonl (question, choices, answer).")
-    eval_data_path: Optional[str] = Field(None, description="Local evaluation jsonl; defaults to data_path.")
+    data_path: str | None = Field(None, description="Local training jsonl (question, choices, answer).")
+    eval_data_path: str | None = Field(None, description="Local evaluation jsonl; defaults to data_path.")
     shuffle_seed: int = Field(42, description="Seed for shuffling the data.")
     eval_temperature: float = Field(0.0, description="Sampling temperature of evaluation.")
     max_eval_items: int = Field(-1, description="Evaluate at most this many items (-1 = all).")
@@ -61,7 +61,7 @@ def format_question(question: str, choices: List[str]) -> str:
     return "\n".join(lines)
 
 
-def answer_letter(answer: Any, n_choices: int) -> Optional[str]:
+def answer_letter(answer: Any, n_choices: int) -> str | None:
     """The gold letter from an index (0-based) or a letter; None when out of range or malformed."""
     if isinstance(answer, bool):
         return None
@@ -76,7 +76,7 @@ def answer_letter(answer: Any, n_choices: int) -> Optional[str]:
     return None
 
 
-def extract_letter(text: str, n_choices: int) -> Optional[str]:
+def extract_letter(text: str, n_choices: int) -> str | None:
     """The answered letter after ``</think>``: ``\\boxed{X}`` or "answer is X"; None when
     missing, out of range, or when different letters are given."""
     tail = text.split("</think>")[-1]
@@ -119,7 +119,7 @@ class MCQAThinkingEnv(BaseEnv):
                             num_requests_for_eval=256),
         )
 
-    def _items(self, rows: List[Dict[str, Any]], skips: Optional[SkipCounter] = None) -> List[Dict[str, Any]]:
+    def _items(self, rows: List[Dict[str, Any]], skips: SkipCounter | None = None) -> List[Dict[str, Any]]:
         skips = skips or self.skips
         items = []
         for row in rows:
@@ -150,7 +150,7 @@ class MCQAThinkingEnv(BaseEnv):
             raise ValueError(f"mcqa: no usable training rows ({self.skips.summary()})")
         logger.info("mcqa: %d train, %d test items; %s", len(self.train), len(self.test), self.skips.summary())
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     async def get_next_item(self) -> Item:
@@ -158,7 +158,7 @@ class MCQAThinkingEnv(BaseEnv):
         self.iter += 1
         return item
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["prompt"]}]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
@@ -181,7 +181,7 @@ class MCQAThinkingEnv(BaseEnv):
         start = time.time()
         sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
 
-        async def one(item: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
             messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["prompt"]}]
             async with sem:
                 try:
@@ -205,7 +205,7 @@ class MCQAThinkingEnv(BaseEnv):
                                 samples=samples, start_time=start, end_time=time.time(),
                                 generation_parameters={"temperature": self.config.eval_temperature})
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
             metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)

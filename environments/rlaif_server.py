@@ -28,7 +28,7 @@ import os
 import random
 import re
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
@@ -55,7 +55,7 @@ _VERDICT = re.compile(r"\[\[\s*(A|B|tie)\s*\]\]", re.IGNORECASE)
 _RATING = re.compile(r"rating\s*:\s*(10|[1-9])\b", re.IGNORECASE)
 
 
-def parse_verdict(text: str) -> Optional[str]:
+def parse_verdict(text: str) -> str | None:
     """``"A"``, ``"B"`` or ``"tie"`` from the judge's last verdict; None when there is none."""
     found = _VERDICT.findall(text or "")
     if not found:
@@ -65,7 +65,7 @@ def parse_verdict(text: str) -> Optional[str]:
     return "tie" if last.lower() == "tie" else last.upper()
 
 
-def parse_rating(text: str) -> Optional[int]:
+def parse_rating(text: str) -> int | None:
     """The ``Rating: N`` (1-10) at the end of a judge reply; None when missing."""
     found = _RATING.findall(text or "")
     return int(found[-1]) if found else None
@@ -80,7 +80,7 @@ def comparison_pairs(n: int) -> List[Tuple[int, int]]:
     return [(i, (i + 1) % n) for i in range(n)]
 
 
-def preference_scores(n: int, outcomes: List[Tuple[int, int, Optional[int]]]) -> List[float]:
+def preference_scores(n: int, outcomes: List[Tuple[int, int, int | None]]) -> List[float]:
     """Scores from ``(i, j, winner)`` outcomes (winner i, j, or None for a tie):
     ``(wins - losses) / comparisons`` per answer, 0.0 for an answer never compared."""
     net = [0.0] * n
@@ -97,7 +97,7 @@ def preference_scores(n: int, outcomes: List[Tuple[int, int, Optional[int]]]) ->
     return [net[k] / seen[k] if seen[k] else 0.0 for k in range(n)]
 
 
-def prompt_from_row(row: Dict[str, Any]) -> Optional[str]:
+def prompt_from_row(row: Dict[str, Any]) -> str | None:
     """The user prompt of a ``{"prompt"}`` row or a WildChat ``conversation`` row."""
     if isinstance(row.get("prompt"), str) and row["prompt"].strip():
         return row["prompt"]
@@ -113,15 +113,15 @@ class RLAIFConfig(BaseEnvConfig):
     """RLAIF settings on top of :class:`BaseEnvConfig`."""
 
     dataset_name: str = Field("allenai/WildChat", description="Hugging Face dataset when no data_path is set.")
-    data_path: Optional[str] = Field(None, description="Local jsonl of {prompt} (or WildChat) rows.")
+    data_path: str | None = Field(None, description="Local jsonl of {prompt} (or WildChat) rows.")
     shuffle_seed: int = Field(42, description="Seed for shuffling prompts and A/B order.")
     eval_holdout: int = Field(16, ge=0, description="Prompts held out for evaluation.")
     judge_criterion: str = Field(
         "Which response is more helpful, honest and warm, while staying concise?",
         description="What the judge prefers: the behaviour being shaped.")
-    judge_base_url: Optional[str] = Field(None, description="OpenAI-compatible judge URL; None = the policy servers.")
+    judge_base_url: str | None = Field(None, description="OpenAI-compatible judge URL; None = the policy servers.")
     judge_model_name: str = Field("default", description="Judge model name.")
-    judge_api_key: Optional[str] = Field(None, description="Judge API key (default: env OPENAI_API_KEY, else 'x').")
+    judge_api_key: str | None = Field(None, description="Judge API key (default: env OPENAI_API_KEY, else 'x').")
     judge_max_tokens: int = Field(512, ge=1, description="Judge reply budget.")
     judge_temperature: float = Field(0.0, description="Judge sampling temperature.")
     max_prompt_chars: int = Field(4000, ge=1, description="Prompts longer than this are skipped.")
@@ -180,7 +180,7 @@ class RLAIFEnv(BaseEnv):
             self.judge = self.server
         logger.info("rlaif: %d train, %d eval prompts; %s", len(self.train), len(self.test), self.skips.summary())
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     async def get_next_item(self) -> Item:
@@ -188,7 +188,7 @@ class RLAIFEnv(BaseEnv):
         self.iter += 1
         return {"prompt": prompt}
 
-    async def ask_judge(self, prompt: str, first: str, second: str) -> Optional[str]:
+    async def ask_judge(self, prompt: str, first: str, second: str) -> str | None:
         """The judge's verdict ("A", "B", "tie") on ``first`` (A) vs ``second`` (B)."""
         content = JUDGE_TEMPLATE.format(criterion=self.config.judge_criterion, prompt=prompt,
                                         a=strip_thinking(first), b=strip_thinking(second))
@@ -202,7 +202,7 @@ class RLAIFEnv(BaseEnv):
 
     async def judge_group(self, prompt: str, answers: List[str]) -> List[float]:
         """Pairwise preference scores for ``answers``."""
-        async def compare(i: int, j: int) -> Tuple[int, int, Optional[int]]:
+        async def compare(i: int, j: int) -> Tuple[int, int, int | None]:
             swap = self.rng.random() < 0.5
             a, b = (j, i) if swap else (i, j)
             verdict = await self.ask_judge(prompt, answers[a], answers[b])
@@ -212,7 +212,7 @@ class RLAIFEnv(BaseEnv):
         outcomes = await asyncio.gather(*(compare(i, j) for i, j in comparison_pairs(len(answers))))
         return preference_scores(len(answers), list(outcomes))
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = [{"role": "user", "content": item["prompt"]}]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
@@ -233,7 +233,7 @@ class RLAIFEnv(BaseEnv):
         start = time.time()
         sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
 
-        async def one(prompt: str) -> Optional[Dict[str, Any]]:
+        async def one(prompt: str) -> Dict[str, Any] | None:
             async with sem:
                 try:
                     out = await self.server.chat_completion(messages=[{"role": "user", "content": prompt}], n=1,
@@ -261,7 +261,7 @@ class RLAIFEnv(BaseEnv):
         await self.evaluate_log(metrics=metrics, samples=samples, start_time=start, end_time=time.time(),
                                 generation_parameters={"temperature": 0.0})
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         metrics["train/judge_unparsed_verdicts"] = self.unparsed_verdicts
         metrics.update(self.eval_metrics)

@@ -25,7 +25,7 @@ import logging
 import re
 import time
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
@@ -108,7 +108,7 @@ def score_tool_calls(text: str, expected: List[Dict[str, Any]]) -> float:
     return 1.0 if same else -1.0
 
 
-def item_from_row(row: Dict[str, Any]) -> Tuple[Optional[Dict[str, Any]], str]:
+def item_from_row(row: Dict[str, Any]) -> Tuple[Dict[str, Any] | None, str]:
     """``(item, "")`` or ``(None, reason)`` for a row of either supported schema."""
     if "conversations" in row:
         turns = row.get("conversations")
@@ -143,9 +143,9 @@ class ToolCallingConfig(BaseEnvConfig):
 
     dataset_name: str = Field("NousResearch/hermes-function-calling-v1",
                               description="Hugging Face dataset when no data_path is set.")
-    dataset_config: Optional[str] = Field("func_calling_singleturn", description="Dataset configuration.")
-    data_path: Optional[str] = Field(None, description="Local jsonl (either supported schema).")
-    eval_data_path: Optional[str] = Field(None, description="Local evaluation jsonl; else a held-out slice.")
+    dataset_config: str | None = Field("func_calling_singleturn", description="Dataset configuration.")
+    data_path: str | None = Field(None, description="Local jsonl (either supported schema).")
+    eval_data_path: str | None = Field(None, description="Local evaluation jsonl; else a held-out slice.")
     eval_holdout: int = Field(50, ge=0, description="Items held out for evaluation when no eval_data_path.")
     shuffle_seed: int = Field(42, description="Seed for shuffling the data.")
     eval_temperature: float = Field(0.0, description="Sampling temperature of evaluation.")
@@ -199,7 +199,7 @@ class SingleToolCallingEnv(BaseEnv):
             raise ValueError(f"tool_calling: no usable training rows ({self.skips.summary()})")
         logger.info("tool_calling: %d train, %d test items; %s", len(self.train), len(self.test), self.skips.summary())
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     async def get_next_item(self) -> Item:
@@ -212,7 +212,7 @@ class SingleToolCallingEnv(BaseEnv):
         """System prompt with the tools, then the request."""
         return [{"role": "system", "content": item["system"]}, {"role": "user", "content": item["query"]}]
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = self.messages_for(item)
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
@@ -235,7 +235,7 @@ class SingleToolCallingEnv(BaseEnv):
         start = time.time()
         sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
 
-        async def one(item: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
             async with sem:
                 try:
                     out = await self.server.chat_completion(messages=self.messages_for(item), n=1, split="eval",
@@ -258,7 +258,7 @@ class SingleToolCallingEnv(BaseEnv):
                                 samples=samples, start_time=start, end_time=time.time(),
                                 generation_parameters={"temperature": self.config.eval_temperature})
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
             metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)

@@ -32,7 +32,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Tuple
 
 from pydantic import Field
 
@@ -112,7 +112,7 @@ def run_tool(call: Dict[str, Any]) -> str:
     return json.dumps({"result": int(value) if float(value).is_integer() else round(value, 6)})
 
 
-def final_number(text: str) -> Optional[float]:
+def final_number(text: str) -> float | None:
     """The number in the last ``\\boxed{}`` after ``</think>`` (commas allowed); None if absent."""
     found = _BOXED.findall(text.split("</think>")[-1])
     if not found:
@@ -123,7 +123,7 @@ def final_number(text: str) -> Optional[float]:
         return None
 
 
-def score_episode(final_text: Optional[str], answer: float, malformed_calls: int, penalty: float) -> float:
+def score_episode(final_text: str | None, answer: float, malformed_calls: int, penalty: float) -> float:
     """+1/-1 for the final answer minus ``penalty`` per malformed call, in [-1, 1]."""
     value = final_number(final_text) if final_text is not None else None
     base = 1.0 if value is not None and math.isclose(value, answer, rel_tol=1e-6, abs_tol=1e-6) else -1.0
@@ -147,7 +147,7 @@ async def run_episode(chat: ChatFn, question: str, max_turns: int, max_tokens_pe
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
     malformed = 0
     tool_calls = 0
-    final_text: Optional[str] = None
+    final_text: str | None = None
     for _ in range(max_turns):
         reply = await chat(messages, max_tokens_per_turn)
         messages.append({"role": "assistant", "content": reply})
@@ -165,7 +165,7 @@ async def run_episode(chat: ChatFn, question: str, max_turns: int, max_tokens_pe
 class MultiTurnToolUseConfig(BaseEnvConfig):
     """Multi-turn tool-use settings on top of :class:`BaseEnvConfig`."""
 
-    data_path: Optional[str] = Field(None, description="Local jsonl of {question, answer}; else generated tasks.")
+    data_path: str | None = Field(None, description="Local jsonl of {question, answer}; else generated tasks.")
     seed: int = Field(0, description="Seed of generated tasks.")
     max_turns: int = Field(4, ge=1, description="Model turns per episode.")
     max_tokens_per_turn: int = Field(256, ge=1, description="Generation budget of one turn.")
@@ -212,7 +212,7 @@ class MultiTurnToolUseEnv(BaseEnv):
             if not self.rows:
                 raise ValueError(f"multiturn_tool_use: no usable rows ({self.skips.summary()})")
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     def task(self, index: int) -> Dict[str, Any]:
@@ -226,7 +226,7 @@ class MultiTurnToolUseEnv(BaseEnv):
         self.iter += 1
         return item
 
-    async def episode_tracked(self, item: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    async def episode_tracked(self, item: Dict[str, Any]) -> Dict[str, Any] | None:
         cfg = self.config
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
@@ -246,7 +246,7 @@ class MultiTurnToolUseEnv(BaseEnv):
         episode.update(tokens=list(node.tokens), masks=list(node.masked_tokens), logprobs=list(node.logprobs))
         return episode
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         episodes = await asyncio.gather(*(self.episode_tracked(item) for _ in range(self.config.group_size)))
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for episode in episodes:
@@ -272,7 +272,7 @@ class MultiTurnToolUseEnv(BaseEnv):
                                                     temperature=cfg.eval_temperature, split="eval")
             return out.choices[0].message.content or ""
 
-        async def one(index: int) -> Optional[Dict[str, Any]]:
+        async def one(index: int) -> Dict[str, Any] | None:
             item = self.task(10_000_000 + index) if not self.rows else self.task(index)
             async with sem:
                 try:
@@ -298,7 +298,7 @@ class MultiTurnToolUseEnv(BaseEnv):
                                 generation_parameters={"temperature": cfg.eval_temperature,
                                                        "max_tokens": cfg.max_tokens_per_turn})
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
             metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)

@@ -49,7 +49,9 @@ class UnknownEnvError(ApiError):
     status_code = 404
 
     def __init__(self, env_id: Any) -> None:
-        super().__init__(f"unknown env_id {env_id!r}: register the environment with /register-env first")
+        super().__init__(
+            f"unknown env_id {env_id!r}: register the environment with /register-env first"
+        )
         self.env_id = env_id
 
     def payload(self) -> dict[str, Any]:
@@ -91,7 +93,9 @@ class GroupInconsistentError(ApiError):
         self.loc = tuple(loc)
 
     def payload(self) -> dict[str, Any]:
-        return {"detail": [{"type": "value_error", "loc": ["body", *self.loc], "msg": self.message}]}
+        return {
+            "detail": [{"type": "value_error", "loc": ["body", *self.loc], "msg": self.message}]
+        }
 
 
 class BodyValidationError(ApiError):
@@ -114,10 +118,16 @@ def error_response(exc: ApiError) -> tuple[int, list[tuple[bytes, bytes]], bytes
     return exc.status_code, headers, json.dumps(exc.payload()).encode()
 
 
-def validation_detail(errors: Sequence[dict[str, Any]], prefix: Sequence[Any] = ("body",)) -> list[dict]:
+def validation_detail(
+    errors: Sequence[dict[str, Any]], prefix: Sequence[Any] = ("body",)
+) -> list[dict]:
     """Turn pydantic errors into FastAPI-style ``detail`` entries (without echoing inputs)."""
     return [
-        {"type": e.get("type", "value_error"), "loc": [*prefix, *e.get("loc", ())], "msg": e.get("msg", "")}
+        {
+            "type": e.get("type", "value_error"),
+            "loc": [*prefix, *e.get("loc", ())],
+            "msg": e.get("msg", ""),
+        }
         for e in errors
     ]
 
@@ -130,7 +140,11 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 async def _request_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     detail = [
-        {"type": e.get("type", "value_error"), "loc": list(e.get("loc", ())), "msg": e.get("msg", "")}
+        {
+            "type": e.get("type", "value_error"),
+            "loc": list(e.get("loc", ())),
+            "msg": e.get("msg", ""),
+        }
         for e in exc.errors()
     ]
     return JSONResponse({"detail": detail}, status_code=422)

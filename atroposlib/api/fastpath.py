@@ -11,7 +11,7 @@ inside the auth, body-limit and gzip middleware, so those apply unchanged.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Dict, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Tuple
 from urllib.parse import parse_qs
 
 from atroposlib.api import handlers
@@ -24,10 +24,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["HotPathMiddleware"]
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-Handler = Callable[[Scope, Receive], Awaitable[Optional[bytes]]]
+Handler = Callable[[Scope, Receive], Awaitable[bytes | None]]
 
 
-async def _read_body(receive: Receive) -> Optional[bytes]:
+async def _read_body(receive: Receive) -> bytes | None:
     """The whole request body, or None when the client went away."""
     chunks = []
     while True:
@@ -39,7 +39,7 @@ async def _read_body(receive: Receive) -> Optional[bytes]:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _query_env_id(scope: Scope) -> Optional[int]:
+def _query_env_id(scope: Scope) -> int | None:
     """``env_id`` from the query string when it is a plain int; None leaves the request to FastAPI."""
     query = scope.get("query_string", b"")
     if not query:
@@ -91,9 +91,18 @@ class HotPathMiddleware:
             status, headers, payload = error_response(e)
         except Exception as e:  # the hot path runs outside FastAPI's error middleware
             logger.exception("unhandled error in the hot path")
-            status, headers, payload = 500, _JSON_HEADERS, f'{{"detail":"internal error: {type(e).__name__}"}}'.encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*headers, (b"content-length", str(len(payload)).encode())]})
+            status, headers, payload = (
+                500,
+                _JSON_HEADERS,
+                f'{{"detail":"internal error: {type(e).__name__}"}}'.encode(),
+            )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [*headers, (b"content-length", str(len(payload)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     def _scored_data(self, body: bytes) -> bytes:

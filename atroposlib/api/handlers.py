@@ -9,7 +9,7 @@ their JSON bytes and kept as canonical JSON (see :func:`incoming`).
 from __future__ import annotations
 
 import json
-from typing import Any, List, Optional, Sequence, TypeVar
+from typing import Any, List, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -22,7 +22,11 @@ __all__ = ["ingest_groups", "incoming", "parse_body", "serve_batch", "status_env
 M = TypeVar("M", bound=BaseModel)
 
 RECEIVED = b'{"status":"received"}'
-NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
+NOT_REGISTERED = {
+    "status": "error",
+    "message": "Trainer not registered. Call /register first.",
+    "batch": [],
+}
 _FIELD_NULLS = {name: b'"%s":null,' % name.encode() for name in ScoredData.model_fields}
 _missing_cache: dict[frozenset, bytes] = {}
 
@@ -36,11 +40,15 @@ def _missing_nulls(present: set) -> bytes:
         if len(_missing_cache) < 4096:
             _missing_cache[key] = nulls
     return nulls
+
+
 _to_json = ScoredData.__pydantic_serializer__.to_json
 
 
 def _invalid(e: ValidationError, prefix: Sequence[Any] = ("body",)) -> BodyValidationError:
-    return BodyValidationError(validation_detail(e.errors(include_url=False, include_input=False), prefix))
+    return BodyValidationError(
+        validation_detail(e.errors(include_url=False, include_input=False), prefix)
+    )
 
 
 def parse_body(model: type[M], body: bytes) -> M:
@@ -51,7 +59,7 @@ def parse_body(model: type[M], body: bytes) -> M:
         raise _invalid(e) from None
 
 
-def incoming(group: ScoredData, loc: tuple = (), raw: Optional[bytes] = None) -> IncomingGroup:
+def incoming(group: ScoredData, loc: tuple = (), raw: bytes | None = None) -> IncomingGroup:
     """Check a validated group and keep it as canonical JSON with every field present.
 
     When the posted bytes are at hand they are kept as they are (strict
@@ -64,7 +72,7 @@ def incoming(group: ScoredData, loc: tuple = (), raw: Optional[bytes] = None) ->
     else:
         missing = _missing_nulls(group.model_fields_set)
         start = raw.index(b"{")  # only JSON whitespace can precede it: validation passed
-        body = b"".join((b"{", missing, memoryview(raw)[start + 1:])) if missing else raw.strip()
+        body = b"".join((b"{", missing, memoryview(raw)[start + 1 :])) if missing else raw.strip()
     return IncomingGroup(env_id=group.env_id, size=len(group.tokens), body=body)
 
 

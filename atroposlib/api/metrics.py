@@ -15,8 +15,10 @@ Sample = Tuple[str, float]
 
 def _family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> List[str]:
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    lines.extend(f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
-                 for labels, value in samples)
+    lines.extend(
+        f"{name}{labels} {value:g}" if isinstance(value, float) else f"{name}{labels} {value}"
+        for labels, value in samples
+    )
     return lines
 
 
@@ -29,30 +31,79 @@ def render_metrics(store: RolloutStore) -> str:
     per_env = sorted(store.queue.per_env.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
     c = store.counters
     lines: List[str] = []
-    lines += _family("atropos_queue_groups", "gauge", "Groups waiting on the queue, per env.",
-                     [(_env_label(e), s.groups) for e, s in per_env])
-    lines += _family("atropos_queue_sequences", "gauge", "Sequences waiting on the queue, per env.",
-                     [(_env_label(e), s.sequences) for e, s in per_env])
-    lines += _family("atropos_queue_bytes", "gauge", "Bytes of queued groups, per env.",
-                     [(_env_label(e), s.nbytes) for e, s in per_env])
-    lines += _family("atropos_buffer_groups", "gauge", "Odd-sized groups buffered, per env.",
-                     [(_env_label(i), len(store.buffered(i))) for i in range(len(store.envs))])
-    lines += _family("atropos_queue_bytes_total", "gauge", "Bytes of queued and buffered groups.",
-                     [("", store.queued_bytes)])
-    lines += _family("atropos_queue_limit_bytes", "gauge", "Queue budget (--max-queue-mb) in bytes.",
-                     [("", store.max_queue_bytes)])
-    lines += _family("atropos_groups_ingested_total", "counter", "Groups accepted.",
-                     [("", c["groups_ingested"])])
-    lines += _family("atropos_sequences_ingested_total", "counter", "Sequences accepted.",
-                     [("", c["sequences_ingested"])])
-    lines += _family("atropos_batches_served_total", "counter", "Batches served by /batch.",
-                     [("", c["batches_served"])])
-    lines += _family("atropos_sequences_served_total", "counter", "Sequences served by /batch.",
-                     [("", c["sequences_served"])])
-    lines += _family("atropos_rejected_total", "counter", "Posts rejected, per reason.",
-                     [('{reason="queue_full"}', c["rejected_queue_full"])])
-    lines += _family("atropos_step", "gauge", "Trainer step counter (batches served).", [("", store.step)])
-    lines += _family("atropos_envs_registered", "gauge", "Environments registered.", [("", len(store.envs))])
-    lines += _family("atropos_envs_connected", "gauge", "Environments connected.",
-                     [("", sum(1 for e in store.envs if e.connected))])
+    lines += _family(
+        "atropos_queue_groups",
+        "gauge",
+        "Groups waiting on the queue, per env.",
+        [(_env_label(e), s.groups) for e, s in per_env],
+    )
+    lines += _family(
+        "atropos_queue_sequences",
+        "gauge",
+        "Sequences waiting on the queue, per env.",
+        [(_env_label(e), s.sequences) for e, s in per_env],
+    )
+    lines += _family(
+        "atropos_queue_bytes",
+        "gauge",
+        "Bytes of queued groups, per env.",
+        [(_env_label(e), s.nbytes) for e, s in per_env],
+    )
+    lines += _family(
+        "atropos_buffer_groups",
+        "gauge",
+        "Odd-sized groups buffered, per env.",
+        [(_env_label(i), len(store.buffered(i))) for i in range(len(store.envs))],
+    )
+    lines += _family(
+        "atropos_queue_bytes_total",
+        "gauge",
+        "Bytes of queued and buffered groups.",
+        [("", store.queued_bytes)],
+    )
+    lines += _family(
+        "atropos_queue_limit_bytes",
+        "gauge",
+        "Queue budget (--max-queue-mb) in bytes.",
+        [("", store.max_queue_bytes)],
+    )
+    lines += _family(
+        "atropos_groups_ingested_total", "counter", "Groups accepted.", [("", c["groups_ingested"])]
+    )
+    lines += _family(
+        "atropos_sequences_ingested_total",
+        "counter",
+        "Sequences accepted.",
+        [("", c["sequences_ingested"])],
+    )
+    lines += _family(
+        "atropos_batches_served_total",
+        "counter",
+        "Batches served by /batch.",
+        [("", c["batches_served"])],
+    )
+    lines += _family(
+        "atropos_sequences_served_total",
+        "counter",
+        "Sequences served by /batch.",
+        [("", c["sequences_served"])],
+    )
+    lines += _family(
+        "atropos_rejected_total",
+        "counter",
+        "Posts rejected, per reason.",
+        [('{reason="queue_full"}', c["rejected_queue_full"])],
+    )
+    lines += _family(
+        "atropos_step", "gauge", "Trainer step counter (batches served).", [("", store.step)]
+    )
+    lines += _family(
+        "atropos_envs_registered", "gauge", "Environments registered.", [("", len(store.envs))]
+    )
+    lines += _family(
+        "atropos_envs_connected",
+        "gauge",
+        "Environments connected.",
+        [("", sum(1 for e in store.envs if e.connected))],
+    )
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ import hmac
 import json
 import logging
 import zlib
-from typing import Any, Awaitable, Callable, Iterable, MutableMapping, Optional
+from typing import Any, Awaitable, Callable, Iterable, MutableMapping
 
 logger = logging.getLogger(__name__)
 
@@ -19,21 +19,35 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def _send_error(send: Send, status: int, payload: Any, headers: Iterable[tuple[bytes, bytes]] = (),
-                      text: bool = False) -> None:
+async def _send_error(
+    send: Send,
+    status: int,
+    payload: Any,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+    text: bool = False,
+) -> None:
     body = payload.encode() if text else json.dumps(payload).encode()
     content_type = b"text/plain; charset=utf-8" if text else b"application/json"
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
 class BearerAuthMiddleware:
     """Require ``Authorization: Bearer KEY`` on every path except the open ones (401 otherwise)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/", "/health")) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/", "/health")
+    ) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
         self._open = frozenset(open_paths)
@@ -50,8 +64,12 @@ class BearerAuthMiddleware:
         if hmac.compare_digest(given, self._expected):
             await self.app(scope, receive, send)
             return
-        await _send_error(send, 401, {"detail": "missing or invalid API key: send 'Authorization: Bearer <key>'"},
-                          headers=[(b"www-authenticate", b"Bearer")])
+        await _send_error(
+            send,
+            401,
+            {"detail": "missing or invalid API key: send 'Authorization: Bearer <key>'"},
+            headers=[(b"www-authenticate", b"Bearer")],
+        )
 
 
 class _BodyTooLarge(Exception):
@@ -69,7 +87,7 @@ class RequestBodyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length: Optional[int] = None
+        length: int | None = None
         gzipped = False
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -89,10 +107,16 @@ class RequestBodyMiddleware:
         await self._buffered(scope, receive, send, inflate=gzipped)
 
     async def _too_large(self, send: Send, size: int) -> None:
-        await _send_error(send, 413, {"detail": f"request body of {size} bytes exceeds the limit of "
-                                                f"{self.max_bytes} bytes (run-api --max-request-mb)"})
+        await _send_error(
+            send,
+            413,
+            {
+                "detail": f"request body of {size} bytes exceeds the limit of "
+                f"{self.max_bytes} bytes (run-api --max-request-mb)"
+            },
+        )
 
-    async def _read_all(self, receive: Receive) -> Optional[bytes]:
+    async def _read_all(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -116,7 +140,9 @@ class RequestBodyMiddleware:
             return
         if body is None:
             return
-        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
+        headers = [
+            (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
+        ]
         if inflate:
             inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
             try:

@@ -7,7 +7,7 @@ checks the original skipped (counts and per-sequence lengths must agree).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -24,6 +24,9 @@ __all__ = [
 
 # Strict: the stored JSON is the posted JSON, so `1.0` or `"1"` where an int belongs must be
 # rejected rather than coerced. Infinity/NaN round-trip as they did through the original's json module.
+# Bounds keep the status arithmetic (int * float) finite; far above any real value.
+_MAX_INT = 2**53
+
 _WIRE_CONFIG = ConfigDict(strict=True, ser_json_inf_nan="constants", extra="ignore")
 
 
@@ -32,22 +35,36 @@ class Registration(BaseModel):
 
     wandb_group: str = Field(..., description="W&B group the environments should join.")
     wandb_project: str = Field(..., description="W&B project the environments should join.")
-    batch_size: int = Field(..., description="Sequences per training batch served by /batch.")
-    max_token_len: int = Field(..., description="Maximum sequence length the trainer accepts.")
+    batch_size: int = Field(
+        ..., le=_MAX_INT, description="Sequences per training batch served by /batch."
+    )
+    max_token_len: int = Field(
+        ..., le=_MAX_INT, description="Maximum sequence length the trainer accepts."
+    )
     checkpoint_dir: str = Field(..., description="Where the trainer writes checkpoints.")
-    save_checkpoint_interval: int = Field(..., description="Trainer steps between checkpoints.")
-    starting_step: int = Field(..., description="Step counter value to start from.")
-    num_steps: int = Field(..., description="Total number of trainer steps planned.")
+    save_checkpoint_interval: int = Field(
+        ..., le=_MAX_INT, description="Trainer steps between checkpoints."
+    )
+    starting_step: int = Field(
+        ..., ge=-_MAX_INT, le=_MAX_INT, description="Step counter value to start from."
+    )
+    num_steps: int = Field(..., le=_MAX_INT, description="Total number of trainer steps planned.")
 
 
 class RegisterEnv(BaseModel):
     """An environment's registration (``POST /register-env``)."""
 
-    max_token_length: int = Field(..., ge=0, description="The env's maximum context length.")
-    desired_name: str = Field(..., description="Base name; the API appends `_<n>` to make it unique.")
+    max_token_length: int = Field(
+        ..., ge=0, le=_MAX_INT, description="The env's maximum context length."
+    )
+    desired_name: str = Field(
+        ..., description="Base name; the API appends `_<n>` to make it unique."
+    )
     weight: float = Field(..., description="Relative inference weight of this env.")
-    group_size: int = Field(..., ge=1, description="Sequences per group this env sends.")
-    min_batch_allocation: Optional[float] = Field(
+    group_size: int = Field(
+        ..., ge=1, le=_MAX_INT, description="Sequences per group this env sends."
+    )
+    min_batch_allocation: float | None = Field(
         None, ge=0.0, le=1.0, description="Minimum fraction of every batch reserved for this env."
     )
 
@@ -63,34 +80,38 @@ class ScoredData(BaseModel):
 
     model_config = _WIRE_CONFIG
 
-    tokens: List[List[int]] = Field(..., min_length=1, description="Token ids, one list per sequence.")
-    masks: List[List[int]] = Field(..., description="-100 where no loss is taken, the token id elsewhere.")
+    tokens: List[List[int]] = Field(
+        ..., min_length=1, description="Token ids, one list per sequence."
+    )
+    masks: List[List[int]] = Field(
+        ..., description="-100 where no loss is taken, the token id elsewhere."
+    )
     scores: List[float] = Field(..., description="One score per sequence.")
-    advantages: Optional[List[List[float]]] = Field(None, description="Optional per-token advantages.")
-    ref_logprobs: Optional[List[List[float]]] = Field(None, description="Optional reference logprobs.")
-    messages: Optional[List[List[Dict[str, Any]]]] = Field(
+    advantages: List[List[float]] | None = Field(None, description="Optional per-token advantages.")
+    ref_logprobs: List[List[float]] | None = Field(None, description="Optional reference logprobs.")
+    messages: List[List[Dict[str, Any]]] | None = Field(
         None, description="Optional chat messages per sequence; each needs `role` and `content`."
     )
-    generation_params: Optional[Dict[str, Any]] = Field(None, description="e.g. {'temperature': 0.8}.")
-    inference_logprobs: Optional[List[List[float]]] = Field(
+    generation_params: Dict[str, Any] | None = Field(None, description="e.g. {'temperature': 0.8}.")
+    inference_logprobs: List[List[float]] | None = Field(
         None, description="Per-token logprobs from inference, 1.0 at prompt positions."
     )
-    overrides: Optional[List[dict]] = Field(None, description="Per-sequence overrides.")
-    group_overrides: Optional[dict] = Field(None, description="Group-level overrides.")
-    images: Optional[Any] = Field(None, description="Optional images (e.g. base64 strings).")
-    env_id: Optional[int] = Field(None, description="Set by BaseEnv: the sender's env id.")
-    distill_token_ids: Optional[List[List[List[int]]]] = Field(
+    overrides: List[dict] | None = Field(None, description="Per-sequence overrides.")
+    group_overrides: dict | None = Field(None, description="Group-level overrides.")
+    images: Any | None = Field(None, description="Optional images (e.g. base64 strings).")
+    env_id: int | None = Field(None, description="Set by BaseEnv: the sender's env id.")
+    distill_token_ids: List[List[List[int]]] | None = Field(
         None, description="Teacher top-k token ids, [seq][pos][k]."
     )
-    distill_logprobs: Optional[List[List[List[float]]]] = Field(
+    distill_logprobs: List[List[List[float]]] | None = Field(
         None, description="Teacher top-k logprobs, [seq][pos][k]."
     )
 
     @field_validator("messages")
     @classmethod
     def _messages_have_role_and_content(
-        cls, value: Optional[List[List[Dict[str, Any]]]]
-    ) -> Optional[List[List[Dict[str, Any]]]]:
+        cls, value: List[List[Dict[str, Any]]] | None
+    ) -> List[List[Dict[str, Any]]] | None:
         if value is None:
             return value
         for i, conversation in enumerate(value):
@@ -117,7 +138,8 @@ def check_group_consistency(group: ScoredData, loc_prefix: tuple = ()) -> None:
     n = len(tokens)
     if len(group.scores) != n:
         raise GroupInconsistentError(
-            loc_prefix + ("scores",), f"scores has {len(group.scores)} entries but tokens has {n} sequences"
+            loc_prefix + ("scores",),
+            f"scores has {len(group.scores)} entries but tokens has {n} sequences",
         )
     for name in _PER_TOKEN_FIELDS:
         rows = getattr(group, name)
@@ -127,7 +149,7 @@ def check_group_consistency(group: ScoredData, loc_prefix: tuple = ()) -> None:
             raise GroupInconsistentError(
                 loc_prefix + (name,), f"{name} has {len(rows)} sequences but tokens has {n}"
             )
-        for i, (row, seq) in enumerate(zip(rows, tokens)):
+        for i, (row, seq) in enumerate(zip(rows, tokens, strict=True)):
             if len(row) != len(seq):
                 raise GroupInconsistentError(
                     loc_prefix + (name, i),

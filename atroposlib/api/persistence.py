@@ -18,7 +18,7 @@ import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Sequence
 
 from atroposlib.api.errors import StorageError
 
@@ -43,10 +43,10 @@ class GroupRow:
     """One stored group: its queue position, sender, sequence count and canonical JSON."""
 
     seq: int
-    env_id: Optional[int]
+    env_id: int | None
     size: int
     buffered: bool
-    body: Optional[bytes]
+    body: bytes | None
     nbytes: int = 0
 
 
@@ -66,7 +66,9 @@ class SqlitePersistence:
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self._conn = sqlite3.connect(
+                str(self.path), isolation_level=None, check_same_thread=False
+            )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
@@ -78,11 +80,15 @@ class SqlitePersistence:
         state = PersistedState()
         for key, value in self._conn.execute("SELECT key, value FROM meta"):
             state.meta[key] = json.loads(value)
-        rows = self._conn.execute("SELECT seq, env_id, size, buffered, length(body) FROM groups ORDER BY seq")
-        state.groups = [GroupRow(seq, env_id, size, bool(buf), None, n) for seq, env_id, size, buf, n in rows]
+        rows = self._conn.execute(
+            "SELECT seq, env_id, size, buffered, length(body) FROM groups ORDER BY seq"
+        )
+        state.groups = [
+            GroupRow(seq, env_id, size, bool(buf), None, n) for seq, env_id, size, buf, n in rows
+        ]
         return state
 
-    def body(self, seq: int) -> Optional[bytes]:
+    def body(self, seq: int) -> bytes | None:
         """The stored JSON of one group."""
         row = self._conn.execute("SELECT body FROM groups WHERE seq = ?", (seq,)).fetchone()
         return bytes(row[0]) if row else None
@@ -120,7 +126,7 @@ class SqlitePersistence:
         insert: Iterable[GroupRow] = (),
         move_to_queue: Sequence[tuple[int, int]] = (),
         delete: Sequence[int] = (),
-        meta: Optional[dict[str, Any]] = None,
+        meta: dict[str, Any] | None = None,
         clear_groups: bool = False,
     ) -> None:
         """Apply one atomic change: insert groups, re-number buffered groups onto the queue, delete, set meta."""
@@ -134,8 +140,10 @@ class SqlitePersistence:
                 [(r.seq, r.env_id, r.size, int(r.buffered), r.body) for r in insert],
             )
             if move_to_queue:
-                conn.executemany("UPDATE groups SET seq = ?, buffered = 0 WHERE seq = ?",
-                                 [(new, old) for old, new in move_to_queue])
+                conn.executemany(
+                    "UPDATE groups SET seq = ?, buffered = 0 WHERE seq = ?",
+                    [(new, old) for old, new in move_to_queue],
+                )
             if delete:
                 conn.executemany("DELETE FROM groups WHERE seq = ?", [(s,) for s in delete])
             if meta:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List
 
 from atroposlib.api.utils import grab_batch_with_minimum_allocations
 
@@ -28,8 +28,9 @@ class StoredGroup:
 
     __slots__ = ("seq", "env_id", "size", "body", "nbytes")
 
-    def __init__(self, seq: int, env_id: Optional[int], size: int, body: Optional[bytes],
-                 nbytes: Optional[int] = None) -> None:
+    def __init__(
+        self, seq: int, env_id: int | None, size: int, body: bytes | None, nbytes: int | None = None
+    ) -> None:
         self.seq = seq
         self.env_id = env_id
         self.size = size
@@ -69,7 +70,7 @@ class GroupQueue:
     def __init__(self) -> None:
         self._order: Dict[int, StoredGroup] = {}
         self._buckets: Dict[int, deque] = {}
-        self.per_env: Dict[Optional[int], EnvQueueStats] = {}
+        self.per_env: Dict[int | None, EnvQueueStats] = {}
         self.sequences = 0
         self.nbytes = 0
 
@@ -104,7 +105,7 @@ class GroupQueue:
         del self._order[g.seq]
         self._count(g, -1)
 
-    def pop_batch(self, batch_size: int) -> Optional[List[StoredGroup]]:
+    def pop_batch(self, batch_size: int) -> List[StoredGroup] | None:
         """Remove and return the oldest exact batch (FIFO pack order), or None."""
         if batch_size <= 0 or self.sequences < batch_size:
             return None
@@ -143,13 +144,15 @@ class GroupQueue:
 
     def pop_batch_with_minimums(
         self, batch_size: int, env_configs: List[Dict[str, Any]]
-    ) -> Optional[List[StoredGroup]]:
+    ) -> List[StoredGroup] | None:
         """Remove and return a batch honouring per-env minimum allocations, or None.
 
         Delegates the choice to :func:`grab_batch_with_minimum_allocations` on
         light stand-ins of the queue, so it costs O(queue) per batch.
         """
-        proxies = [{"tokens": range(g.size), "env_id": g.env_id, "_g": g} for g in self._order.values()]
+        proxies = [
+            {"tokens": range(g.size), "env_id": g.env_id, "_g": g} for g in self._order.values()
+        ]
         batch, _ = grab_batch_with_minimum_allocations(proxies, batch_size, env_configs)
         if batch is None:
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -34,8 +34,18 @@ __all__ = ["MIN_ENV_WEIGHT", "RolloutAPI", "create_app"]
 
 _JSON = "application/json"
 _PLACEHOLDER_EXAMPLE = {
-    key: [] for key in ("tokens", "masks", "scores", "advantages", "ref_logprobs", "generation_params",
-                        "inference_logprobs", "messages", "images")
+    key: []
+    for key in (
+        "tokens",
+        "masks",
+        "scores",
+        "advantages",
+        "ref_logprobs",
+        "generation_params",
+        "inference_logprobs",
+        "messages",
+        "images",
+    )
 }
 
 
@@ -72,12 +82,17 @@ class RolloutAPI(FastAPI):
         if settings.api_key:
             app = BearerAuthMiddleware(app, api_key=settings.api_key)
         if settings.cors_origins:
-            app = CORSMiddleware(app, allow_origins=settings.cors_origins, allow_methods=["*"],
-                                 allow_headers=["*"], allow_credentials=True)
+            app = CORSMiddleware(
+                app,
+                allow_origins=settings.cors_origins,
+                allow_methods=["*"],
+                allow_headers=["*"],
+                allow_credentials=True,
+            )
         return app
 
 
-def create_app(settings: Optional[APISettings] = None, store: Optional[RolloutStore] = None) -> FastAPI:
+def create_app(settings: APISettings | None = None, store: RolloutStore | None = None) -> FastAPI:
     """Build the API app around one :class:`RolloutStore` (made from ``settings`` when not given)."""
     settings = settings or APISettings()
     if store is None:
@@ -89,8 +104,13 @@ def create_app(settings: Optional[APISettings] = None, store: Optional[RolloutSt
         yield
         store.close()
 
-    app = RolloutAPI(settings=settings, store=store, title="AtroposLib API", lifespan=lifespan,
-                     telemetry={"tracing": False, "metrics": False})
+    app = RolloutAPI(
+        settings=settings,
+        store=store,
+        title="AtroposLib API",
+        lifespan=lifespan,
+        telemetry={"tracing": False, "metrics": False},
+    )
     install_error_handlers(app)
     _add_routes(app, store)
     return app
@@ -119,7 +139,9 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
     @app.post("/register", openapi_extra=_body_of(Registration))
     async def register(request: Request) -> dict:
         """Register the trainer. Only the first call since start or reset sets the config."""
-        return {"uuid": store.register_trainer(handlers.parse_body(Registration, await request.body()))}
+        return {
+            "uuid": store.register_trainer(handlers.parse_body(Registration, await request.body()))
+        }
 
     @app.post("/register-env", openapi_extra=_body_of(RegisterEnv))
     async def register_env(request: Request) -> dict:
@@ -172,14 +194,21 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
 
     @app.get("/status-env")
     async def status_env(
-        request: Request, env_id: Optional[int] = Query(None, description="The asking env's id.")
+        request: Request, env_id: int | None = Query(None, description="The asking env's id.")
     ) -> Response:
         """An env's throttling signal; ``env_id`` as query parameter or (old clients) JSON body."""
         if env_id is None:
             body = await request.body()
             if not body.strip():
-                raise BodyValidationError([{"type": "missing", "loc": ["query", "env_id"],
-                                            "msg": "env_id is required: GET /status-env?env_id=N"}])
+                raise BodyValidationError(
+                    [
+                        {
+                            "type": "missing",
+                            "loc": ["query", "env_id"],
+                            "msg": "env_id is required: GET /status-env?env_id=N",
+                        }
+                    ]
+                )
             env_id = handlers.parse_body(EnvIdentifier, body).env_id
         return _json(handlers.status_env(store, env_id))
 

@@ -6,7 +6,7 @@ Values come from ``run-api`` flags or, for ``uvicorn atroposlib.api:app``, from
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,19 +19,28 @@ class APISettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ATROPOS_", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="Address to bind. Use 0.0.0.0 to accept remote environments.")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
-    reload: bool = Field(False, description="Restart the server when the code changes (development).")
-    persist: Optional[str] = Field(
-        None, description="SQLite file keeping queue, envs, registration and step across restarts (WAL mode)."
+    host: str = Field(
+        "127.0.0.1", description="Address to bind. Use 0.0.0.0 to accept remote environments."
     )
-    api_key: Optional[str] = Field(
+    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    reload: bool = Field(
+        False, description="Restart the server when the code changes (development)."
+    )
+    persist: str | None = Field(
+        None,
+        description="SQLite file keeping queue, envs, registration and step across restarts (WAL mode).",
+    )
+    api_key: str | None = Field(
         None, description="Require 'Authorization: Bearer KEY' on every endpoint but / and /health."
     )
     max_queue_mb: float = Field(
-        1024, gt=0, description="Queue budget in MiB; above it /scored_data answers 503 with Retry-After."
+        1024,
+        gt=0,
+        description="Queue budget in MiB; above it /scored_data answers 503 with Retry-After.",
     )
-    max_request_mb: float = Field(256, gt=0, description="Largest accepted request body in MiB (413 above).")
+    max_request_mb: float = Field(
+        256, gt=0, description="Largest accepted request body in MiB (413 above)."
+    )
     cors_origins: List[str] = Field(
         default_factory=list, description="Origins allowed by CORS (repeatable); none by default."
     )

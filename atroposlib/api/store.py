@@ -14,7 +14,7 @@ import math
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Sequence
 
 from atroposlib.api.errors import QueueFullError, StorageError, UnknownEnvError
 from atroposlib.api.models import RegisterEnv, Registration
@@ -43,7 +43,7 @@ class EnvRecord:
     registered_id: int
     last_update: float
     connected: bool
-    min_batch_allocation: Optional[float]
+    min_batch_allocation: float | None
     group_size: int
 
 
@@ -51,7 +51,7 @@ class EnvRecord:
 class IncomingGroup:
     """A validated group ready to store: sender, sequence count, canonical JSON bytes."""
 
-    env_id: Optional[int]
+    env_id: int | None
     size: int
     body: bytes
 
@@ -67,21 +67,24 @@ class IngestOutcome:
 class RolloutStore:
     """Queue, env registry, trainer registration and step counter of one API server."""
 
-    def __init__(self, max_queue_bytes: int, persistence: Optional[SqlitePersistence] = None) -> None:
+    def __init__(self, max_queue_bytes: int, persistence: SqlitePersistence | None = None) -> None:
         self.max_queue_bytes = max_queue_bytes
         self._db = persistence
         self.queue = GroupQueue()
         self._buffers: Dict[int, List[StoredGroup]] = {}
         self._buffer_bytes = 0
         self._next_seq = 1
-        self.latest: Optional[bytes] = None
+        self.latest: bytes | None = None
         self.counters: Dict[str, int] = {
-            "groups_ingested": 0, "sequences_ingested": 0, "batches_served": 0,
-            "sequences_served": 0, "rejected_queue_full": 0,
+            "groups_ingested": 0,
+            "sequences_ingested": 0,
+            "batches_served": 0,
+            "sequences_served": 0,
+            "rejected_queue_full": 0,
         }
         self._reset_registration()
         self.max_token_len = -1
-        self.checkpoint_dir: Optional[str] = None
+        self.checkpoint_dir: str | None = None
         self.save_checkpoint_interval = -1
         if self._db is not None:
             self._restore()
@@ -93,18 +96,24 @@ class RolloutStore:
         self.step = 0
         self.requesters: List[int] = []
         self.envs: List[EnvRecord] = []
-        self.wandb_group: Optional[str] = None
-        self.wandb_project: Optional[str] = None
+        self.wandb_group: str | None = None
+        self.wandb_project: str | None = None
         self.batch_size = -1
         self.num_steps = -1
 
     def _meta(self) -> Dict[str, Any]:
         return {
-            "registered": self.registered, "started": self.started, "step": self.step,
-            "requesters": [str(r) for r in self.requesters], "envs": [asdict(e) for e in self.envs],
-            "wandb_group": self.wandb_group, "wandb_project": self.wandb_project,
-            "batch_size": self.batch_size, "num_steps": self.num_steps,
-            "max_token_len": self.max_token_len, "checkpoint_dir": self.checkpoint_dir,
+            "registered": self.registered,
+            "started": self.started,
+            "step": self.step,
+            "requesters": [str(r) for r in self.requesters],
+            "envs": [asdict(e) for e in self.envs],
+            "wandb_group": self.wandb_group,
+            "wandb_project": self.wandb_project,
+            "batch_size": self.batch_size,
+            "num_steps": self.num_steps,
+            "max_token_len": self.max_token_len,
+            "checkpoint_dir": self.checkpoint_dir,
             "save_checkpoint_interval": self.save_checkpoint_interval,
         }
 
@@ -113,15 +122,25 @@ class RolloutStore:
         state = self._db.load()
         meta = state.meta.get(_META_KEY)
         if meta:
-            for key in ("registered", "started", "step", "wandb_group", "wandb_project", "batch_size",
-                        "num_steps", "max_token_len", "checkpoint_dir", "save_checkpoint_interval"):
+            for key in (
+                "registered",
+                "started",
+                "step",
+                "wandb_group",
+                "wandb_project",
+                "batch_size",
+                "num_steps",
+                "max_token_len",
+                "checkpoint_dir",
+                "save_checkpoint_interval",
+            ):
                 setattr(self, key, meta[key])
             self.requesters = [int(r) for r in meta["requesters"]]
             self.envs = [EnvRecord(**e) for e in meta["envs"]]
         self.queue.clear()
         self._buffers.clear()
         self._buffer_bytes = 0
-        last_queued: Optional[int] = None
+        last_queued: int | None = None
         for row in state.groups:
             g = StoredGroup(row.seq, row.env_id, row.size, None, row.nbytes)
             if row.buffered and row.env_id is not None:
@@ -133,8 +152,13 @@ class RolloutStore:
             self._next_seq = max(self._next_seq, row.seq + 1)
         if last_queued is not None:
             self.latest = self._db.body(last_queued)
-        logger.info("restored %d queued groups, %d envs, step %d from %s",
-                    len(self.queue), len(self.envs), self.step, self._db.path)
+        logger.info(
+            "restored %d queued groups, %d envs, step %d from %s",
+            len(self.queue),
+            len(self.envs),
+            self.step,
+            self._db.path,
+        )
 
     def _commit(self, **changes: Any) -> None:
         """Persist one change; on failure reload the durable state so memory matches it."""
@@ -162,7 +186,11 @@ class RolloutStore:
 
     def env(self, env_id: Any) -> EnvRecord:
         """The record of ``env_id``; :class:`UnknownEnvError` when there is none."""
-        if not isinstance(env_id, int) or isinstance(env_id, bool) or not 0 <= env_id < len(self.envs):
+        if (
+            not isinstance(env_id, int)
+            or isinstance(env_id, bool)
+            or not 0 <= env_id < len(self.envs)
+        ):
             raise UnknownEnvError(env_id)
         return self.envs[env_id]
 
@@ -183,23 +211,33 @@ class RolloutStore:
         self._commit(meta={_META_KEY: self._meta()})
         return requester
 
-    def register_env(self, req: RegisterEnv) -> Optional[Dict[str, Any]]:
+    def register_env(self, req: RegisterEnv) -> Dict[str, Any] | None:
         """Add an env record; None while the trainer has not polled /batch yet."""
         if not self.started:
             return None
         same_name = sum(1 for e in self.envs if e.desired_name == req.desired_name)
         env_id = len(self.envs)
         record = EnvRecord(
-            max_context_len=req.max_token_length, weight=req.weight, desired_name=req.desired_name,
-            real_name=f"{req.desired_name}_{same_name}", registered_id=env_id, last_update=time.time(),
-            connected=True, min_batch_allocation=req.min_batch_allocation, group_size=req.group_size,
+            max_context_len=req.max_token_length,
+            weight=req.weight,
+            desired_name=req.desired_name,
+            real_name=f"{req.desired_name}_{same_name}",
+            registered_id=env_id,
+            last_update=time.time(),
+            connected=True,
+            min_batch_allocation=req.min_batch_allocation,
+            group_size=req.group_size,
         )
         self.envs.append(record)
         self._commit(meta={_META_KEY: self._meta()})
         return {
-            "status": "success", "env_id": env_id, "wandb_name": record.real_name,
-            "checkpoint_dir": self.checkpoint_dir, "starting_step": self.step,
-            "checkpoint_interval": self.save_checkpoint_interval, "num_steps": self.num_steps,
+            "status": "success",
+            "env_id": env_id,
+            "wandb_name": record.real_name,
+            "checkpoint_dir": self.checkpoint_dir,
+            "starting_step": self.step,
+            "checkpoint_interval": self.save_checkpoint_interval,
+            "num_steps": self.num_steps,
         }
 
     def disconnect_env(self, env_id: int) -> None:
@@ -247,9 +285,9 @@ class RolloutStore:
                 continue
             inserts.append(GroupRow(stored.seq, g.env_id, g.size, True, g.body))
             outcomes.append(IngestOutcome("buffered", self._buffer(stored, target, moves)))
+        self._commit(insert=inserts, move_to_queue=moves)
         self.counters["groups_ingested"] += len(groups)
         self.counters["sequences_ingested"] += sum(g.size for g in groups)
-        self._commit(insert=inserts, move_to_queue=moves)
         if self._db is not None:
             for stored in created:  # the database holds the bytes now; memory keeps the ints
                 stored.body = None
@@ -264,8 +302,13 @@ class RolloutStore:
         """Buffer an odd-sized group; flush buffered groups that add up to ``target``."""
         assert g.env_id is not None
         if g.size > target:
-            logger.warning("env %d sent a group of %d sequences, larger than its group_size %d: "
-                           "it stays buffered until the group size grows", g.env_id, g.size, target)
+            logger.warning(
+                "env %d sent a group of %d sequences, larger than its group_size %d: "
+                "it stays buffered until the group size grows",
+                g.env_id,
+                g.size,
+                target,
+            )
         buf = self._buffers.setdefault(g.env_id, [])
         buf.append(g)
         self._buffer_bytes += g.nbytes
@@ -285,7 +328,7 @@ class RolloutStore:
         return sum(b.size for b in buf)
 
     # ------------------------------------------------------------- batches
-    def next_batch(self) -> Optional[List[bytes]]:
+    def next_batch(self) -> List[bytes] | None:
         """Mark the trainer started and serve the oldest full batch (None when not enough data)."""
         newly_started = not self.started
         self.started = True
@@ -317,14 +360,22 @@ class RolloutStore:
     def env_status(self, env_id: int) -> Dict[str, Any]:
         """The throttling signal of one env (SPEC §2.7), in O(number of envs)."""
         if not self.registered:
-            return {"current_step": self.step, "queue_size": 0, "unallocated_fraction": 1.0,
-                    "self_queue_size": 0, "max_group_size": 1, "env_weight": 1.0}
+            return {
+                "current_step": self.step,
+                "queue_size": 0,
+                "unallocated_fraction": 1.0,
+                "self_queue_size": 0,
+                "max_group_size": 1,
+                "env_weight": 1.0,
+            }
         me = self.env(env_id)
         connected = [e for e in self.envs if e.connected]
         total = sum(e.max_context_len * max(0.0, e.weight) for e in connected)
         share = me.max_context_len * me.weight / total if total > 0 else 0.0
         env_weight = max(MIN_ENV_WEIGHT, share)
-        allocated = sum(e.min_batch_allocation for e in connected if e.min_batch_allocation is not None)
+        allocated = sum(
+            e.min_batch_allocation for e in connected if e.min_batch_allocation is not None
+        )
         unallocated = 1.0 - min(allocated, 1.0)
         max_group = max(1, self.queue.max_group_size)
         mine = self.queue.per_env.get(env_id)

@@ -14,7 +14,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 __all__ = [
     "find_groups_summing_to_target",
@@ -47,28 +47,29 @@ def find_groups_summing_to_target(buffer: List[Group], target_size: int) -> List
             total += size
             if total == target_size:
                 return chosen
-    n = len(sizes)
-    # reachable[i][s]: can the first i groups make s exactly?
-    reachable = [[False] * (target_size + 1) for _ in range(n + 1)]
-    reachable[0][0] = True
-    for i in range(1, n + 1):
-        size = sizes[i - 1]
-        prev, cur = reachable[i - 1], reachable[i]
-        for s in range(target_size + 1):
-            cur[s] = prev[s] or (s >= size and prev[s - size])
-    if not reachable[n][target_size]:
+    if sum(sizes) < target_size:
+        return []  # no subset can reach it; also bounds the search below by the data at hand
+    # reachable[i] has bit s set when some subset of the first i groups sums to s.
+    mask = (1 << (target_size + 1)) - 1
+    reachable = [1]
+    for size in sizes:
+        prev = reachable[-1]
+        reachable.append((prev | (prev << size)) & mask)
+    if not reachable[-1] >> target_size & 1:
         return []
     picked: List[int] = []
     s = target_size
-    for i in range(n, 0, -1):
-        if reachable[i - 1][s]:
+    for i in range(len(sizes), 0, -1):
+        if reachable[i - 1] >> s & 1:
             continue  # skip the newer group when the older ones suffice
         picked.append(i - 1)
         s -= sizes[i - 1]
     return sorted(picked)
 
 
-def _pack_order(indexed: Sequence[Tuple[int, Group]], max_group_size: int) -> List[Tuple[int, Group]]:
+def _pack_order(
+    indexed: Sequence[Tuple[int, Group]], max_group_size: int
+) -> List[Tuple[int, Group]]:
     """Items that form whole packs of ``max_group_size`` sequences, in pack-completion order."""
     buckets: Dict[int, List[Tuple[int, Group]]] = {}
     packed: List[Tuple[int, Group]] = []
@@ -84,7 +85,7 @@ def _pack_order(indexed: Sequence[Tuple[int, Group]], max_group_size: int) -> Li
 
 def grab_exact_from_heterogeneous_queue(
     queue: List[Group], batch_size: int
-) -> Tuple[Optional[List[Group]], List[Group]]:
+) -> Tuple[List[Group] | None, List[Group]]:
     """Take groups summing to exactly ``batch_size`` sequences, never splitting a group.
 
     Groups are bucketed by size; a bucket holding ``max_group_size`` sequences
@@ -116,7 +117,7 @@ def grab_exact_from_heterogeneous_queue(
 
 def grab_batch_with_minimum_allocations(
     queue: List[Group], batch_size: int, env_configs: List[Dict[str, Any]]
-) -> Tuple[Optional[List[Group]], List[Group]]:
+) -> Tuple[List[Group] | None, List[Group]]:
     """Like :func:`grab_exact_from_heterogeneous_queue`, honouring per-env minimum shares.
 
     ``env_configs[env_id]`` is the env record (``connected``,

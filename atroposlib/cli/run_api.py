@@ -12,7 +12,7 @@ import ipaddress
 import json
 import logging
 import os
-from typing import Optional, Sequence
+from typing import Sequence
 
 import uvicorn
 
@@ -35,22 +35,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help=_help("port"))
     p.add_argument("--reload", action="store_true", default=None, help=_help("reload"))
     p.add_argument("--persist", metavar="PATH", help=_help("persist"))
-    p.add_argument("--api-key", dest="api_key", metavar="KEY",
-                   help=_help("api_key") + " Also read from ATROPOS_API_KEY.")
-    p.add_argument("--max-queue-mb", dest="max_queue_mb", type=float, metavar="N", help=_help("max_queue_mb"))
-    p.add_argument("--max-request-mb", dest="max_request_mb", type=float, metavar="N",
-                   help=_help("max_request_mb"))
-    p.add_argument("--cors-origin", dest="cors_origins", action="append", metavar="ORIGIN",
-                   help=_help("cors_origins"))
+    p.add_argument(
+        "--api-key",
+        dest="api_key",
+        metavar="KEY",
+        help=_help("api_key") + " Also read from ATROPOS_API_KEY.",
+    )
+    p.add_argument(
+        "--max-queue-mb", dest="max_queue_mb", type=float, metavar="N", help=_help("max_queue_mb")
+    )
+    p.add_argument(
+        "--max-request-mb",
+        dest="max_request_mb",
+        type=float,
+        metavar="N",
+        help=_help("max_request_mb"),
+    )
+    p.add_argument(
+        "--cors-origin",
+        dest="cors_origins",
+        action="append",
+        metavar="ORIGIN",
+        help=_help("cors_origins"),
+    )
     p.add_argument("--gzip-level", dest="gzip_level", type=int, help=_help("gzip_level"))
-    p.add_argument("--log-level", dest="log_level", choices=["debug", "info", "warning", "error"],
-                   help=_help("log_level"))
-    p.add_argument("--access-log", dest="access_log", action="store_true", default=None,
-                   help=_help("access_log"))
+    p.add_argument(
+        "--log-level",
+        dest="log_level",
+        choices=["debug", "info", "warning", "error"],
+        help=_help("log_level"),
+    )
+    p.add_argument(
+        "--access-log",
+        dest="access_log",
+        action="store_true",
+        default=None,
+        help=_help("access_log"),
+    )
     return p
 
 
-def parse_settings(argv: Optional[Sequence[str]] = None) -> APISettings:
+def parse_settings(argv: Sequence[str] | None = None) -> APISettings:
     """Flags override ``ATROPOS_*`` environment variables, which override defaults."""
     args = build_parser().parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None}
@@ -66,22 +91,38 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``run-api``."""
     settings = parse_settings(argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if _is_loopback(settings.host):
-        logger.info("listening on %s only; pass --host 0.0.0.0 to accept remote environments", settings.host)
+        logger.info(
+            "listening on %s only; pass --host 0.0.0.0 to accept remote environments", settings.host
+        )
     elif not settings.api_key:
-        logger.warning("listening on %s WITHOUT an API key: anyone who can reach this port can read and "
-                       "write rollouts; pass --api-key or set ATROPOS_API_KEY", settings.host)
-    common = dict(host=settings.host, port=settings.port, log_level=settings.log_level,
-                  access_log=settings.access_log, loop="auto", http="auto", proxy_headers=False,
-                  timeout_graceful_shutdown=5)
+        logger.warning(
+            "listening on %s WITHOUT an API key: anyone who can reach this port can read and "
+            "write rollouts; pass --api-key or set ATROPOS_API_KEY",
+            settings.host,
+        )
+    common = dict(
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        loop="auto",
+        http="auto",
+        proxy_headers=False,
+        timeout_graceful_shutdown=5,
+    )
     if settings.reload:
         # The reloader imports the app by name, so hand the settings over as ATROPOS_* variables.
         for name, value in settings.model_dump(exclude_none=True).items():
-            os.environ[f"ATROPOS_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
+            os.environ[f"ATROPOS_{name.upper()}"] = (
+                json.dumps(value) if isinstance(value, list) else str(value)
+            )
         uvicorn.run("atroposlib.api:app", reload=True, **common)
         return
     from atroposlib.api.server import create_app

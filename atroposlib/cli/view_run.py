@@ -25,7 +25,7 @@ import logging
 import sys
 
 from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
-from atroposlib.frontend.dataset_gen import DEFAULT_TOKENIZER, ToolError, load_tokenizer
+from atroposlib.frontend.dataset_gen import DEFAULT_TOKENIZER, ToolError, load_display_tokenizer
 from atroposlib.frontend.rollouts import RolloutFileError, RolloutIndex
 
 logger = logging.getLogger(__name__)
@@ -59,12 +59,12 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
     try:
         if args.file:
             index = RolloutIndex.build(args.file)
-            tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+            tokenizer = load_display_tokenizer(args.tokenizer) if args.tokenizer else None
             from atroposlib.frontend.viewer_app import build_file_app, launch
 
             demo = build_file_app(index, tokenizer)
         else:
-            tokenizer = load_tokenizer(args.tokenizer or DEFAULT_TOKENIZER)
+            tokenizer = load_display_tokenizer(args.tokenizer or DEFAULT_TOKENIZER)
             client = TrainerClient(args.api_url)
             client.check()
             client.ensure_registered(batch_size=args.group_size * 8, max_token_len=args.max_token_len,

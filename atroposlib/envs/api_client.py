@@ -98,7 +98,7 @@ class RolloutAPIClient:
             base_url=self.base_url,
             transport=transport,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
         )
 
     async def aclose(self) -> None:

@@ -1,14 +1,21 @@
 """Delivery of scored groups to the rollout API without losing any (D7, D10).
 
+Workers hand their groups to :meth:`GroupSender.send` and wait for the outcome.
+One pump task posts them in arrival order; groups that arrive while a POST is in
+flight are coalesced into the next ``/scored_data_list`` request, so a busy
+environment makes few requests and the API sees groups in the order they were made.
+
 - 200: delivered.
-- 503/429: the API is full; wait ``Retry-After`` and re-send the same group, for
-  up to ``busy_wait_s`` seconds in the worker, then hand it to the outbox.
+- 503/429: the API is full; wait ``Retry-After`` and re-send the same groups, for
+  up to ``busy_wait_s`` seconds, then hand them to the outbox.
 - Connection errors and other 5xx: retried with random exponential backoff;
   still failing → outbox.
-- Other 4xx: the API refuses this data; logged with the reason and counted.
+- Other 4xx: the API refuses the data. A coalesced request is split and re-sent
+  group by group so only the offending group is refused; it is logged with the
+  reason and counted.
 
-The outbox is drained in order by one background task; while it holds anything,
-new groups queue behind it so the API sees groups in the order they were made.
+The outbox is drained in order by a second task; while it holds anything, new
+groups queue behind it.
 """
 
 from __future__ import annotations
@@ -17,24 +24,43 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
-from typing import Any, Optional
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Deque, List, Optional
 
 from atroposlib.envs.api_client import PostResult, RolloutAPIClient
 from atroposlib.envs.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
+MAX_GROUPS_PER_POST = 64
+MAX_TOKENS_PER_POST = 2_000_000
+
 
 def _backoff(attempt: int, cap: float = 10.0) -> float:
     return random.uniform(0, min(cap, 0.5 * 2**attempt))
 
 
-class GroupSender:
-    """Sends scored-data payloads, falling back to a durable outbox.
+def _token_count(group: Any) -> int:
+    try:
+        return sum(len(t) for t in group.get("tokens") or [])
+    except (AttributeError, TypeError):
+        return 0
 
-    ``rejected`` counts refused payloads per reason (``http_422`` ...);
-    ``delivered`` and ``outboxed`` count payloads.
+
+@dataclass
+class _Pending:
+    """Groups of one ``send`` call and the future its caller waits on."""
+
+    groups: List[Any]
+    done: asyncio.Future = field(repr=False)
+
+
+class GroupSender:
+    """Sends scored-data payloads, coalescing them, with a durable outbox as fallback.
+
+    ``rejected`` counts refused groups per reason (``http_422`` ...);
+    ``delivered``, ``outboxed`` and ``posts`` count groups, groups and requests.
     """
 
     def __init__(
@@ -44,43 +70,124 @@ class GroupSender:
         *,
         attempts: int = 3,
         busy_wait_s: float = 60.0,
+        max_groups_per_post: int = MAX_GROUPS_PER_POST,
     ) -> None:
         self.client = client
         self.outbox = outbox
         self.attempts = attempts
         self.busy_wait_s = busy_wait_s
+        self.max_groups_per_post = max_groups_per_post
         self.rejected: Counter[str] = Counter()
         self.delivered = 0
         self.outboxed = 0
-        self._wake = asyncio.Event()
+        self.posts = 0
+        self._queue: Deque[_Pending] = deque()
+        self._queued = asyncio.Event()
+        self._wake_flusher = asyncio.Event()
+        self._pump: Optional[asyncio.Task] = None
         self._flusher: Optional[asyncio.Task] = None
 
     def start(self) -> None:
-        """Start the background task that drains the outbox."""
+        """Start the pump and the task that drains the outbox."""
+        if self._pump is None:
+            self._pump = asyncio.create_task(self._pump_loop(), name="atropos-sender")
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush_loop(), name="atropos-outbox-flusher")
             if len(self.outbox):
-                self._wake.set()
+                self._wake_flusher.set()
 
     async def send(self, payload: Any) -> bool:
-        """Deliver ``payload``; False when it was rejected or parked in the outbox."""
+        """Deliver ``payload`` (a group or a list of groups).
+
+        True when the API acknowledged all of it; False when some was refused or
+        parked in the outbox (it is then re-sent later by the flusher).
+        """
+        groups = list(payload) if isinstance(payload, list) else [payload]
+        if not groups:
+            return True
+        self.start()
+        pending = _Pending(groups, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        self._queued.set()
+        return await asyncio.shield(pending.done)
+
+    # ------------------------------------------------------------- pump
+
+    def _take_batch(self) -> List[_Pending]:
+        batch: List[_Pending] = []
+        n_groups = tokens = 0
+        while self._queue:
+            nxt = self._queue[0]
+            size = sum(_token_count(g) for g in nxt.groups)
+            if batch and (n_groups + len(nxt.groups) > self.max_groups_per_post
+                          or tokens + size > MAX_TOKENS_PER_POST):
+                break
+            batch.append(self._queue.popleft())
+            n_groups += len(nxt.groups)
+            tokens += size
+        return batch
+
+    async def _pump_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._queued.clear()
+                await self._queued.wait()
+                continue
+            batch = self._take_batch()
+            try:
+                await self._send_batch(batch)
+            except asyncio.CancelledError:
+                for pending in batch:
+                    self._park(pending.groups, "sender stopped")
+                    _resolve(pending, False)
+                raise
+
+    async def _send_batch(self, batch: List[_Pending]) -> None:
         if len(self.outbox):
-            self._park(payload, "outbox not empty")
+            for pending in batch:
+                self._park(pending.groups, "outbox not empty")
+                _resolve(pending, False)
+            return
+        groups = [g for pending in batch for g in pending.groups]
+        result = await self._deliver(_as_payload(groups), self.busy_wait_s)
+        if result.ok:
+            self.delivered += len(groups)
+            for pending in batch:
+                _resolve(pending, True)
+            return
+        if result.rejected and len(groups) > 1:
+            for pending in batch:  # find the offending group(s); deliver the rest
+                ok = True
+                for group in pending.groups:
+                    ok = await self._send_one(group) and ok
+                _resolve(pending, ok)
+            return
+        for pending in batch:
+            if result.rejected:
+                self._reject(result, len(pending.groups))
+            else:
+                self._park(pending.groups, f"status {result.status} {result.detail[:200]}")
+            _resolve(pending, False)
+
+    async def _send_one(self, group: Any) -> bool:
+        if len(self.outbox):
+            self._park([group], "outbox not empty")
             return False
-        result = await self._deliver(payload, self.busy_wait_s)
+        result = await self._deliver(group, self.busy_wait_s)
         if result.ok:
             self.delivered += 1
             return True
         if result.rejected:
-            self._reject(result)
-            return False
-        self._park(payload, f"status {result.status} {result.detail[:200]}")
+            self._reject(result, 1)
+        else:
+            self._park([group], f"status {result.status} {result.detail[:200]}")
         return False
 
     async def _deliver(self, payload: Any, busy_wait_s: float) -> PostResult:
         failures = 0
         deadline = time.monotonic() + busy_wait_s
         while True:
+            self.posts += 1
             result = await self.client.post_scored(payload)
             if result.ok or result.rejected:
                 return result
@@ -96,58 +203,81 @@ class GroupSender:
                 return result
             await asyncio.sleep(_backoff(failures))
 
-    def _reject(self, result: PostResult) -> None:
+    def _reject(self, result: PostResult, n_groups: int) -> None:
         reason = f"http_{result.status}"
-        self.rejected[reason] += 1
-        logger.warning("rollout API rejected a group (%s): %s", reason, result.detail)
+        self.rejected[reason] += n_groups
+        logger.warning("rollout API rejected %d group(s) (%s): %s", n_groups, reason, result.detail)
 
-    def _park(self, payload: Any, why: str) -> None:
-        key = self.outbox.put(payload)
-        self.outboxed += 1
-        logger.warning("group parked in outbox %s/%s (%s)", self.outbox.directory, key, why)
-        self._wake.set()
+    def _park(self, groups: List[Any], why: str) -> None:
+        key = self.outbox.put(_as_payload(groups))
+        self.outboxed += len(groups)
+        logger.warning("%d group(s) parked in outbox %s/%s (%s)", len(groups), self.outbox.directory, key, why)
+        self._wake_flusher.set()
+
+    # ----------------------------------------------------------- outbox
 
     async def _flush_loop(self) -> None:
         failures = 0
         while True:
             if not len(self.outbox):
-                self._wake.clear()
-                await self._wake.wait()
+                self._wake_flusher.clear()
+                await self._wake_flusher.wait()
                 continue
             head = self.outbox.peek()
             if head is None:
                 continue
             key, payload = head
+            n_groups = len(payload) if isinstance(payload, list) else 1
             result = await self._deliver(payload, busy_wait_s=5.0)
             if result.ok:
                 self.outbox.remove(key)
-                self.delivered += 1
+                self.delivered += n_groups
                 failures = 0
+            elif result.rejected and isinstance(payload, list) and len(payload) > 1:
+                self.outbox.remove(key)  # split: each group goes back on its own, in order
+                for group in payload:
+                    self.outbox.put(group)
             elif result.rejected:
                 self.outbox.remove(key)
-                self._reject(result)
+                self._reject(result, n_groups)
             else:
                 failures += 1
                 await asyncio.sleep(_backoff(failures, cap=5.0))
 
+    @property
+    def idle(self) -> bool:
+        """True when nothing waits to be posted and the outbox is empty."""
+        return not self._queue and not len(self.outbox)
+
     async def close(self, drain_timeout_s: float = 30.0) -> None:
-        """Try to drain the outbox for up to ``drain_timeout_s``, then stop the flusher.
+        """Try to deliver everything for up to ``drain_timeout_s``, then stop the tasks.
 
         Anything still undelivered stays on disk and is reported in the log.
         """
         deadline = time.monotonic() + drain_timeout_s
-        while len(self.outbox) and time.monotonic() < deadline and self._flusher is not None:
-            await asyncio.sleep(0.1)
-        if self._flusher is not None:
-            self._flusher.cancel()
-            try:
-                await self._flusher
-            except asyncio.CancelledError:
-                pass
-            self._flusher = None
+        while (self._queue or len(self.outbox)) and time.monotonic() < deadline and self._pump is not None:
+            await asyncio.sleep(0.05)
+        for task in (self._pump, self._flusher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._pump = self._flusher = None
+        while self._queue:
+            pending = self._queue.popleft()
+            self._park(pending.groups, "sender stopped")
+            _resolve(pending, False)
         if len(self.outbox):
             logger.error(
-                "%d groups could not be delivered; they are kept in %s",
+                "%d entries could not be delivered; they are kept in %s",
                 len(self.outbox),
                 self.outbox.directory,
             )
+
+
+def _as_payload(groups: List[Any]) -> Any:
+    return groups[0] if len(groups) == 1 else groups
+
+
+def _resolve(pending: _Pending, value: bool) -> None:
+    if not pending.done.done():
+        pending.done.set_result(value)

@@ -95,6 +95,35 @@ def load_tokenizer(name: str) -> Any:
         ) from None
 
 
+class _DisplayTokenizer:
+    """Just enough of a tokenizer to show text: ``decode`` through the ``tokenizers`` library."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def decode(self, ids: Any) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+def load_display_tokenizer(name: str) -> Any:
+    """A tokenizer for showing text only (the viewers).
+
+    A local directory with a ``tokenizer.json`` is read with the light
+    ``tokenizers`` library, which starts much faster than transformers; anything
+    else goes through :func:`load_tokenizer`. Exported datasets always use
+    :func:`load_tokenizer`, so their text matches ``transformers`` decoding exactly.
+    """
+    path = Path(name) / "tokenizer.json"
+    if path.is_file():
+        try:
+            return _DisplayTokenizer(path)
+        except Exception as e:  # tokenizers raises its own Exception types on bad files
+            logger.warning("could not read %s with tokenizers (%s); trying transformers", path, e)
+    return load_tokenizer(name)
+
+
 def _live_groups(client: TrainerClient, poll_interval: float) -> Iterator[dict[str, Any]]:
     while True:
         batch = client.wait_for_batch(poll_interval=poll_interval)

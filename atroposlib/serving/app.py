@@ -68,6 +68,9 @@ def build_state(config: ServeModelConfig) -> ServingState:
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
     model = load_model(config.model, device, dtype)
+    if device.type == "cpu":
+        small = sum(p.numel() for p in model.parameters()) < 100_000_000
+        torch.set_num_threads(config.cpu_threads or (1 if small else torch.get_num_threads()))
     limit = getattr(model.config, "max_position_embeddings", None) or 4096
     max_len = config.max_model_len or int(limit)
     engine = Engine(model, tokenizer, max_model_len=max_len, max_num_seqs=config.max_num_seqs,

@@ -28,6 +28,10 @@ class ServeModelConfig(BaseModel):
     max_batched_tokens: int = Field(
         8192, ge=1, description="Padded prompt-token budget of one prefill batch.")
     max_n: int = Field(128, ge=1, description="Largest 'n' (completions per request) accepted.")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads on CPU; default 1 for models under "
+                                "100M parameters (threading overhead dominates), else torch's "
+                                "default.")
     seed: int = Field(0, description="Seed of the global sampler (requests may pass their own).")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the server.")

@@ -77,9 +77,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> SampleOutput:
     """Pick one token per row of ``logits`` (``[B, V]``) under that row's params.
 
-    Rows with a generator draw their noise from it (reproducible per request
-    seed); the others from torch's global generator. Sampling uses the
-    exponential-race form of the categorical draw: ``argmax(p / E)``, ``E ~ Exp(1)``.
+    Sampling is by inverse CDF (one uniform per row, cheap on CPU). Rows with a
+    generator draw their uniform from it (reproducible per request seed); the
+    others from torch's global generator.
     """
     logits = logits.float()
     rows = logits.shape[0]
@@ -96,13 +96,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device),
             torch.tensor([p.min_p for p in params], dtype=torch.float32, device=logits.device),
         )
-        probs = torch.softmax(filtered, dim=-1)
-        noise = torch.empty_like(probs)
+        cdf = torch.softmax(filtered, dim=-1).cumsum(dim=-1)
+        uniform = torch.rand(rows, 1, device=logits.device)
         for i, gen in enumerate(generators):
-            if not bool(greedy[i]):
-                noise[i].exponential_(generator=gen)
-        noise[greedy] = 1.0
-        drawn = torch.argmax(probs / noise, dim=-1)
+            if gen is not None:
+                uniform[i, 0] = torch.rand(1, generator=gen, device=logits.device)[0]
+        drawn = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1)
+        drawn = drawn.clamp(max=logits.shape[-1] - 1)
         chosen = torch.where(greedy, chosen, drawn)
     token_lp = logp.gather(1, chosen.unsqueeze(1)).squeeze(1)
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]

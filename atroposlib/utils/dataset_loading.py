@@ -18,7 +18,7 @@ import json
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SkipCounter:
         return f"{self.total} skipped ({parts})"
 
 
-def read_jsonl(path: str | Path, skips: Optional[SkipCounter] = None) -> List[Dict[str, Any]]:
+def read_jsonl(path: str | Path, skips: SkipCounter | None = None) -> List[Dict[str, Any]]:
     """Rows of a jsonl file; blank lines are ignored, unparsable or non-object lines skipped.
 
     Raises:
@@ -89,12 +89,12 @@ def read_jsonl(path: str | Path, skips: Optional[SkipCounter] = None) -> List[Di
 
 
 def load_rows(
-    dataset_name: Optional[str],
-    dataset_config: Optional[str] = None,
+    dataset_name: str | None,
+    dataset_config: str | None = None,
     split: str = "train",
-    data_path: Optional[str] = None,
-    skips: Optional[SkipCounter] = None,
-    shuffle_seed: Optional[int] = None,
+    data_path: str | None = None,
+    skips: SkipCounter | None = None,
+    shuffle_seed: int | None = None,
 ) -> List[Dict[str, Any]]:
     """Rows from ``data_path`` (local jsonl) or ``load_dataset(dataset_name, dataset_config, split=split)``.
 

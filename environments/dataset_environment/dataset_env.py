@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from pydantic import Field, field_validator
 
@@ -47,18 +47,18 @@ RewardSpec = Union[str, Dict[str, Any]]
 class DatasetEnvConfig(BaseEnvConfig):
     """Dataset, fields, prompt and rewards of a :class:`DatasetEnv`."""
 
-    dataset_name: Optional[str] = Field(None, description="Hugging Face dataset name (unless data_path is set).")
-    dataset_config: Optional[str] = Field(None, description="Hugging Face dataset configuration.")
+    dataset_name: str | None = Field(None, description="Hugging Face dataset name (unless data_path is set).")
+    dataset_config: str | None = Field(None, description="Hugging Face dataset configuration.")
     split: str = Field("train", description="Split used for training.")
-    eval_split: Optional[str] = Field(None, description="Split used for evaluation; None = a held-out slice.")
-    data_path: Optional[str] = Field(None, description="Local training jsonl (wins over dataset_name).")
-    eval_data_path: Optional[str] = Field(None, description="Local evaluation jsonl.")
+    eval_split: str | None = Field(None, description="Split used for evaluation; None = a held-out slice.")
+    data_path: str | None = Field(None, description="Local training jsonl (wins over dataset_name).")
+    eval_data_path: str | None = Field(None, description="Local evaluation jsonl.")
     eval_holdout: int = Field(32, ge=0, description="Rows held out for evaluation when there is no eval split/file.")
     prompt_field: str = Field("prompt", description="Row field holding the prompt.")
-    answer_field: Optional[str] = Field("answer", description="Row field holding the reference answer (or None).")
-    answer_after: Optional[str] = Field(None, description="Keep only the text after the last occurrence of this "
+    answer_field: str | None = Field("answer", description="Row field holding the reference answer (or None).")
+    answer_after: str | None = Field(None, description="Keep only the text after the last occurrence of this "
                                         "marker in the answer (e.g. '####' for GSM8K).")
-    system_prompt: Optional[str] = Field(None, description="System message placed before every prompt.")
+    system_prompt: str | None = Field(None, description="System message placed before every prompt.")
     prompt_template: str = Field("{prompt}", description="Format string for the user message; {prompt} is the field.")
     reward_functions: List[RewardSpec] = Field(
         default_factory=lambda: ["accuracy"],
@@ -77,7 +77,10 @@ class DatasetEnvConfig(BaseEnvConfig):
             name = spec if isinstance(spec, str) else (spec.get("type") or spec.get("name"))
             if not isinstance(name, str):
                 raise ValueError(f"reward {spec!r} has no 'type'")
-            registry.get(name)  # KeyError naming the known rewards
+            try:
+                registry.get(name)
+            except KeyError as err:  # pydantic reports ValueErrors as validation errors
+                raise ValueError(err.args[0]) from None
         return value
 
     @field_validator("prompt_template")
@@ -145,7 +148,7 @@ class DatasetEnv(BaseEnv):
             raise ValueError(f"dataset env: no usable rows ({self.skips.summary()})")
         logger.info("dataset env: %d train, %d test rows; %s", len(self.train), len(self.test), self.skips.summary())
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
     async def get_next_item(self) -> Item:
@@ -158,12 +161,12 @@ class DatasetEnv(BaseEnv):
         messages = [{"role": "system", "content": self.config.system_prompt}] if self.config.system_prompt else []
         return messages + [{"role": "user", "content": self.config.prompt_template.format(prompt=item["prompt"])}]
 
-    def score(self, completions: List[str], answer: Optional[str]) -> List[float]:
+    def score(self, completions: List[str], answer: str | None) -> List[float]:
         """Combined reward of each completion against ``answer``."""
         kwargs = {"solution": answer} if answer is not None else {}
         return self.reward(completions, **kwargs)
 
-    async def collect_trajectories(self, item: Item) -> Tuple[Optional[ScoredDataGroup], List[Item]]:
+    async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = self.messages_for(item)
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
@@ -186,7 +189,7 @@ class DatasetEnv(BaseEnv):
         start = time.time()
         sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
 
-        async def one(item: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
             async with sem:
                 try:
                     out = await self.server.chat_completion(messages=self.messages_for(item), n=1, split="eval",
@@ -207,7 +210,7 @@ class DatasetEnv(BaseEnv):
         await self.evaluate_log(metrics=metrics, samples=samples, start_time=start, end_time=time.time(),
                                 generation_parameters={"temperature": self.config.eval_temperature})
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.score_buffer:
             metrics["train/mean_score"] = sum(self.score_buffer) / len(self.score_buffer)

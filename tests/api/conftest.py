@@ -4,22 +4,40 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any, ContextManager, Iterator, Optional
+from typing import Any, ContextManager, Iterator
 
 import httpx
 import pytest
 
 from tests.helpers.procs import PYTHON, free_port, running_process
 
-TRAINER = {"wandb_group": "grp", "wandb_project": "proj", "batch_size": 8, "max_token_len": 512,
-           "checkpoint_dir": "ckpts", "save_checkpoint_interval": 5, "starting_step": 0, "num_steps": 100}
+TRAINER = {
+    "wandb_group": "grp",
+    "wandb_project": "proj",
+    "batch_size": 8,
+    "max_token_len": 512,
+    "checkpoint_dir": "ckpts",
+    "save_checkpoint_interval": 5,
+    "starting_step": 0,
+    "num_steps": 100,
+}
 
 
-def group(size: int = 4, seq_len: int = 3, env_id: Optional[int] = None, score: float = 1.0,
-          base: int = 1, **extra: Any) -> dict:
+def group(
+    size: int = 4,
+    seq_len: int = 3,
+    env_id: int | None = None,
+    score: float = 1.0,
+    base: int = 1,
+    **extra: Any,
+) -> dict:
     """A consistent ScoredData payload with ``size`` sequences; ``base`` makes token ids distinct."""
     tokens = [[base * 1000 + i * seq_len + j for j in range(seq_len)] for i in range(size)]
-    payload = {"tokens": tokens, "masks": [[-100] + t[1:] for t in tokens], "scores": [score] * size}
+    payload = {
+        "tokens": tokens,
+        "masks": [[-100] + t[1:] for t in tokens],
+        "scores": [score] * size,
+    }
     if env_id is not None:
         payload["env_id"] = env_id
     payload.update(extra)
@@ -29,7 +47,7 @@ def group(size: int = 4, seq_len: int = 3, env_id: Optional[int] = None, score: 
 class Api:
     """A started run-api process and an httpx client bound to it."""
 
-    def __init__(self, base_url: str, headers: Optional[dict] = None, proc: Any = None) -> None:
+    def __init__(self, base_url: str, headers: dict | None = None, proc: Any = None) -> None:
         self.base_url = base_url
         self.proc = proc
         self.client = httpx.Client(base_url=base_url, timeout=10.0, headers=headers or {})
@@ -43,28 +61,57 @@ class Api:
         assert r.status_code == 200, r.text
         assert self.client.get("/batch").status_code == 200
 
-    def register_env(self, name: str = "env", group_size: int = 4, weight: float = 1.0,
-                     max_token_length: int = 512, min_batch_allocation: Optional[float] = None) -> int:
-        r = self.client.post("/register-env", json={
-            "max_token_length": max_token_length, "desired_name": name, "weight": weight,
-            "group_size": group_size, "min_batch_allocation": min_batch_allocation})
+    def register_env(
+        self,
+        name: str = "env",
+        group_size: int = 4,
+        weight: float = 1.0,
+        max_token_length: int = 512,
+        min_batch_allocation: float | None = None,
+    ) -> int:
+        r = self.client.post(
+            "/register-env",
+            json={
+                "max_token_length": max_token_length,
+                "desired_name": name,
+                "weight": weight,
+                "group_size": group_size,
+                "min_batch_allocation": min_batch_allocation,
+            },
+        )
         assert r.status_code == 200 and r.json()["status"] == "success", r.text
         return r.json()["env_id"]
 
 
-def start_api(tmp_path: Path, *flags: str, env: Optional[dict] = None,
-              port: Optional[int] = None) -> tuple[ContextManager[subprocess.Popen], str]:
+def start_api(
+    tmp_path: Path, *flags: str, env: dict | None = None, port: int | None = None
+) -> tuple[ContextManager[subprocess.Popen], str]:
     """``(context manager running python -m atroposlib.cli.run_api flags, base URL)``."""
     port = port or free_port()
-    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(port), "--log-level", "warning", *flags]
-    return running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=tmp_path / f"api-{port}.log",
-                           env=env), f"http://127.0.0.1:{port}"
+    cmd = [
+        PYTHON,
+        "-m",
+        "atroposlib.cli.run_api",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *flags,
+    ]
+    return running_process(
+        cmd,
+        health_url=f"http://127.0.0.1:{port}/health",
+        log_path=tmp_path / f"api-{port}.log",
+        env=env,
+    ), f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     """One in-memory server per test module; tests call ``api.reset()`` first."""
-    ctx, url = start_api(tmp_path_factory.mktemp("api"), "--max-request-mb", "1", "--max-queue-mb", "2")
+    ctx, url = start_api(
+        tmp_path_factory.mktemp("api"), "--max-request-mb", "1", "--max-queue-mb", "2"
+    )
     with ctx as proc:
         a = Api(url, proc=proc)
         yield a
@@ -76,4 +123,3 @@ def fresh(api: Api) -> Api:
     """The module's server, reset."""
     api.reset()
     return api
-

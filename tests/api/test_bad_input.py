@@ -16,22 +16,28 @@ def _detail_locs(r: httpx.Response) -> list:
     return [tuple(d["loc"]) for d in r.json()["detail"]]
 
 
-@pytest.mark.parametrize("path", ["/scored_data", "/scored_data_list", "/register", "/register-env",
-                                  "/disconnect-env"])
+@pytest.mark.parametrize(
+    "path", ["/scored_data", "/scored_data_list", "/register", "/register-env", "/disconnect-env"]
+)
 def test_malformed_json_is_422_on_every_post(fresh: Api, path: str):
-    r = fresh.client.post(path, content=b'{"tokens": [[1, 2]', headers={"Content-Type": "application/json"})
+    r = fresh.client.post(
+        path, content=b'{"tokens": [[1, 2]', headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 422
     assert r.json()["detail"][0]["type"] == "json_invalid"
 
 
-@pytest.mark.parametrize("payload, loc", [
-    ({"tokens": "abc", "masks": [[1]], "scores": [1.0]}, ("body", "tokens")),
-    ({"tokens": [[1.5]], "masks": [[1]], "scores": [1.0]}, ("body", "tokens", 0, 0)),
-    ({"tokens": [[1]], "masks": [[1]], "scores": ["high"]}, ("body", "scores", 0)),
-    ({"tokens": [[1]], "masks": [[1]]}, ("body", "scores")),
-    ({"tokens": [[1]], "masks": [[1]], "scores": [1.0], "env_id": "zero"}, ("body", "env_id")),
-    ({"tokens": [], "masks": [], "scores": []}, ("body", "tokens")),
-])
+@pytest.mark.parametrize(
+    "payload, loc",
+    [
+        ({"tokens": "abc", "masks": [[1]], "scores": [1.0]}, ("body", "tokens")),
+        ({"tokens": [[1.5]], "masks": [[1]], "scores": [1.0]}, ("body", "tokens", 0, 0)),
+        ({"tokens": [[1]], "masks": [[1]], "scores": ["high"]}, ("body", "scores", 0)),
+        ({"tokens": [[1]], "masks": [[1]]}, ("body", "scores")),
+        ({"tokens": [[1]], "masks": [[1]], "scores": [1.0], "env_id": "zero"}, ("body", "env_id")),
+        ({"tokens": [], "masks": [], "scores": []}, ("body", "tokens")),
+    ],
+)
 def test_wrong_types_are_422_naming_the_field(fresh: Api, payload: dict, loc: tuple):
     r = fresh.client.post("/scored_data", json=payload)
     assert r.status_code == 422
@@ -39,14 +45,20 @@ def test_wrong_types_are_422_naming_the_field(fresh: Api, payload: dict, loc: tu
     assert fresh.client.get("/status").json()["queue_size"] == 0
 
 
-@pytest.mark.parametrize("change, loc", [
-    ({"masks": [[-100, 1, 2]] * 3}, ("body", "masks")),
-    ({"masks": [[-100, 1, 2]] * 3 + [[1]]}, ("body", "masks", 3)),
-    ({"scores": [1.0]}, ("body", "scores")),
-    ({"inference_logprobs": [[1.0, -0.5, -0.5]] * 3 + [[1.0]]}, ("body", "inference_logprobs", 3)),
-    ({"advantages": [[0.0, 0.0, 0.0]] * 5}, ("body", "advantages")),
-    ({"ref_logprobs": [[0.0, 0.0]] + [[0.0, 0.0, 0.0]] * 3}, ("body", "ref_logprobs", 0)),
-])
+@pytest.mark.parametrize(
+    "change, loc",
+    [
+        ({"masks": [[-100, 1, 2]] * 3}, ("body", "masks")),
+        ({"masks": [[-100, 1, 2]] * 3 + [[1]]}, ("body", "masks", 3)),
+        ({"scores": [1.0]}, ("body", "scores")),
+        (
+            {"inference_logprobs": [[1.0, -0.5, -0.5]] * 3 + [[1.0]]},
+            ("body", "inference_logprobs", 3),
+        ),
+        ({"advantages": [[0.0, 0.0, 0.0]] * 5}, ("body", "advantages")),
+        ({"ref_logprobs": [[0.0, 0.0]] + [[0.0, 0.0, 0.0]] * 3}, ("body", "ref_logprobs", 0)),
+    ],
+)
 def test_mismatched_lengths_are_422_naming_field_and_index(fresh: Api, change: dict, loc: tuple):
     r = fresh.client.post("/scored_data", json={**group(4), **change})
     assert r.status_code == 422
@@ -66,7 +78,9 @@ def test_bad_element_of_a_list_is_422_with_its_index_and_nothing_is_stored(fresh
 def test_message_without_role_or_content_is_422(fresh: Api):
     r = fresh.client.post("/scored_data", json=group(4, messages=[[{"role": "user"}]] * 4))
     assert r.status_code == 422 and "content" in r.json()["detail"][0]["msg"]
-    ok = fresh.client.post("/scored_data", json=group(4, messages=[[{"role": "critic", "content": "x", "x": 1}]]))
+    ok = fresh.client.post(
+        "/scored_data", json=group(4, messages=[[{"role": "critic", "content": "x", "x": 1}]])
+    )
     assert ok.status_code == 200
 
 
@@ -103,7 +117,9 @@ def test_invalid_registrations_are_422(fresh: Api):
     bad = {"max_token_length": 10, "desired_name": "x", "weight": 1, "group_size": 0}
     r = fresh.client.post("/register-env", json=bad)
     assert r.status_code == 422 and ("body", "group_size") in _detail_locs(r)
-    r = fresh.client.post("/register-env", json={**bad, "group_size": 2, "min_batch_allocation": 1.5})
+    r = fresh.client.post(
+        "/register-env", json={**bad, "group_size": 2, "min_batch_allocation": 1.5}
+    )
     assert r.status_code == 422 and ("body", "min_batch_allocation") in _detail_locs(r)
 
 
@@ -144,8 +160,14 @@ def test_api_key_is_required_everywhere_but_root_and_health(tmp_path):
     ctx, url = start_api(tmp_path, "--api-key", "s3cret")
     with ctx, httpx.Client(base_url=url, timeout=10) as c:
         assert c.get("/").status_code == 200 and c.get("/health").status_code == 200
-        for method, path in (("GET", "/batch"), ("GET", "/status"), ("POST", "/scored_data"),
-                             ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/reset_data")):
+        for method, path in (
+            ("GET", "/batch"),
+            ("GET", "/status"),
+            ("POST", "/scored_data"),
+            ("GET", "/metrics"),
+            ("GET", "/openapi.json"),
+            ("GET", "/reset_data"),
+        ):
             r = c.request(method, path, json=group(4))
             assert r.status_code == 401, path
             assert r.headers["www-authenticate"] == "Bearer"
@@ -164,3 +186,17 @@ def test_api_key_is_read_from_environment(monkeypatch):
 
 def test_default_bind_is_loopback():
     assert parse_settings([]).host == "127.0.0.1"
+
+
+def test_public_bind_without_key_warns(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
+    import atroposlib.cli.run_api as run_api
+
+    monkeypatch.setattr(run_api.uvicorn, "run", lambda *a, **k: None)
+    with caplog.at_level("INFO", logger=run_api.__name__):
+        run_api.main(["--host", "0.0.0.0", "--port", "1"])
+    assert any(r.levelname == "WARNING" and "WITHOUT an API key" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("INFO", logger=run_api.__name__):
+        run_api.main(["--host", "127.0.0.1", "--port", "1"])
+    assert not any(r.levelname == "WARNING" for r in caplog.records)
+    assert any("--host 0.0.0.0" in r.message for r in caplog.records)

@@ -12,7 +12,7 @@ from atroposlib.api.utils import (
     grab_exact_from_heterogeneous_queue,
 )
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def g(size: int, env_id=None, tag: int = 0) -> dict:
@@ -112,8 +112,10 @@ def test_grab_exact_is_fifo_for_uniform_groups(sizes):
 # --------------------------------------------------------------- min allocations
 def test_min_allocation_reserves_share_for_env_even_when_it_is_newer():
     queue = [g(4, env_id=0, tag=i) for i in range(4)] + [g(4, env_id=1, tag=10)]
-    envs = [{"connected": True, "min_batch_allocation": None},
-            {"connected": True, "min_batch_allocation": 0.5}]
+    envs = [
+        {"connected": True, "min_batch_allocation": None},
+        {"connected": True, "min_batch_allocation": 0.5},
+    ]
     batch, rest = grab_batch_with_minimum_allocations(queue, 8, envs)
     assert tags(batch) == [10, 0]
     assert tags(rest) == [1, 2, 3]
@@ -121,34 +123,51 @@ def test_min_allocation_reserves_share_for_env_even_when_it_is_newer():
 
 def test_min_allocation_starved_env_blocks_batch():
     queue = [g(4, env_id=0, tag=i) for i in range(4)]
-    envs = [{"connected": True, "min_batch_allocation": None},
-            {"connected": True, "min_batch_allocation": 0.25}]
+    envs = [
+        {"connected": True, "min_batch_allocation": None},
+        {"connected": True, "min_batch_allocation": 0.25},
+    ]
     assert grab_batch_with_minimum_allocations(queue, 8, envs)[0] is None
 
 
 def test_min_allocation_of_disconnected_env_is_ignored():
     queue = [g(4, env_id=0, tag=i) for i in range(4)]
-    envs = [{"connected": True, "min_batch_allocation": None},
-            {"connected": False, "min_batch_allocation": 0.5}]
+    envs = [
+        {"connected": True, "min_batch_allocation": None},
+        {"connected": False, "min_batch_allocation": 0.5},
+    ]
     batch, _ = grab_batch_with_minimum_allocations(queue, 8, envs)
     assert tags(batch) == [0, 1]
 
 
 def test_min_allocations_above_batch_are_scaled_down():
-    queue = [g(2, env_id=0, tag=0), g(2, env_id=0, tag=1), g(2, env_id=1, tag=2), g(2, env_id=1, tag=3)]
-    envs = [{"connected": True, "min_batch_allocation": 0.75}, {"connected": True, "min_batch_allocation": 0.75}]
+    queue = [
+        g(2, env_id=0, tag=0),
+        g(2, env_id=0, tag=1),
+        g(2, env_id=1, tag=2),
+        g(2, env_id=1, tag=3),
+    ]
+    envs = [
+        {"connected": True, "min_batch_allocation": 0.75},
+        {"connected": True, "min_batch_allocation": 0.75},
+    ]
     batch, _ = grab_batch_with_minimum_allocations(queue, 4, envs)
     assert sorted(tags(batch)) == [0, 2]
 
 
 @FAST
-@given(st.lists(st.integers(0, 2), max_size=30), st.sampled_from([0.0, 0.25, 0.5]),
-       st.sampled_from([0.25, 0.5]))
+@given(
+    st.lists(st.integers(0, 2), max_size=30),
+    st.sampled_from([0.0, 0.25, 0.5]),
+    st.sampled_from([0.25, 0.5]),
+)
 def test_min_allocations_are_honoured_up_to_each_envs_supply(env_ids, alloc0, alloc1):
     queue = [g(4, env_id=e, tag=i) for i, e in enumerate(env_ids)]
-    envs = [{"connected": True, "min_batch_allocation": alloc0},
-            {"connected": True, "min_batch_allocation": alloc1},
-            {"connected": True, "min_batch_allocation": None}]
+    envs = [
+        {"connected": True, "min_batch_allocation": alloc0},
+        {"connected": True, "min_batch_allocation": alloc1},
+        {"connected": True, "min_batch_allocation": None},
+    ]
     batch_size = 16
     batch, rest = grab_batch_with_minimum_allocations(queue, batch_size, envs)
     if batch is None:
@@ -163,7 +182,7 @@ def test_min_allocations_are_honoured_up_to_each_envs_supply(env_ids, alloc0, al
     for env_id in (0, 1, 2):
         mine = [x["tag"] for x in queue if x["env_id"] == env_id]
         taken = [t for t in tags(batch) if env_ids[t] == env_id]
-        assert sorted(taken) == mine[:len(taken)]
+        assert sorted(taken) == mine[: len(taken)]
 
 
 # --------------------------------------------- the store's queue makes the same choices
@@ -175,8 +194,11 @@ def _stored(sizes):
 
 
 @FAST
-@given(st.lists(st.sampled_from([1, 2, 3, 4, 8]), max_size=40), st.sampled_from([4, 8, 16]),
-       st.integers(1, 4))
+@given(
+    st.lists(st.sampled_from([1, 2, 3, 4, 8]), max_size=40),
+    st.sampled_from([4, 8, 16]),
+    st.integers(1, 4),
+)
 def test_bucketed_queue_serves_exactly_what_the_pure_function_chooses(sizes, batch_size, rounds):
     reference = [g(s, tag=i) for i, s in enumerate(sizes)]
     q = _stored(sizes)
@@ -196,9 +218,13 @@ def test_bucketed_queue_with_minimums_matches_pure_function():
     q = GroupQueue()
     for i, (s, e) in enumerate(sizes_envs):
         q.append(StoredGroup(i, e, s, b"{}"))
-    envs = [{"connected": True, "min_batch_allocation": None}, {"connected": True, "min_batch_allocation": 0.5}]
+    envs = [
+        {"connected": True, "min_batch_allocation": None},
+        {"connected": True, "min_batch_allocation": 0.5},
+    ]
     expected, rest = grab_batch_with_minimum_allocations(
-        [g(s, env_id=e, tag=i) for i, (s, e) in enumerate(sizes_envs)], 8, envs)
+        [g(s, env_id=e, tag=i) for i, (s, e) in enumerate(sizes_envs)], 8, envs
+    )
     got = q.pop_batch_with_minimums(8, envs)
     assert [x.seq for x in got] == tags(expected)
     assert [x.seq for x in q] == tags(rest)

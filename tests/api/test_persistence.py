@@ -31,13 +31,23 @@ def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
     with ctx as proc, httpx.Client(base_url=url, timeout=10) as c:
         c.post("/register", json={**TRAINER, "batch_size": 4, "starting_step": 3})
         c.get("/batch")
-        env = c.post("/register-env", json={"max_token_length": 64, "desired_name": "persist", "weight": 2.0,
-                                            "group_size": 4}).json()["env_id"]
+        env = c.post(
+            "/register-env",
+            json={
+                "max_token_length": 64,
+                "desired_name": "persist",
+                "weight": 2.0,
+                "group_size": 4,
+            },
+        ).json()["env_id"]
         for tag in (1, 2, 3):
             assert c.post("/scored_data", json=group(4, env_id=env, base=tag)).status_code == 200
             acked.append(tag)
         served_before.append(c.get("/batch").json()["batch"][0]["tokens"][0][0] // 1000)
-        assert c.post("/scored_data", json=group(2, env_id=env, base=90)).json()["status"] == "buffered"
+        assert (
+            c.post("/scored_data", json=group(2, env_id=env, base=90)).json()["status"]
+            == "buffered"
+        )
 
         stop = threading.Event()
 
@@ -70,14 +80,23 @@ def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
         status = c.get("/status-env", params={"env_id": env}).json()
         assert status["env_weight"] == 1.0 and status["current_step"] == 4
         # The env registry survived: a new env gets the next id and a distinct name.
-        again = c.post("/register-env", json={"max_token_length": 64, "desired_name": "persist", "weight": 1.0,
-                                              "group_size": 4}).json()
+        again = c.post(
+            "/register-env",
+            json={
+                "max_token_length": 64,
+                "desired_name": "persist",
+                "weight": 1.0,
+                "group_size": 4,
+            },
+        ).json()
         assert (again["env_id"], again["wandb_name"]) == (env + 1, "persist_1")
         # The buffered half-group is still there: completing it puts both halves on the queue.
         assert c.post("/scored_data", json=group(2, env_id=env, base=91)).json() == {
-            "status": "buffered", "buffer_size": 0}
+            "status": "buffered",
+            "buffer_size": 0,
+        }
         served_after = _drain(c)
-    assert served_after[:len(acked) - 1] == [t for t in acked if t not in served_before]
-    unacked = served_after[len(acked) - 1:]
+    assert served_after[: len(acked) - 1] == [t for t in acked if t not in served_before]
+    unacked = served_after[len(acked) - 1 :]
     assert unacked[-2:] == [90, 91] and len(unacked) <= 3  # at most the one in-flight post extra
     assert not set(served_before) & set(served_after)

@@ -11,20 +11,37 @@ from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.api.persistence import SqlitePersistence
 from atroposlib.api.store import MIN_ENV_WEIGHT, IncomingGroup, RolloutStore
 
-REG = Registration(wandb_group="g", wandb_project="p", batch_size=8, max_token_len=64, checkpoint_dir="c",
-                   save_checkpoint_interval=3, starting_step=5, num_steps=50)
+REG = Registration(
+    wandb_group="g",
+    wandb_project="p",
+    batch_size=8,
+    max_token_len=64,
+    checkpoint_dir="c",
+    save_checkpoint_interval=3,
+    starting_step=5,
+    num_steps=50,
+)
 
 
 def incoming(size: int, env_id=None, tag: int = 0) -> IncomingGroup:
-    return IncomingGroup(env_id, size, json.dumps({"tokens": [[tag]] * size, "env_id": env_id}).encode())
+    return IncomingGroup(
+        env_id, size, json.dumps({"tokens": [[tag]] * size, "env_id": env_id}).encode()
+    )
 
 
 def started(store: RolloutStore, **envs: dict) -> RolloutStore:
     store.register_trainer(REG)
     store.next_batch()
     for name, kw in envs.items():
-        store.register_env(RegisterEnv(max_token_length=kw.pop("max_token_length", 100), desired_name=name,
-                                       weight=kw.pop("weight", 1.0), group_size=kw.pop("group_size", 4), **kw))
+        store.register_env(
+            RegisterEnv(
+                max_token_length=kw.pop("max_token_length", 100),
+                desired_name=name,
+                weight=kw.pop("weight", 1.0),
+                group_size=kw.pop("group_size", 4),
+                **kw,
+            )
+        )
     return store
 
 
@@ -86,9 +103,11 @@ def test_queue_full_raises_with_retry_after_and_counts_rejection():
 
 
 def test_status_env_weights_queue_and_group_size_follow_the_spec():
-    store = started(RolloutStore(10**9),
-                    a={"group_size": 4, "max_token_length": 100, "weight": 1.0},
-                    b={"group_size": 2, "max_token_length": 300, "weight": 1.0, "min_batch_allocation": 0.25})
+    store = started(
+        RolloutStore(10**9),
+        a={"group_size": 4, "max_token_length": 100, "weight": 1.0},
+        b={"group_size": 2, "max_token_length": 300, "weight": 1.0, "min_batch_allocation": 0.25},
+    )
     store.ingest([incoming(4, 0), incoming(4, 0), incoming(2, 1), incoming(2, 1), incoming(2, 1)])
     a = store.env_status(0)
     assert a["env_weight"] == pytest.approx(100 / 400)
@@ -124,7 +143,13 @@ def test_reset_keeps_max_token_len_and_latest_but_forgets_the_rest():
     store = started(RolloutStore(10**9), a={})
     store.ingest([incoming(4, 0)])
     store.reset()
-    assert (store.registered, store.batch_size, store.step, len(store.queue), store.envs) == (False, -1, 0, 0, [])
+    assert (store.registered, store.batch_size, store.step, len(store.queue), store.envs) == (
+        False,
+        -1,
+        0,
+        0,
+        [],
+    )
     assert store.max_token_len == 64 and store.latest is not None
 
 

@@ -23,7 +23,7 @@ from environments.mcqa_thinking_env import MCQAThinkingEnv
 from environments.rlaif_server import RLAIFEnv
 from environments.tool_calling_server import SingleToolCallingEnv
 from environments.tool_use_multiturn_server import MultiTurnToolUseEnv
-from tests.environments.conftest import check_groups, process_argv, unmasked_runs, write_jsonl
+from tests.environments.env_helpers import check_groups, process_argv, unmasked_runs, write_jsonl
 
 GSM8K_ROWS = [
     {"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
@@ -50,6 +50,16 @@ TOOL_ROWS = [
 ]
 PROMPT_ROWS = [{"prompt": "Say hello to a friend."}, {"prompt": "Describe the sea in one line."},
                {"conversation": [{"role": "user", "content": "What is a cat?"}]}, {"unrelated": 1}]
+EVAL_EXTRA = {  # keep every evaluation to one or two short requests
+    "mcqa": ["--env.max_eval_items", "1"],
+    "blackjack": ["--env.eval_episodes", "1", "--env.max_turns", "1"],
+    "tool_calling": ["--env.eval_holdout", "1"],
+    "multiturn_tool_use": ["--env.eval_episodes", "1", "--env.max_turns", "1"],
+    "rlaif": ["--env.eval_holdout", "1"],
+    "dataset": ["--env.eval_holdout", "1"],
+}
+EVAL_METRIC = {"mcqa": "eval/accuracy", "blackjack": "eval/mean_reward", "tool_calling": "eval/percent_correct",
+               "multiturn_tool_use": "eval/percent_correct", "rlaif": "eval/mean_rating", "dataset": "eval/mean_score"}
 DATASET_YAML = """
 env:
   prompt_field: question
@@ -67,7 +77,7 @@ def _runs(tmp: Path, serve: Dict[str, str]) -> Dict[str, Any]:
     out = {name: tmp / f"{name}.jsonl" for name in
            ("gsm8k", "mcqa", "blackjack", "tool_calling", "multiturn_tool_use", "rlaif", "dataset")}
     (tmp / "dataset.yaml").write_text(DATASET_YAML)
-    return {
+    runs = {
         "gsm8k": (GSM8kEnv, process_argv(serve, out["gsm8k"], "--env.data_path", str(gsm),
                                          "--env.max_token_length", "16")),
         "gsm8k_eval": (GSM8kEnv, ["evaluate", "--env.data_path", str(gsm), "--env.max_eval_items", "2",
@@ -91,7 +101,14 @@ def _runs(tmp: Path, serve: Dict[str, str]) -> Dict[str, Any]:
                                          str(write_jsonl(tmp / "prompts.jsonl", PROMPT_ROWS)))),
         "dataset": (DatasetEnv, process_argv(serve, out["dataset"], "--config", str(tmp / "dataset.yaml"),
                                              "--env.data_path", str(gsm))),
-    }, out
+    }
+    for name, (cls, argv) in list(runs.items()):
+        if name.endswith("_eval") or f"{name}_eval" in runs:
+            continue
+        eval_argv = ["evaluate"] + [a for a in argv[1:]] + ["--env.data_dir_to_save_evals", str(tmp / f"evals_{name}"),
+                                                           *EVAL_EXTRA.get(name, [])]
+        runs[f"{name}_eval"] = (cls, eval_argv)
+    return runs, out
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +200,13 @@ def test_dataset_env_process_uses_yaml_rewards(processed):
     assert [r.name for r in env.reward.reward_functions] == ["accuracy", "format"]
     assert env.reward.reward_functions[1].weight == 0.5
     assert env.config.max_token_length == 12  # from the YAML layer
+
+
+@pytest.mark.parametrize("name", sorted(EVAL_METRIC))
+def test_evaluate_mode_writes_metrics_and_samples(processed, name):
+    _ok(processed, f"{name}_eval")
+    directory = processed["tmp"] / f"evals_{name}"
+    metrics = json.loads((directory / "metrics.json").read_text())
+    assert EVAL_METRIC[name] in metrics["results"]["all"]
+    assert metrics["results"][f"atropos|{name}_eval|0"] == metrics["results"]["all"]
+    assert (directory / "samples.jsonl").read_text().strip(), "no evaluation sample written"

@@ -19,6 +19,7 @@ class ScriptedAPI:
     """An httpx transport that answers from a script and records what arrived."""
 
     def __init__(self, script):
+        self.reject_if = None
         self.script = list(script)
         self.received: list = []
         self.calls = 0
@@ -32,7 +33,10 @@ class ScriptedAPI:
             body = request.content
             if request.headers.get("content-encoding") == "gzip":
                 body = gzip.decompress(body)
-            self.received.append(json.loads(body))
+            data = json.loads(body)
+            if self.reject_if is not None and self.reject_if(data):
+                return httpx.Response(422, json={"detail": "scores[0]: negative"})
+            self.received.append(data)
             return httpx.Response(200, json={"status": "received"})
         if isinstance(action, tuple):
             status, headers = action
@@ -66,18 +70,16 @@ async def test_503_with_retry_after_is_honoured_and_same_group_resent(tmp_path):
     assert time.monotonic() - started >= 0.2
     assert api.received == [group(1)] and api.calls == 2
     assert len(sender.outbox) == 0
+    await sender.close(drain_timeout_s=0.1)
 
 
 async def test_unreachable_api_parks_group_in_outbox_then_flushes_in_order(tmp_path):
     api, sender = make_sender(tmp_path, ["down"] * 3, attempts=3)
     assert await sender.send(group(1)) is False
-    assert len(sender.outbox) == 1 and sender.outboxed == 1
-    # While the outbox holds data, newer groups queue behind it (FIFO).
-    assert await sender.send(group(2)) is False
-    assert len(sender.outbox) == 2
-    sender.start()
+    assert sender.outboxed >= 1
+    await sender.send(group(2))
     for _ in range(100):
-        if not len(sender.outbox):
+        if sender.idle:
             break
         await asyncio.sleep(0.05)
     await sender.close(drain_timeout_s=1)
@@ -85,9 +87,32 @@ async def test_unreachable_api_parks_group_in_outbox_then_flushes_in_order(tmp_p
     assert sender.delivered == 2 and not sender.rejected
 
 
+async def test_concurrent_groups_are_coalesced_in_order(tmp_path):
+    api, sender = make_sender(tmp_path, [])
+    results = await asyncio.gather(*(sender.send(group(i)) for i in range(20)))
+    await sender.close(drain_timeout_s=1)
+    assert all(results)
+    flat = [g for body in api.received for g in (body if isinstance(body, list) else [body])]
+    assert flat == [group(i) for i in range(20)]
+    assert api.calls < 20
+
+
+async def test_rejected_list_is_split_so_only_the_bad_group_is_refused(tmp_path):
+    api, sender = make_sender(tmp_path, [])
+    api.reject_if = lambda body: isinstance(body, list) or body["scores"][0] < 0
+    bad = group(-1)
+    results = await asyncio.gather(sender.send(group(1)), sender.send(bad), sender.send(group(2)))
+    await sender.close(drain_timeout_s=1)
+    flat = [g for body in api.received for g in (body if isinstance(body, list) else [body])]
+    assert sorted(g["scores"][0] for g in flat) == [1.0, 2.0]
+    assert sender.rejected == {"http_422": 1}
+    assert results.count(False) == 1
+
+
 async def test_client_error_is_counted_per_reason_not_outboxed(tmp_path):
     api, sender = make_sender(tmp_path, [422])
     assert await sender.send(group(1)) is False
+    await sender.close(drain_timeout_s=0.1)
     assert sender.rejected == {"http_422": 1}
     assert len(sender.outbox) == 0 and api.received == []
 
@@ -95,7 +120,8 @@ async def test_client_error_is_counted_per_reason_not_outboxed(tmp_path):
 async def test_persistent_503_ends_in_outbox_after_busy_wait(tmp_path):
     api, sender = make_sender(tmp_path, [(503, {"Retry-After": "0.05"})] * 50, busy_wait_s=0.3)
     assert await sender.send(group(3)) is False
-    assert len(sender.outbox) == 1
+    assert sender.outboxed == 1
+    await sender.close(drain_timeout_s=0.1)
 
 
 async def test_close_keeps_undelivered_groups_on_disk(tmp_path):

@@ -63,8 +63,11 @@ def fake_servers(count: int, *extra: str, tmp_path=None) -> Iterator[list[FakeSe
 
 @pytest.fixture(scope="session")
 def fake_pool() -> Iterator[list[FakeServer]]:
-    """Three fake servers with 5 ms latency, shared by the tests that do not break them."""
-    with fake_servers(3, "--latency-ms", "5") as servers:
+    """Five fake servers with 5 ms latency, started together and shared by the tests.
+
+    Servers 0-2 are never reconfigured for long; 3-4 are the failover tests' pair.
+    """
+    with fake_servers(5, "--latency-ms", "5") as servers:
         yield servers
 
 

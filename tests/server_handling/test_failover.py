@@ -20,14 +20,9 @@ def _cfg(base_url: str, timeout: int = 10) -> APIServerConfig:
     return APIServerConfig(base_url=base_url, model_name="fake", timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    with fake_servers(2, "--latency-ms", "5") as servers:
-        yield servers
-
-
 @pytest.fixture
-def clean_pair(pair):
+def clean_pair(fake_pool):
+    pair = fake_pool[3:5]
     yield pair
     for s in pair:
         s.configure(latency_ms=5, fail_status=None)

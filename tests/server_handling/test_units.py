@@ -299,3 +299,34 @@ def test_unknown_tool_parser_is_rejected():
 
     with pytest.raises(ValueError, match="tool parser"):
         ToolCallTranslator("nope")
+
+
+class HangingServer(SleepServer):
+    """Never answers (until the request deadline cancels it)."""
+
+    async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
+        await asyncio.sleep(3600)
+
+
+async def test_hanging_server_times_out_and_request_moves_on():
+    manager = ServerManager([_cfg(base_url="http://hang/v1", timeout=1)], server_class=HangingServer)
+    manager.servers.append(SleepServer(_cfg(base_url="http://ok/v1", timeout=1), delay=0))
+    ok = manager.servers[1]
+    ok.sem.add_listener(manager._dispatch)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    completion = await manager.chat_completion(messages=MESSAGES)
+    assert completion.choices and ok.calls == 1
+    assert loop.time() - start < 2.5
+    assert manager.servers[0].server_healthy  # no health checks: kept in rotation
+
+
+async def test_only_server_hanging_raises_after_the_timeout_instead_of_hanging():
+    from atroposlib.envs.server_handling.errors import NoHealthyServerError
+
+    manager = ServerManager([_cfg(base_url="http://hang/v1", timeout=1)], server_class=HangingServer)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(NoHealthyServerError, match="http://hang/v1"):
+        await manager.chat_completion(messages=MESSAGES)
+    assert loop.time() - start < 2.5

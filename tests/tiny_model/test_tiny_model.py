@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import importlib.util
 import json
-import subprocess
-import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atroposlib.tiny_model import build_tiny_model, ensure_tiny_model, load_tiny_tokenizer
+from atroposlib.tiny_model.__main__ import main as tiny_main
 from atroposlib.tiny_model.tokenizer import SPECIAL_TOKENS, TOKENIZER_JSON
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,16 +96,19 @@ def test_build_rejects_unknown_arch_and_size_fields(tmp_path):
 
 def test_ensure_is_cached_and_safe_under_concurrent_callers(tmp_path):
     target = tmp_path / "cache" / "tiny"
-    code = ("import sys; from atroposlib.tiny_model import ensure_tiny_model; "
-            "print(ensure_tiny_model(sys.argv[1], seed=2))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [o[1][-2000:] for o in outs]
-    assert {o[0].decode().strip() for o in outs} == {str(target)}
+    barrier = threading.Barrier(3)
+
+    def build() -> str:
+        barrier.wait()
+        return ensure_tiny_model(target, seed=2)
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        paths = list(pool.map(lambda _: build(), range(3)))
+    assert paths == [str(target)] * 3
     assert sorted(p.name for p in target.parent.iterdir()) == ["tiny"]  # no temp dirs left
     meta = json.loads((target / "tiny_model_meta.json").read_text())
     assert meta["seed"] == 2
+    AutoModelForCausalLM.from_pretrained(target)
     before = (target / "model.safetensors").stat().st_mtime_ns
     assert ensure_tiny_model(target, seed=2) == str(target)
     assert (target / "model.safetensors").stat().st_mtime_ns == before  # not rebuilt
@@ -117,19 +122,19 @@ def test_ensure_rebuilds_a_stale_or_broken_cache(tmp_path):
     AutoModelForCausalLM.from_pretrained(target)
 
 
-def test_cli_builds_into_out_dir(tmp_path):
+def test_cli_builds_into_out_dir(tmp_path, capsys):
     out = tmp_path / "cli"
-    res = subprocess.run([sys.executable, "-m", "atroposlib.tiny_model", "--out", str(out),
-                          "--arch", "llama", "--num-hidden-layers", "1", "--seed", "4"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().splitlines()[-1] == str(out)
+    tiny_main(["--out", str(out), "--arch", "llama", "--num-hidden-layers", "1", "--seed", "4"])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    with pytest.raises(SystemExit):
+        tiny_main(["--arch", "llama"])  # a non-default build needs --out
 
 
-def test_build_script_reproduces_the_shipped_tokenizer(tmp_path):
-    out = tmp_path / "tokenizer.json"
-    res = subprocess.run([sys.executable, "scripts/build_tiny_tokenizer.py", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert json.loads(out.read_text()) == json.loads(TOKENIZER_JSON.read_text())
+def test_build_script_reproduces_the_shipped_tokenizer():
+    spec = importlib.util.spec_from_file_location("build_tiny_tokenizer",
+                                                  ROOT / "scripts" / "build_tiny_tokenizer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    trained = json.loads(module.train_tokenizer().to_str())
+    assert trained == json.loads(TOKENIZER_JSON.read_text())

@@ -69,3 +69,26 @@ def write_jsonl() -> Callable[[Path, list], Path]:
         return path
 
     return write
+
+
+API_KEY = "test-secret-key"
+
+
+@pytest.fixture(scope="session")
+def api_key() -> str:
+    """The key the tools' ``run-api`` requires."""
+    return API_KEY
+
+
+@pytest.fixture(scope="session")
+def keyed_api(tmp_path_factory: pytest.TempPathFactory):
+    """One real ``run-api`` for the tools' tests, requiring ``Authorization: Bearer API_KEY``."""
+    pytest.importorskip("atroposlib.cli.run_api")
+    from tests.helpers.procs import PYTHON, free_port, running_process
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("api") / "api.log"
+    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port),
+           "--api-key", API_KEY]
+    with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=log):
+        yield f"http://127.0.0.1:{port}"

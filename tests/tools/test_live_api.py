@@ -13,23 +13,17 @@ import pytest
 
 from atroposlib.cli import inference_node_wandb_watcher as watcher_cli
 from atroposlib.frontend.api_client import ApiError, TrainerClient
-from tests.helpers.procs import PYTHON, free_port, running_process, start_process, stop_process
+from tests.helpers.procs import PYTHON, free_port, start_process, stop_process
 
-pytest.importorskip("atroposlib.cli.run_api")
-
-KEY = "test-secret-key"
+KEY = "test-secret-key"  # the key of the keyed_api fixture
 REGISTRATION = {"wandb_group": "grp", "wandb_project": "proj", "batch_size": 4, "max_token_len": 512,
                 "checkpoint_dir": "c", "save_checkpoint_interval": 1, "starting_step": 3, "num_steps": 10}
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    """A run-api requiring an API key."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("api") / "api.log"
-    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port), "--api-key", KEY]
-    with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=log):
-        yield f"http://127.0.0.1:{port}"
+@pytest.fixture
+def api(keyed_api: str, api_key: str) -> str:
+    assert api_key == KEY
+    return keyed_api
 
 
 @pytest.fixture

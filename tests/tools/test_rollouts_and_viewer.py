@@ -159,3 +159,13 @@ def test_live_outputs_multimodal_adds_image_and_text_prompt(tokenizer) -> None:
     assert status == "Batch of 2 groups; showing the first (2 rollouts, env_id=2)."
     assert live_outputs(None, tokenizer, 2, poll_timeout=5)[-1] == "No batch arrived within 5 s; press again to keep waiting."
     assert live_outputs(None, tokenizer, 1, multimodal=True)[:2] == [None, ""]
+
+
+def test_display_tokenizer_decodes_like_transformers(tokenizer, tokenizer_dir) -> None:
+    from atroposlib.frontend.dataset_gen import load_display_tokenizer
+
+    light = load_display_tokenizer(str(tokenizer_dir))
+    assert type(light).__name__ == "_DisplayTokenizer"
+    ids = tokenizer.encode("Héllo, wörld! <|im_end|> 123\n\tend", add_special_tokens=False)
+    assert light.decode(ids) == tokenizer.decode(ids)
+    assert [light.decode([i]) for i in ids[:5]] == [tokenizer.decode([i]) for i in ids[:5]]

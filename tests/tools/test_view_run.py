@@ -44,9 +44,10 @@ def file_viewer(tmp_path_factory, make_group, write_jsonl, tokenizer_dir):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (the Makefile / .ci/run installs it with apt)")
 def test_file_mode_page_shows_group_text_and_score_in_chromium(file_viewer) -> None:
     url, d = file_viewer
-    base = [CHROMIUM, *CHROMIUM_FLAGS]
-    dom = subprocess.run([*base, f"--user-data-dir={d / 'chrome-dom'}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=90).stdout
+    shot = d / "view.png"
+    # One headless run writes both the screenshot and the DOM after scripts ran.
+    dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={d / 'chrome'}", f"--screenshot={shot}",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=90).stdout
     text = _visible_text(dom)
     assert "user: Q: two plus two? A:" in text
     assert "assistant: the answer is four" in text
@@ -54,11 +55,12 @@ def test_file_mode_page_shows_group_text_and_score_in_chromium(file_viewer) -> N
     assert "five <b>bold</b>" in text  # shown as text, not rendered as markup
     assert re.search(r"18/38 tokens trained · mean logprob -0.5\b", text)
     assert re.search(r'class="tok trained"[^>]*title="id \d+ · trained · logprob -0.5"', dom)
-    shot = d / "view.png"
-    subprocess.run([*base, f"--user-data-dir={d / 'chrome-shot'}", f"--screenshot={shot}", url],
-                   capture_output=True, timeout=90)
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    from PIL import Image
+
+    with Image.open(shot) as img:
+        assert img.format == "PNG" and img.size == (1280, 1400)
+        colours = img.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # a rendered page, not a blank frame
 
 
 def test_file_mode_filters_and_navigation_via_gradio_client(file_viewer) -> None:
@@ -115,29 +117,26 @@ def _tokenized(tokenizer, prompt: str, completions: list[str], scores: list[floa
 
 
 def test_live_mode_shows_first_group_of_next_batch_without_resetting_the_api(
-        tmp_path: Path, tokenizer, tokenizer_dir: Path) -> None:
-    pytest.importorskip("atroposlib.cli.run_api")
+        tmp_path: Path, tokenizer, tokenizer_dir: Path, keyed_api: str, api_key: str) -> None:
     from gradio_client import Client
 
-    api_port, ui_port = free_port(), free_port()
-    api = f"http://127.0.0.1:{api_port}"
-    with running_process([PYTHON, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(api_port)],
-                         health_url=f"{api}/health", log_path=tmp_path / "api.log"):
-        with httpx.Client(base_url=api, timeout=10) as h:
-            h.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 4,
-                                      "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
-                                      "starting_step": 0, "num_steps": 10}).raise_for_status()
-            h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
+    ui_port = free_port()
+    with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
+        h.get("/reset_data").raise_for_status()
+        h.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 4,
+                                  "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
+                                  "starting_step": 0, "num_steps": 10}).raise_for_status()
+        h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
+               ).raise_for_status()
+        cmd = [PYTHON, "-m", "atroposlib.cli.view_run", "--api-url", keyed_api, "--tokenizer", str(tokenizer_dir),
+               "--port", str(ui_port), "--poll-timeout", "20"]
+        with running_process(cmd, health_url=f"http://127.0.0.1:{ui_port}/", timeout=120,
+                             log_path=tmp_path / "view.log", env={"ATROPOS_API_KEY": api_key}):
+            assert h.get("/status").json()["queue_size"] == 1  # view-run did not wipe the queue
+            h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
                    ).raise_for_status()
-            cmd = [PYTHON, "-m", "atroposlib.cli.view_run", "--api-url", api, "--tokenizer", str(tokenizer_dir),
-                   "--port", str(ui_port), "--poll-timeout", "20"]
-            with running_process(cmd, health_url=f"http://127.0.0.1:{ui_port}/", timeout=120,
-                                 log_path=tmp_path / "view.log"):
-                assert h.get("/status").json()["queue_size"] == 1  # view-run did not wipe the queue
-                h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
-                       ).raise_for_status()
-                client = Client(f"http://127.0.0.1:{ui_port}/", verbose=False)
-                prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
+            client = Client(f"http://127.0.0.1:{ui_port}/", verbose=False)
+            prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
     assert prefix == "Q: 1+1? A: "
     assert (out0, out1) == ("2", "3")
     assert (float(score0), float(score1)) == (1.0, -1.0)

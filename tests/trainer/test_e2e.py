@@ -89,15 +89,17 @@ def test_killing_the_runner_leaves_no_child_processes(tmp_path, sig):
     config = _write_config(tmp_path, steps=1000, with_eval=False)
     runner = subprocess.Popen([sys.executable, "-m", "example_trainer.run", "--config", str(config)], cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    kids: list[psutil.Process] = []
     try:
         kids = _descendants_when_ready(psutil.Process(runner.pid), 4, timeout=90)
         os.kill(runner.pid, sig)
         runner.wait(timeout=30)
-        gone, alive = psutil.wait_procs(kids, timeout=30)
+        _, alive = psutil.wait_procs(kids, timeout=30)
         assert not alive, [p.cmdline() for p in alive]
     finally:
         if runner.poll() is None:
             runner.kill()
-        for p in psutil.Process().children(recursive=True):
-            if p.pid != runner.pid:
-                continue
+            runner.wait(timeout=10)
+        for p in kids:  # never leave our own processes behind, even when the assertion failed
+            if p.is_running():
+                p.kill()

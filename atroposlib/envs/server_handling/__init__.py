@@ -6,16 +6,30 @@ The faithful import paths are the submodules (``server_baseline``, ``server_mana
 the most used names are re-exported here for convenience.
 """
 
-from atroposlib.envs.server_handling.errors import NoHealthyServerError, ServerUnavailableError
-from atroposlib.envs.server_handling.server_baseline import (
-    APIServer,
-    APIServerConfig,
-    AsyncSemWithAdaptiveWeight,
-    OpenaiConfig,
-    ReasoningConfig,
-    ServerBaseline,
-)
-from atroposlib.envs.server_handling.server_manager import ServerManager, ServerManagerConfig
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "NoHealthyServerError": "errors",
+    "ServerUnavailableError": "errors",
+    "APIServer": "server_baseline",
+    "APIServerConfig": "server_baseline",
+    "AsyncSemWithAdaptiveWeight": "server_baseline",
+    "OpenaiConfig": "server_baseline",
+    "ReasoningConfig": "server_baseline",
+    "ServerBaseline": "server_baseline",
+    "ServerManager": "server_manager",
+    "ServerManagerConfig": "server_manager",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that light submodules (fake_server) do not pay for openai's import.
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "APIServer",

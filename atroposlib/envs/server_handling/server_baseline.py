@@ -354,7 +354,16 @@ class APIServer(ABC):
         self._health_listeners.append(callback)
 
     def mark_unhealthy(self, cause: BaseException | None = None) -> None:
-        """Take the server out of rotation until the health probe sees it again."""
+        """Take the server out of rotation until the health probe sees it again.
+
+        Without health checks nothing could bring it back, so the server stays in
+        rotation (the original's "assumed healthy") and only the failure is logged.
+        """
+        if not self._health_enabled:
+            logger.warning(
+                "request to %s failed (no health checks, kept in rotation): %r", self.name, cause
+            )
+            return
         if self._server_healthy:
             logger.warning("marking server %s unhealthy: %r", self.name, cause)
         self.server_healthy = False
@@ -367,13 +376,14 @@ class APIServer(ABC):
 
     def start_health_check(self) -> None:
         """Start the background health loop (once) when health checks are on."""
-        if self.check_task is not None and not self.check_task.done():
-            return
         if not self._health_enabled:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            return
+        task = self.check_task
+        if task is not None and not task.done() and task.get_loop() is loop:
             return
         self.check_task = loop.create_task(self.check_server_status_task())
 

@@ -324,7 +324,10 @@ class ServerManager:
         max_tries = 2 * len(self.servers) + 2
         while True:
             try:
-                idx = await self._acquire_slot(is_train, frozenset(exclude), deadline - loop.time())
+                # Past the deadline only servers not yet failed may be tried, without waiting.
+                past = loop.time() >= deadline
+                skip = frozenset(exclude | set(tried)) if past and tried else frozenset(exclude)
+                idx = await self._acquire_slot(is_train, skip, deadline - loop.time())
             except asyncio.TimeoutError:
                 names = self._describe(tried)
                 raise NoHealthyServerError(names, loop.time() - started, last_error) from last_error

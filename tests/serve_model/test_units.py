@@ -1,0 +1,122 @@
+"""Pure pieces of the server: sampling filters, KV batch merging, tool-call parsing, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atroposlib.cli.serve_model import build_parser
+from atroposlib.serving.kv_cache import KVBatch, cache_tensors
+from atroposlib.serving.responses import parse_tool_calls
+from atroposlib.serving.sampling import SamplingParams, filter_logits, sample
+
+
+def _lp(values: list[float]) -> torch.Tensor:
+    return torch.log_softmax(torch.tensor([values]), dim=-1)
+
+
+def test_top_k_keeps_exactly_k_tokens():
+    out = filter_logits(_lp([1.0, 4.0, 3.0, 2.0]), torch.tensor([2]), torch.tensor([1.0]),
+                        torch.tensor([0.0]))
+    assert torch.isfinite(out[0]).tolist() == [False, True, True, False]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    out = filter_logits(probs.log(), torch.tensor([-1]), torch.tensor([0.8]), torch.tensor([0.0]))
+    assert torch.isfinite(out[0]).tolist() == [True, True, False, False]
+
+
+def test_min_p_drops_tokens_below_fraction_of_the_best():
+    probs = torch.tensor([[0.6, 0.27, 0.08, 0.05]])
+    out = filter_logits(probs.log(), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0.1]))
+    assert torch.isfinite(out[0]).tolist() == [True, True, True, False]
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.floats(-20, 20), min_size=2, max_size=30),
+       k=st.integers(-1, 40), p=st.floats(0.01, 1.0), m=st.floats(0.0, 1.0))
+def test_filters_always_keep_the_most_likely_token(values, k, p, m):
+    lp = _lp(values)
+    out = filter_logits(lp, torch.tensor([k]), torch.tensor([p]), torch.tensor([m]))
+    assert torch.isfinite(out[0, int(torch.argmax(lp))])
+
+
+def test_sample_reports_log_softmax_of_scaled_logits_and_is_seeded():
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=0.7, logprobs=2), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.3, top_k=5)]
+
+    def run():
+        gens = [torch.Generator().manual_seed(i) for i in range(3)]
+        return sample(logits, params, gens)
+
+    a, b = run(), run()
+    assert a.tokens == b.tokens
+    assert a.tokens[1] == int(torch.argmax(logits[1]))
+    for i, prm in enumerate(params):
+        t = prm.temperature if prm.temperature > 0 else 1.0
+        want = torch.log_softmax(logits[i] / t, dim=-1)[a.tokens[i]].item()
+        assert abs(a.logprobs[i] - want) < 1e-6
+    assert torch.topk(logits[2], 5).indices.tolist().count(a.tokens[2]) == 1
+    assert len(a.top[0]) == 2 and a.top[1] == []
+
+
+def test_sample_frequencies_follow_the_distribution():
+    probs = torch.tensor([0.7, 0.2, 0.1])
+    logits = probs.log().repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    out = sample(logits, [SamplingParams()] * 4000, [gen] * 4000)
+    freq = torch.bincount(torch.tensor(out.tokens), minlength=3).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03)
+
+
+def _batch(lengths: list[int], width: int, fill: float) -> KVBatch:
+    rows = len(lengths)
+    mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths])
+    k = torch.full((rows, 1, width, 2), fill) * mask[:, None, :, None]
+    return KVBatch([(k, k.clone())], mask, torch.tensor(lengths))
+
+
+def test_merge_left_pads_the_shorter_batch_and_select_trims_padding():
+    a, b = _batch([3, 1], 3, 1.0), _batch([5], 5, 2.0)
+    merged = KVBatch.merge(a, b)
+    assert merged.mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [1, 1, 1, 1, 1]]
+    assert merged.kv[0][0][:, 0, :, 0].tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1],
+                                                    [2, 2, 2, 2, 2]]
+    assert merged.positions.tolist() == [3, 1, 5]
+    kept = merged.select([1, 0])
+    assert kept.mask.tolist() == [[0, 0, 1], [1, 1, 1]]  # all-padding columns dropped
+    assert kept.kv[0][0].shape[2] == 3 and kept.positions.tolist() == [1, 3]
+
+
+def test_cache_tensors_reads_legacy_tuples():
+    k = torch.zeros(1, 1, 2, 2)
+    assert cache_tensors(((k, k),))[0][0] is k
+    with pytest.raises(TypeError):
+        cache_tensors(object())
+
+
+def test_tool_calls_are_split_from_content():
+    text = ('Let me check.\n<tool_call>\n{"name": "calculator", "arguments": {"e": "2+2"}}\n'
+            '</tool_call>')
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me check."
+    assert calls[0]["function"]["name"] == "calculator"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"e": "2+2"}
+    assert parse_tool_calls("<tool_call>not json</tool_call>") == (
+        "<tool_call>not json</tool_call>", [])
+
+
+def test_cli_flags_mirror_the_config_fields():
+    ns = build_parser().parse_args(["/m", "--port", "9100", "--device", "cpu",
+                                    "--max-model-len", "512", "--served-model-name", "a", "b",
+                                    "--api-key", "k", "--dtype", "float32"])
+    assert (ns.model, ns.port, ns.max_model_len, ns.served_model_name, ns.api_key) == (
+        "/m", 9100, 512, ["a", "b"], "k")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["/m", "--device", "tpu"])
