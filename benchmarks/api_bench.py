@@ -151,6 +151,29 @@ async def drain(session: aiohttp.ClientSession, base: str, gzip: bool) -> tuple[
     return batches, time.perf_counter() - t0
 
 
+def handler_cost(bodies: List[bytes], n: int) -> tuple[float, float]:
+    """In-process CPU per group (validate + store) and per batch of 64, without HTTP."""
+    from atroposlib.api import handlers
+    from atroposlib.api.models import RegisterEnv, Registration
+    from atroposlib.api.store import RolloutStore
+
+    store = RolloutStore(2**40)
+    store.register_trainer(Registration(**TRAINER))
+    store.next_batch()
+    store.register_env(
+        RegisterEnv(max_token_length=2048, desired_name="b", weight=1.0, group_size=8)
+    )
+    t0 = time.process_time()
+    for i in range(n):
+        handlers.ingest_groups(store, bodies[i % len(bodies)], many=False)
+    per_group = (time.process_time() - t0) / n
+    t0 = time.process_time()
+    batches = 0
+    while handlers.serve_batch(store) != b'{"batch":null}':
+        batches += 1
+    return per_group, (time.process_time() - t0) / max(batches, 1)
+
+
 async def run(args: argparse.Namespace, base: str, pid: int) -> None:
     me = psutil.Process()
     rng = random.Random(0)
@@ -195,6 +218,11 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             print(
                 f"/status-env p50      {await status_p50(s, base, env_id):.3f} ms at {target} queued groups"
             )
+    per_group, per_batch = handler_cost(bodies, args.groups)
+    print(
+        f"handler CPU          {per_group * 1e6:.0f} us/group ingest, {per_batch * 1e6:.0f} us/batch drain "
+        f"(in-process, no HTTP)"
+    )
     print(f"load average         {os.getloadavg()}")
 
 

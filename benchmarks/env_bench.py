@@ -10,6 +10,7 @@ ratio, and the env process's CPU time per group.
 
     python benchmarks/env_bench.py                       # 8, 32 and 64 workers
     python benchmarks/env_bench.py --workers 64 --seconds 20 --latency-ms 50
+    python benchmarks/env_bench.py --server-type vllm    # token-level rollouts via /generate
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,11 +50,18 @@ class BenchEnv(BaseEnv):
         self.counter += 1
         return self.counter
 
-    async def collect_trajectories(self, item: int) -> Tuple[Optional[ScoredDataGroup], List[Any]]:
+    async def collect_trajectories(self, item: int) -> Tuple[ScoredDataGroup | None, List[Any]]:
         n = self.config.group_size
-        completion = await self.server.completion(prompt=f"item {item}", n=n, max_tokens=8)
-        texts = [c.text for c in completion.choices] or [""]
-        tokens = [[item, j] + list(texts[j % len(texts)].encode()[:30]) for j in range(n)]
+        if self.server.servers[0].config.server_type == "vllm":
+            prompt = list(f"item {item}".encode())
+            _, outputs, _, _ = await self.server.tokens_and_logprobs_completion(
+                input_ids=prompt, n=n, max_tokens=8
+            )
+            bodies = [list(o)[:30] for o in outputs] or [[]]
+        else:
+            completion = await self.server.completion(prompt=f"item {item}", n=n, max_tokens=8)
+            bodies = [list(c.text.encode()[:30]) for c in completion.choices] or [[]]
+        tokens = [[item, j] + bodies[j % len(bodies)] for j in range(n)]
         masks = [[-100, -100] + t[2:] for t in tokens]
         return ScoredDataGroup(tokens=tokens, masks=masks, scores=[float(j) for j in range(n)]), []
 
@@ -61,7 +69,8 @@ class BenchEnv(BaseEnv):
         return None
 
 
-def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_dir: Path) -> dict:
+def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_dir: Path,
+             server_type: str) -> dict:
     import httpx
     import psutil
 
@@ -86,7 +95,8 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
         httpx.get(f"{api_url}/batch", timeout=10)
         env = start_process([sys.executable, str(Path(__file__).resolve()), "env", "serve",
                              "--env.rollout_server_url", api_url, "--env.max_num_workers", str(workers),
-                             "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1"],
+                             "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1",
+                             "--openai.server_type", server_type],
                             log_path=log_dir / "env.log",
                             env={"ATROPOS_OUTBOX_DIR": str(log_dir / "outbox")})
         procs.append(env)
@@ -114,7 +124,7 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
             stop_process(proc)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: List[str] | None = None) -> None:
     """Run the benchmark and print one line per worker count."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["env"]:
@@ -127,6 +137,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--log-dir", default="/tmp/atropos-env-bench")
+    parser.add_argument("--server-type", choices=["openai", "vllm"], default="openai",
+                        help="openai: completion() through the OpenAI client; "
+                        "vllm: tokens_and_logprobs_completion() through /generate")
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     log_dir = Path(args.log_dir)
@@ -134,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} cores")
     print(f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17}")
     for workers in args.workers:
-        r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir)
+        r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir, args.server_type)
         print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
               f"{r['cpu_ms_per_group']:>17.2f}", flush=True)
 

@@ -56,7 +56,8 @@ class GSM8kConfig(BaseEnvConfig):
     """GSM8K settings on top of :class:`BaseEnvConfig`."""
 
     dataset_name: str = Field("gsm8k", description="Hugging Face dataset to load when no data_path is set.")
-    dataset_config: str = Field("main", description="Configuration of the Hugging Face dataset.")
+    dataset_config: str | None = Field(
+        "main", description="Configuration of the Hugging Face dataset (None for a local dataset directory).")
     data_path: str | None = Field(
         None, description="Local jsonl for training (rows with 'question' and 'answer' ending in '#### N'); "
         "overrides the Hugging Face dataset.")

@@ -44,7 +44,8 @@ class MCQAConfig(BaseEnvConfig):
     """Multiple-choice QA settings on top of :class:`BaseEnvConfig`."""
 
     dataset_name: str = Field("cais/mmlu", description="Hugging Face dataset when no data_path is set.")
-    dataset_config: str = Field("all", description="Configuration of the Hugging Face dataset.")
+    dataset_config: str | None = Field(
+        "all", description="Configuration of the Hugging Face dataset (None for a local dataset directory).")
     train_split: str = Field("auxiliary_train", description="Split used for training items.")
     eval_split: str = Field("test", description="Split used for evaluation.")
     data_path: str | None = Field(None, description="Local training jsonl (question, choices, answer).")

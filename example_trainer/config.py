@@ -83,6 +83,7 @@ class TrainingConfig(BaseModel):
     device: str = Field(default_factory=_default_device, description="Torch device (cuda, cpu, cuda:1...).")
     dtype: str = Field("bfloat16", description="Model dtype on GPU (bfloat16|float16|float32); CPU always uses float32.")
     seed: int = Field(0, description="Random seed for torch.")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op CPU threads (0 = torch's default).")
     pad_to_multiple: int = Field(64, ge=1, description="Pad micro-batch sequence length to a multiple of this.")
 
     # --- checkpoints ----------------------------------------------------------------

@@ -92,6 +92,8 @@ class GRPOTrainer:
     def __init__(self, config: TrainingConfig) -> None:
         self.config = config
         torch.manual_seed(config.seed)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         self.step = 0
         resume_dir = find_latest_checkpoint(config.save_path) if config.resume else None
         self.model, self.tokenizer = setup_model(config, str(resume_dir) if resume_dir else None)

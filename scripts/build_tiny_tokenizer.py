@@ -19,7 +19,7 @@ from atroposlib.tiny_model.corpus import generate_documents
 from atroposlib.tiny_model.tokenizer import SPECIAL_TOKENS, TOKENIZER_JSON
 
 
-def train_tokenizer(vocab_size: int = 4096, seed: int = 0, n_docs: int = 40000) -> Tokenizer:
+def train_tokenizer(vocab_size: int = 4096, seed: int = 0, n_docs: int = 12000) -> Tokenizer:
     """Train a byte-level BPE with single-digit pre-splitting on the generated corpus."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -47,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab-size", type=int, default=4096, help="Target vocabulary size.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the generated corpus.")
-    parser.add_argument("--docs", type=int, default=40000, help="Number of generated documents.")
+    parser.add_argument("--docs", type=int, default=12000, help="Number of generated documents.")
     parser.add_argument("--out", type=Path, default=TOKENIZER_JSON, help="Output tokenizer.json.")
     args = parser.parse_args()
     tok = train_tokenizer(args.vocab_size, args.seed, args.docs)

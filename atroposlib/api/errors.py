@@ -152,6 +152,9 @@ async def _request_validation_error(request: Request, exc: Exception) -> JSONRes
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    store = getattr(request.app, "atropos_store", None)
+    if store is not None:
+        store.counters["internal_errors"] += 1
     return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
 
 

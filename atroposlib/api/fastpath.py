@@ -11,7 +11,7 @@ inside the auth, body-limit and gzip middleware, so those apply unchanged.
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 from urllib.parse import parse_qs
 
 from atroposlib.api import handlers
@@ -21,10 +21,12 @@ from atroposlib.api.store import RolloutStore
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HotPathMiddleware"]
+__all__ = ["INGEST_ROUTES", "BypassFor", "HotPathMiddleware"]
+
+INGEST_ROUTES = frozenset({("POST", "/scored_data"), ("POST", "/scored_data_list")})
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-Handler = Callable[[Scope, Receive], Awaitable[bytes | None]]
+Handler = Callable[[bytes], bytes]
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -51,6 +53,21 @@ def _query_env_id(scope: Scope) -> int | None:
         return int(values[-1])
     except ValueError:
         return None
+
+
+class BypassFor:
+    """Send the requests of ``routes`` (method, path) straight to ``direct``, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, direct: ASGIApp, routes: frozenset) -> None:
+        self.app = app
+        self.direct = direct
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["method"], scope["path"]) in self.routes:
+            await self.direct(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 class HotPathMiddleware:
@@ -91,6 +108,7 @@ class HotPathMiddleware:
             status, headers, payload = error_response(e)
         except Exception as e:  # the hot path runs outside FastAPI's error middleware
             logger.exception("unhandled error in the hot path")
+            self.store.counters["internal_errors"] += 1
             status, headers, payload = (
                 500,
                 _JSON_HEADERS,

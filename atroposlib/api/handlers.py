@@ -9,15 +9,23 @@ their JSON bytes and kept as canonical JSON (see :func:`incoming`).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, List, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from atroposlib.api.errors import BodyValidationError, validation_detail
+from atroposlib.api.errors import (
+    BodyValidationError,
+    GroupInconsistentError,
+    UnknownEnvError,
+    validation_detail,
+)
 from atroposlib.api.models import ScoredData, ScoredDataList, check_group_consistency
 from atroposlib.api.store import IncomingGroup, IngestOutcome, RolloutStore
 
 __all__ = ["ingest_groups", "incoming", "parse_body", "serve_batch", "status_env"]
+
+logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,7 +106,16 @@ def _list_answer(outcomes: Sequence[IngestOutcome]) -> dict[str, Any]:
 
 def ingest_groups(store: RolloutStore, body: bytes, many: bool) -> bytes:
     """``POST /scored_data`` (``many=False``) and ``/scored_data_list`` (``many=True``)."""
-    outcomes = store.ingest(parse_groups(body, many))
+    try:
+        outcomes = store.ingest(parse_groups(body, many))
+    except (BodyValidationError, GroupInconsistentError) as e:
+        store.counters["rejected_invalid"] += 1
+        logger.info("rejected a post: %s", e.message)
+        raise
+    except UnknownEnvError as e:
+        store.counters["rejected_unknown_env"] += 1
+        logger.info("rejected a post: %s", e.message)
+        raise
     if many:
         return json.dumps(_list_answer(outcomes)).encode()
     outcome = outcomes[0]

@@ -92,7 +92,17 @@ def render_metrics(store: RolloutStore) -> str:
         "atropos_rejected_total",
         "counter",
         "Posts rejected, per reason.",
-        [('{reason="queue_full"}', c["rejected_queue_full"])],
+        [
+            ('{reason="queue_full"}', c["rejected_queue_full"]),
+            ('{reason="invalid"}', c["rejected_invalid"]),
+            ('{reason="unknown_env"}', c["rejected_unknown_env"]),
+        ],
+    )
+    lines += _family(
+        "atropos_internal_errors_total",
+        "counter",
+        "Requests that failed inside the server (logged with a traceback).",
+        [("", c["internal_errors"])],
     )
     lines += _family(
         "atropos_step", "gauge", "Trainer step counter (batches served).", [("", store.step)]

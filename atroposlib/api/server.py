@@ -8,6 +8,7 @@ OpenAPI schema and serve everything else.
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
@@ -20,7 +21,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from atroposlib.api import handlers
 from atroposlib.api.errors import BodyValidationError, install_error_handlers
-from atroposlib.api.fastpath import HotPathMiddleware
+from atroposlib.api.fastpath import INGEST_ROUTES, BypassFor, HotPathMiddleware
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
 from atroposlib.api.middleware import ASGIApp, BearerAuthMiddleware, RequestBodyMiddleware
 from atroposlib.api.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
@@ -76,8 +77,10 @@ class RolloutAPI(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         settings = self.atropos_settings
-        app: ASGIApp = HotPathMiddleware(super().build_middleware_stack(), self.atropos_store)
-        app = GZipMiddleware(app, minimum_size=1000, compresslevel=settings.gzip_level)
+        hot = HotPathMiddleware(super().build_middleware_stack(), self.atropos_store)
+        gzipped = GZipMiddleware(hot, minimum_size=1000, compresslevel=settings.gzip_level)
+        # Ingest answers are a few bytes: skip gzip's per-request header work for them.
+        app: ASGIApp = BypassFor(gzipped, hot, INGEST_ROUTES)
         app = RequestBodyMiddleware(app, max_bytes=settings.max_request_bytes)
         if settings.api_key:
             app = BearerAuthMiddleware(app, api_key=settings.api_key)
@@ -101,6 +104,8 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Startup objects are long-lived: keep the cyclic GC from rescanning them on the hot path.
+        gc.freeze()
         yield
         store.close()
 

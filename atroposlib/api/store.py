@@ -81,6 +81,9 @@ class RolloutStore:
             "batches_served": 0,
             "sequences_served": 0,
             "rejected_queue_full": 0,
+            "rejected_invalid": 0,
+            "rejected_unknown_env": 0,
+            "internal_errors": 0,
         }
         self._reset_registration()
         self.max_token_len = -1

@@ -125,9 +125,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         uvicorn.run("atroposlib.api:app", reload=True, **common)
         return
+    from atroposlib.api.errors import StorageError
     from atroposlib.api.server import create_app
 
-    uvicorn.run(create_app(settings), **common)
+    try:
+        app = create_app(settings)
+    except StorageError as e:
+        logger.error("%s", e.message)
+        raise SystemExit(2) from None
+    uvicorn.run(app, **common)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import httpx
 
@@ -54,7 +54,7 @@ class PostResult:
 
     status: int
     detail: str = ""
-    retry_after: Optional[float] = None
+    retry_after: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,7 +67,7 @@ class PostResult:
         return 400 <= self.status < 500 and self.status not in (408, 429)
 
 
-def _retry_after(response: httpx.Response) -> Optional[float]:
+def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("Retry-After")
     if value is None:
         return None
@@ -91,7 +91,7 @@ class RolloutAPIClient:
         self,
         base_url: str,
         timeout: float = DEFAULT_TIMEOUT_S,
-        transport: Optional[httpx.AsyncBaseTransport] = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = httpx.AsyncClient(

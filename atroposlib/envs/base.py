@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, List, Tuple, Type, Union
 
 import httpx
 
@@ -69,7 +70,7 @@ STATUS_POLL_S = 0.1
 class BaseEnv(ABC):
     """Base class of all environments. See the module docstring for usage."""
 
-    name: Optional[str] = None
+    name: str | None = None
     env_config_cls: Type[BaseEnvConfig] = BaseEnvConfig
     server_cls: Type[APIServer] = APIServer
 
@@ -88,15 +89,15 @@ class BaseEnv(ABC):
         self.max_token_len = -1
         self.status_dict: Dict[str, Any] = {}
         self.derived_batch_size = -1
-        self.env_id: Optional[int] = None
-        self.wandb_prepend: Optional[str] = None
-        self.wandb_project: Optional[str] = None
-        self.wandb_group: Optional[str] = None
+        self.env_id: int | None = None
+        self.wandb_prepend: str | None = None
+        self.wandb_project: str | None = None
+        self.wandb_group: str | None = None
         self.checkpoint_dir = ""
         self.checkpoint_interval = -1
         self.max_num_workers = config.max_num_workers
         self.backlog: List[Item] = []
-        self.eval_runner: Optional[asyncio.Task] = None
+        self.eval_runner: asyncio.Task | None = None
         self.eval_workers: set = set()
         self.items_sent_this_step = 0
         self.items_sent_total = 0
@@ -109,18 +110,20 @@ class BaseEnv(ABC):
         self.failed_task_duration: List[float] = []
         self.mainloop_timings: List[float] = []
         self.workers_added_list: List[int] = []
-        self.jsonl_writer: Optional[files.JsonlGroupWriter] = None
+        self.jsonl_writer: files.JsonlGroupWriter | None = None
         self.process_mode = False
-        self.n_groups_to_process: Optional[int] = None
-        self.group_size_to_process: Optional[int] = None
+        self.n_groups_to_process: int | None = None
+        self.group_size_to_process: int | None = None
         self._wake = asyncio.Event()
         self.pool = WorkerPool(on_done=self._wake.set)
         self.workers = self.pool.tasks
         self.running_items = self.pool.running
-        self._api: Optional[RolloutAPIClient] = None
-        self._sender: Optional[GroupSender] = None
-        self._status: Optional[scheduling.EnvStatus] = None
-        self._status_task: Optional[asyncio.Task] = None
+        self._api: RolloutAPIClient | None = None
+        self._sender: GroupSender | None = None
+        self._status: scheduling.EnvStatus | None = None
+        self._status_task: asyncio.Task | None = None
+        self._last_reap = 0.0
+        self._stop_requested = False
 
     def _make_server_manager(self, server_configs: Any, slurm: bool, testing: bool) -> Any:
         from atroposlib.envs.server_handling.server_manager import ServerManager
@@ -174,7 +177,7 @@ class BaseEnv(ABC):
     async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
         """Run the environment's evaluation (called every ``steps_per_eval`` steps)."""
 
-    async def collect_trajectory(self, item: Item) -> Tuple[Optional[ScoredDataItem], List[Item]]:
+    async def collect_trajectory(self, item: Item) -> Tuple[ScoredDataItem | None, List[Item]]:
         """Produce one scored rollout for ``item`` and any items to put in the backlog."""
         raise NotImplementedError(
             "implement collect_trajectory(item) or collect_trajectories(item)"
@@ -182,7 +185,7 @@ class BaseEnv(ABC):
 
     async def collect_trajectories(
         self, item: Item
-    ) -> Tuple[Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]], List[Any]], List[Item]]:
+    ) -> Tuple[Union[ScoredDataGroup | None, List[ScoredDataGroup | None], List[Any]], List[Item]]:
         """Produce a scored group for ``item``: ``group_size`` concurrent ``collect_trajectory`` calls."""
         results = await asyncio.gather(
             *(self.collect_trajectory(item) for _ in range(self.config.group_size))
@@ -213,15 +216,15 @@ class BaseEnv(ABC):
         return (group if group["tokens"] else None), backlog
 
     async def postprocess_histories(
-        self, trajectories: Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]]
-    ) -> Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]]:
+        self, trajectories: Union[ScoredDataGroup | None, List[ScoredDataGroup | None]]
+    ) -> Union[ScoredDataGroup | None, List[ScoredDataGroup | None]]:
         """Last chance to change groups before they are sent (identity by default)."""
         return trajectories
 
-    async def cleanup(self) -> None:
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty on purpose
         """Called after every handled item."""
 
-    def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         """Save ``data`` as this env's checkpoint for ``step`` (no-op when None).
 
         Subclasses pass their state, e.g. ``super().save_checkpoint(step, {"iter": self.iter})``.
@@ -291,7 +294,7 @@ class BaseEnv(ABC):
             total["worker_timeout"] = self.pool.timed_out_dropped
         return total
 
-    async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         """Log ``wandb_metrics`` plus the base metrics; subclasses add keys, then call super."""
         metrics = dict(wandb_metrics or {})
         metrics.update(self.perf_metrics())
@@ -321,12 +324,12 @@ class BaseEnv(ABC):
     async def evaluate_log(
         self,
         metrics: Dict[str, Any],
-        task_name: Optional[str] = None,
-        model_name: Optional[str] = None,
-        start_time: Optional[float] = None,
-        end_time: Optional[float] = None,
-        generation_parameters: Optional[Dict[str, Any]] = None,
-        samples: Optional[List[Dict[str, Any]]] = None,
+        task_name: str | None = None,
+        model_name: str | None = None,
+        start_time: float | None = None,
+        end_time: float | None = None,
+        generation_parameters: Dict[str, Any] | None = None,
+        samples: List[Dict[str, Any]] | None = None,
         verbose: bool = True,
     ) -> None:
         """Write ``metrics.json`` (and ``samples.jsonl``) to ``data_dir_to_save_evals``."""
@@ -351,7 +354,7 @@ class BaseEnv(ABC):
         log = logger.info if reason == "scores_all_equal" else logger.warning
         log("group dropped (%s)%s", reason, f": {detail}" if detail else "")
 
-    def _filter_group(self, group: Optional[ScoredDataGroup], abort_on_max_len: bool) -> Optional[ScoredDataGroup]:
+    def _filter_group(self, group: ScoredDataGroup | None, abort_on_max_len: bool) -> ScoredDataGroup | None:
         """The group ready to send, or None (the reason is logged and counted)."""
         if group is None:
             return None
@@ -384,7 +387,7 @@ class BaseEnv(ABC):
 
     async def handle_send_to_api(
         self,
-        scored_data: Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]],
+        scored_data: Union[ScoredDataGroup | None, List[ScoredDataGroup | None]],
         item: Item = None,
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,
@@ -619,19 +622,32 @@ class BaseEnv(ABC):
         await self.setup_wandb()
         await self.register_env()
         await self.get_server_info()
-        outbox = Outbox(default_outbox_dir(self.config.wandb_name or self.name))
+        outbox_dir = default_outbox_dir(self.config.wandb_name or self.name)
+        outbox = Outbox(outbox_dir)
+        outbox.adopt_orphans(outbox_dir.parent, outbox_dir.name.rsplit("-", 1)[0])
         self._sender = GroupSender(self._api, outbox)
         self._sender.start()
         self._status_task = asyncio.create_task(self._status_loop(), name="atropos-status-poll")
+        uninstall = _install_stop_signals(self.request_stop)
         try:
             await self._serve_loop()
         finally:
+            uninstall()
             await self._shutdown()
+
+    def request_stop(self) -> None:
+        """Stop the serve loop gracefully: finish sending, drain the outbox, disconnect."""
+        if not self._stop_requested:
+            logger.info("stop requested; delivering what is in flight, then exiting")
+        self._stop_requested = True
+        self._wake.set()
 
     async def _serve_loop(self) -> None:
         while True:
             started = time.perf_counter()
             self._wake.clear()
+            if self._stop_requested:
+                return
             status = self._status
             if status is not None:
                 await self.env_step_checks()
@@ -640,7 +656,9 @@ class BaseEnv(ABC):
                 ):
                     logger.info("enough data queued for total_steps=%d; stopping", self.config.total_steps)
                     return
-                self.pool.reap_timeouts(self.config.worker_timeout)
+                if time.monotonic() - self._last_reap >= 1.0:
+                    self._last_reap = time.monotonic()
+                    self.pool.reap_timeouts(self.config.worker_timeout)
                 paused = self.derived_batch_size == -1 or scheduling.offpolicy_full(
                     status,
                     self.config.group_size,
@@ -711,7 +729,7 @@ class BaseEnv(ABC):
         run_cli(cls)
 
 
-def _first_model_name(server: Any) -> Optional[str]:
+def _first_model_name(server: Any) -> str | None:
     for srv in getattr(server, "servers", []) or []:
         config = getattr(srv, "config", None)
         if config is not None and getattr(config, "model_name", None):
@@ -719,7 +737,7 @@ def _first_model_name(server: Any) -> Optional[str]:
     return None
 
 
-def _print_metrics_table(metrics: Dict[str, Any], task_name: Optional[str]) -> None:
+def _print_metrics_table(metrics: Dict[str, Any], task_name: str | None) -> None:
     from rich.console import Console
 
     from atroposlib.utils.display import display_metrics_table

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Type, get_args
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple, Type, get_args
 
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
@@ -62,6 +63,7 @@ class ParsedCli:
     testing: bool
     extra_servers: Dict[str, Any] = field(default_factory=dict)
     merged: Dict[str, Any] = field(default_factory=dict)
+    manager_options: Dict[str, Any] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ models
@@ -84,7 +86,7 @@ def _mode_env_defaults(mode: str) -> Dict[str, Any]:
     return {}
 
 
-def _mode_model(env_cls: Type["BaseEnv"], mode: str, env_default: BaseModel, server_default: Any) -> Type[BaseModel]:
+def _mode_model(env_cls: Type[BaseEnv], mode: str, env_default: BaseModel, server_default: Any) -> Type[BaseModel]:
     env_values = {**env_default.model_dump(), **_mode_env_defaults(mode)}
     env_model = adjust_model_defaults(env_cls.env_config_cls, env_values)
     server_model = adjust_model_defaults(APIServerConfig, _server_defaults(server_default))
@@ -102,17 +104,25 @@ def _mode_model(env_cls: Type["BaseEnv"], mode: str, env_default: BaseModel, ser
         )
     fields["slurm"] = (bool, Field(False, description="Discover inference servers from SLURM."))
     fields["testing"] = (bool, Field(False, description="Use the mock server harness instead of real servers."))
-    fields["config"] = (Optional[str], Field(None, description="YAML file with env:, openai:, slurm:, testing: keys."))
+    fields["max_n_completions"] = (
+        int | None,
+        Field(None, description="Split requests with a larger n into chunks of this size (default 8)."),
+    )
+    fields["proxy_url"] = (
+        str | None,
+        Field(None, description="Managed-server proxy URL (also ATROPOS_PROXY_URL)."),
+    )
+    fields["config"] = (str | None, Field(None, description="YAML file with env:, openai:, slurm:, testing: keys."))
     return create_model(f"{mode.capitalize()}Cli", **fields)
 
 
-def _extra_namespaces(env_cls: Type["BaseEnv"], mode: str) -> Tuple[str, ...]:
+def _extra_namespaces(env_cls: Type[BaseEnv], mode: str) -> Tuple[str, ...]:
     if mode != "serve":
         return ()
     return tuple(getattr(env_cls, "cli_server_namespaces", ()) or ())
 
 
-def _root_model(env_cls: Type["BaseEnv"], prog: str) -> Type[BaseSettings]:
+def _root_model(env_cls: Type[BaseEnv], prog: str) -> Type[BaseSettings]:
     env_default, server_default = env_cls.config_init()
     subcommands = {
         mode: (
@@ -179,7 +189,7 @@ def _none_literals(value: Any) -> Any:
     return value
 
 
-def _parse_args(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: str) -> Tuple[str, Dict[str, Any]]:
+def _parse_args(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str) -> Tuple[str, Dict[str, Any]]:
     root = _root_model(env_cls, prog)
     mode = next((a for a in argv if not a.startswith("-")), None)
     if mode in MODES:
@@ -204,7 +214,7 @@ def _parse_args(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: str) -> Tup
 # ------------------------------------------------------------ config merge
 
 
-def _load_yaml(path: Optional[str]) -> Dict[str, Any]:
+def _load_yaml(path: str | None) -> Dict[str, Any]:
     if not path:
         return {}
     try:
@@ -232,7 +242,7 @@ def _explain(err: ValidationError, namespace: str, source: str = "") -> str:
     return ("invalid value" + (f" in {source}" if source else "") + ": " + "; ".join(parts))
 
 
-def _validate_env(env_cls: Type["BaseEnv"], values: Dict[str, Any]) -> Any:
+def _validate_env(env_cls: Type[BaseEnv], values: Dict[str, Any]) -> Any:
     try:
         return env_cls.env_config_cls.model_validate(values)
     except ValidationError as err:
@@ -273,7 +283,7 @@ def _validate_bool(name: str, *values: Any) -> bool:
     return result
 
 
-def parse_cli(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: Optional[str] = None) -> ParsedCli:
+def parse_cli(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str | None = None) -> ParsedCli:
     """Parse ``argv`` into a :class:`ParsedCli`; raises :class:`CliError` or exits 2 on bad flags."""
     prog = prog or Path(sys.argv[0]).name
     mode, cli = _parse_args(env_cls, argv, prog)
@@ -297,6 +307,7 @@ def parse_cli(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: Optional[str]
     extra: Dict[str, Any] = {}
     for namespace in _extra_namespaces(env_cls, mode):
         extra[namespace] = _resolve_extra(namespace, yaml_cfg, cli.get(namespace) or {})
+    manager = _manager_options(yaml_cfg, cli)
     slurm = _validate_bool("slurm", yaml_cfg.get("slurm"), cli.get("slurm"))
     testing = _validate_bool("testing", yaml_cfg.get("testing"), cli.get("testing"))
     merged = {
@@ -305,7 +316,24 @@ def parse_cli(env_cls: Type["BaseEnv"], argv: Sequence[str], prog: Optional[str]
         "slurm": slurm,
         "testing": testing,
     }
-    return ParsedCli(mode, env_config, servers, slurm, testing, extra, merged)
+    merged.update({k: v for k, v in manager.items() if v is not None})
+    return ParsedCli(mode, env_config, servers, slurm, testing, extra, merged, manager)
+
+
+def _manager_options(yaml_cfg: Dict[str, Any], cli: Dict[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"max_n_completions": None, "proxy_url": None}
+    for source in (yaml_cfg, cli):
+        for key in out:
+            if source.get(key) is not None:
+                out[key] = source[key]
+    if out["max_n_completions"] is not None:
+        try:
+            out["max_n_completions"] = TypeAdapter(int).validate_python(out["max_n_completions"])
+        except ValidationError as err:
+            raise CliError(f"--max_n_completions: expected an integer (got {out['max_n_completions']!r})") from err
+        if out["max_n_completions"] < 1:
+            raise CliError("--max_n_completions: must be at least 1")
+    return out
 
 
 def _resolve_extra(namespace: str, yaml_cfg: Dict[str, Any], cli_values: Dict[str, Any]) -> Any:
@@ -338,12 +366,14 @@ def _warn_local_servers(servers: Any) -> None:
 # ------------------------------------------------------------------ running
 
 
-def build_env(env_cls: Type["BaseEnv"], parsed: ParsedCli) -> "BaseEnv":
+def build_env(env_cls: Type[BaseEnv], parsed: ParsedCli) -> BaseEnv:
     """Instantiate the environment for a parsed command line."""
     kwargs: Dict[str, Any] = {}
     for namespace, configs in parsed.extra_servers.items():
         if configs is not None:
             kwargs[f"{namespace}_server_configs"] = configs
+    if parsed.manager_options.get("proxy_url"):
+        os.environ["ATROPOS_PROXY_URL"] = parsed.manager_options["proxy_url"]
     env = env_cls(
         config=parsed.env_config,
         server_configs=parsed.server_configs,
@@ -351,13 +381,15 @@ def build_env(env_cls: Type["BaseEnv"], parsed: ParsedCli) -> "BaseEnv":
         testing=parsed.testing,
         **kwargs,
     )
+    if parsed.manager_options.get("max_n_completions") is not None and hasattr(env.server, "max_n_completions"):
+        env.server.max_n_completions = parsed.manager_options["max_n_completions"]
     if parsed.mode == "process":
         env.n_groups_to_process = parsed.env_config.total_steps
         env.group_size_to_process = parsed.env_config.group_size
     return env
 
 
-def write_evaluate_config(parsed: ParsedCli) -> Optional[Path]:
+def write_evaluate_config(parsed: ParsedCli) -> Path | None:
     """Save the merged configuration to ``{data_dir_to_save_evals}/evaluate_config.yaml``."""
     directory = parsed.env_config.data_dir_to_save_evals
     if not directory:
@@ -368,7 +400,7 @@ def write_evaluate_config(parsed: ParsedCli) -> Optional[Path]:
     return path
 
 
-def run_cli(env_cls: Type["BaseEnv"], argv: Optional[Sequence[str]] = None) -> None:
+def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
     """Entry point behind ``BaseEnv.cli()``."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

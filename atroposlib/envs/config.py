@@ -6,7 +6,7 @@ Re-exported from :mod:`atroposlib.envs.base`; import them from there.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Dict, List, Optional, TypedDict
+from typing import Any, Dict, List, TypedDict
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -33,16 +33,16 @@ class ScoredDataGroup(TypedDict, total=False):
     tokens: List[List[int]]
     masks: List[List[int]]
     scores: List[float]
-    advantages: Optional[List[List[float]]]
-    ref_logprobs: Optional[List[List[float]]]
-    messages: Optional[List[List[Message]]]
-    generation_params: Optional[Dict[str, Any]]
-    inference_logprobs: Optional[List[List[float]]]
-    group_overrides: Optional[Dict[str, Any]]
-    overrides: Optional[List[Dict[str, Any]]]
-    images: Optional[Any]
-    distill_token_ids: Optional[List[List[List[int]]]]
-    distill_logprobs: Optional[List[List[List[float]]]]
+    advantages: List[List[float]] | None
+    ref_logprobs: List[List[float]] | None
+    messages: List[List[Message]] | None
+    generation_params: Dict[str, Any] | None
+    inference_logprobs: List[List[float]] | None
+    group_overrides: Dict[str, Any] | None
+    overrides: List[Dict[str, Any]] | None
+    images: Any | None
+    distill_token_ids: List[List[List[int]]] | None
+    distill_logprobs: List[List[List[float]]] | None
 
 
 class ScoredDataItem(TypedDict, total=False):
@@ -51,14 +51,14 @@ class ScoredDataItem(TypedDict, total=False):
     tokens: List[int]
     masks: List[int]
     scores: float
-    advantages: Optional[List[float]]
-    ref_logprobs: Optional[List[float]]
-    messages: Optional[List[Message]]
-    group_overrides: Optional[Dict[str, Any]]
-    overrides: Optional[Dict[str, Any]]
-    images: Optional[Any]
-    distill_token_ids: Optional[List[List[int]]]
-    distill_logprobs: Optional[List[List[float]]]
+    advantages: List[float] | None
+    ref_logprobs: List[float] | None
+    messages: List[Message] | None
+    group_overrides: Dict[str, Any] | None
+    overrides: Dict[str, Any] | None
+    images: Any | None
+    distill_token_ids: List[List[int]] | None
+    distill_logprobs: List[List[float]] | None
 
 
 class BaseEnvConfig(BaseModel):
@@ -99,7 +99,7 @@ class BaseEnvConfig(BaseModel):
     total_steps: int = Field(
         default=1000, description="Trainer steps to run for; -1 takes num_steps from the rollout API."
     )
-    wandb_name: Optional[str] = Field(
+    wandb_name: str | None = Field(
         default=None, description="Name of this env in W&B and in the rollout API registry."
     )
     num_rollouts_to_keep: int = Field(default=32, description="Groups kept in the W&B rollout table.")
@@ -109,50 +109,50 @@ class BaseEnvConfig(BaseModel):
     ensure_scores_are_not_same: bool = Field(
         default=True, description="Drop groups whose scores are all equal (they carry no signal)."
     )
-    data_path_to_save_groups: Optional[str] = Field(
+    data_path_to_save_groups: str | None = Field(
         default=None, description="If set, also write every sent group to this jsonl file."
     )
-    data_dir_to_save_evals: Optional[str] = Field(
+    data_dir_to_save_evals: str | None = Field(
         default=None, description="Directory for evaluation results (metrics.json, samples.jsonl)."
     )
     min_items_sent_before_logging: int = Field(
         default=2, description="Groups that must be sent in a step before metrics are logged."
     )
     include_messages: bool = Field(default=False, description="Send the chat messages along with the tokens.")
-    min_batch_allocation: Optional[float] = Field(
+    min_batch_allocation: float | None = Field(
         default=None, description="Minimum fraction of each batch reserved for this env (0..1)."
     )
     worker_timeout: float = Field(
         default=600, description="Seconds after which a rollout worker is cancelled (-1 = never)."
     )
     thinking_mode: bool = Field(default=False, description="Enable reasoning/thinking on the inference servers.")
-    reasoning_effort: Optional[str] = Field(
+    reasoning_effort: str | None = Field(
         default=None, description="Reasoning effort: none, minimal, low, medium, high or xhigh."
     )
-    max_reasoning_tokens: Optional[int] = Field(
+    max_reasoning_tokens: int | None = Field(
         default=None, description="Token budget for reasoning (1024-32000)."
     )
-    custom_thinking_prompt: Optional[str] = Field(
+    custom_thinking_prompt: str | None = Field(
         default=None, description="Custom system prompt used to turn thinking on."
     )
 
     @field_validator("reasoning_effort")
     @classmethod
-    def _check_effort(cls, value: Optional[str]) -> Optional[str]:
+    def _check_effort(cls, value: str | None) -> str | None:
         if value is not None and value not in REASONING_EFFORTS:
             raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
         return value
 
     @field_validator("max_reasoning_tokens")
     @classmethod
-    def _check_reasoning_tokens(cls, value: Optional[int]) -> Optional[int]:
+    def _check_reasoning_tokens(cls, value: int | None) -> int | None:
         if value is not None and not 1024 <= value <= 32000:
             raise ValueError("max_reasoning_tokens must be between 1024 and 32000")
         return value
 
     @field_validator("min_batch_allocation")
     @classmethod
-    def _check_allocation(cls, value: Optional[float]) -> Optional[float]:
+    def _check_allocation(cls, value: float | None) -> float | None:
         if value is not None and not 0.0 <= value <= 1.0:
             raise ValueError("min_batch_allocation must be between 0 and 1")
         return value

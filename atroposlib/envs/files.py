@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 logger = logging.getLogger(__name__)
 
 
-def unique_path(path: "str | Path") -> Path:
+def unique_path(path: str | Path) -> Path:
     """``path`` if it does not exist, else the first free ``<stem>_1``, ``<stem>_2``, ..."""
     path = Path(path)
     if not path.exists():
@@ -29,7 +29,7 @@ class JsonlGroupWriter:
     The file is flushed after every line so a crash loses nothing already written.
     """
 
-    def __init__(self, path: "str | Path") -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = unique_path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "w", encoding="utf-8")
@@ -50,7 +50,7 @@ class JsonlGroupWriter:
 def eval_metrics_document(
     metrics: Dict[str, Any],
     task_name: str,
-    model_name: Optional[str],
+    model_name: str | None,
     total_seconds: float,
     generation_parameters: Dict[str, Any],
 ) -> Dict[str, Any]:
@@ -66,7 +66,7 @@ def eval_metrics_document(
 
 
 def write_eval_results(
-    directory: "str | Path", document: Dict[str, Any], samples: Optional[List[Dict[str, Any]]]
+    directory: str | Path, document: Dict[str, Any], samples: List[Dict[str, Any]] | None
 ) -> Path:
     """Write ``metrics.json`` (and ``samples.jsonl`` when samples are given) into ``directory``."""
     directory = Path(directory)
@@ -80,12 +80,12 @@ def write_eval_results(
     return metrics_path
 
 
-def checkpoint_path(checkpoint_dir: "str | Path", wandb_prepend: Optional[str], step: int) -> Path:
+def checkpoint_path(checkpoint_dir: str | Path, wandb_prepend: str | None, step: int) -> Path:
     """``{checkpoint_dir}/env_checkpoints/{wandb_prepend}/step-{step}.json``."""
     return Path(checkpoint_dir) / "env_checkpoints" / str(wandb_prepend) / f"step-{step}.json"
 
 
-def latest_checkpoint(checkpoint_dir: "str | Path", wandb_prepend: Optional[str], step: int) -> Optional[Path]:
+def latest_checkpoint(checkpoint_dir: str | Path, wandb_prepend: str | None, step: int) -> Path | None:
     """The checkpoint for ``step``, else the newest one at or below it, else None."""
     exact = checkpoint_path(checkpoint_dir, wandb_prepend, step)
     if exact.exists():
@@ -93,7 +93,7 @@ def latest_checkpoint(checkpoint_dir: "str | Path", wandb_prepend: Optional[str]
     folder = exact.parent
     if not folder.is_dir():
         return None
-    best: Optional[tuple[int, Path]] = None
+    best: tuple[int, Path] | None = None
     for candidate in folder.glob("step-*.json"):
         try:
             n = int(candidate.stem.split("-", 1)[1])

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Optional, Set
+from typing import TYPE_CHECKING, Any, Set
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from atroposlib.envs import wandb_logging as wl
 
@@ -17,7 +24,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _progress(total: Optional[int]) -> Progress:
+def _progress(total: int | None) -> Progress:
     columns = [SpinnerColumn(), TextColumn("{task.description}")]
     if total is not None:
         columns += [BarColumn(), MofNCompleteColumn()]
@@ -25,20 +32,20 @@ def _progress(total: Optional[int]) -> Progress:
     return Progress(*columns, console=Console(stderr=True), transient=False)
 
 
-def _concurrency(env: "BaseEnv") -> int:
+def _concurrency(env: BaseEnv) -> int:
     if env.config.max_num_workers > 0:
         return env.config.max_num_workers
     servers = len(getattr(env.server, "servers", []) or [1])
     return max(1, env.config.max_num_workers_per_node * servers)
 
 
-async def _next_item(env: "BaseEnv") -> Any:
+async def _next_item(env: BaseEnv) -> Any:
     if env.backlog:
         return env.backlog.pop(0)
     return await env.get_next_item()
 
 
-async def _collect(env: "BaseEnv", item: Any) -> Any:
+async def _collect(env: BaseEnv, item: Any) -> Any:
     try:
         result, backlog = await env.collect_trajectories(item)
     except asyncio.CancelledError:
@@ -50,7 +57,7 @@ async def _collect(env: "BaseEnv", item: Any) -> Any:
     return result
 
 
-async def run_process(env: "BaseEnv") -> None:
+async def run_process(env: BaseEnv) -> None:
     """Roll out ``n_groups_to_process`` groups concurrently and write them to jsonl (then html).
 
     Items run ``max_num_workers`` at a time (or ``max_num_workers_per_node`` per
@@ -96,7 +103,7 @@ async def run_process(env: "BaseEnv") -> None:
     await _finish_files(env)
 
 
-async def _finish_files(env: "BaseEnv") -> None:
+async def _finish_files(env: BaseEnv) -> None:
     if env.jsonl_writer is None:
         logger.warning("no group was written")
         return
@@ -109,7 +116,7 @@ async def _finish_files(env: "BaseEnv") -> None:
     logger.info("html view written to %s", html)
 
 
-async def run_evaluate(env: "BaseEnv") -> None:
+async def run_evaluate(env: BaseEnv) -> None:
     """``setup()`` then ``evaluate()`` once, with a progress spinner."""
     await env.setup()
     if env.config.use_wandb:

@@ -11,14 +11,24 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 logger = logging.getLogger(__name__)
 
 _SUFFIX = ".json"
 
 
-def default_outbox_dir(env_name: Optional[str]) -> Path:
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_outbox_dir(env_name: str | None) -> Path:
     """Where an environment keeps its outbox.
 
     ``$ATROPOS_OUTBOX_DIR/<env>-<pid>`` when that variable is set, otherwise
@@ -39,7 +49,7 @@ class Outbox:
         box.remove(key)
     """
 
-    def __init__(self, directory: "str | Path") -> None:
+    def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self._keys: list[str] = []
         self._next = 0
@@ -48,6 +58,36 @@ class Outbox:
             if self._keys:
                 self._next = int(self._keys[-1][: -len(_SUFFIX)]) + 1
                 logger.warning("outbox %s holds %d undelivered groups", self.directory, len(self._keys))
+
+    def adopt_orphans(self, root: "str | Path", prefix: str) -> int:
+        """Take over the entries of ``<root>/<prefix>-<pid>`` outboxes whose process is gone.
+
+        A previous run of the same environment that stopped with undelivered groups
+        left them there; they are appended here in their original order (oldest
+        outbox first) and re-sent by this process. Returns how many were adopted.
+        """
+        root = Path(root)
+        if not root.is_dir():
+            return 0
+        orphans = []
+        for folder in root.glob(f"{prefix}-*"):
+            pid_text = folder.name[len(prefix) + 1:]
+            if folder == self.directory or not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue
+            orphans.append((folder.stat().st_mtime, folder))
+        adopted = 0
+        for _, folder in sorted(orphans):
+            for entry in sorted(folder.glob(f"*{_SUFFIX}")):
+                self.put(json.loads(entry.read_text()))
+                entry.unlink()
+                adopted += 1
+            try:
+                folder.rmdir()
+            except OSError:
+                logger.warning("could not remove old outbox %s", folder)
+        if adopted:
+            logger.warning("adopted %d undelivered groups from earlier runs", adopted)
+        return adopted
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -63,7 +103,7 @@ class Outbox:
         self._keys.append(key)
         return key
 
-    def peek(self) -> Optional[Tuple[str, Any]]:
+    def peek(self) -> Tuple[str, Any] | None:
         """The oldest entry as ``(key, payload)``, or None when empty."""
         if not self._keys:
             return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class EnvStatus:
     env_weight: float = 1.0
 
     @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> "EnvStatus":
+    def from_payload(cls, payload: Mapping[str, Any]) -> EnvStatus:
         """Build from the JSON answer; missing keys keep their defaults."""
         def get(key: str, default: Any) -> Any:
             value = payload.get(key)
@@ -38,7 +38,7 @@ class EnvStatus:
         )
 
 
-def derived_batch_size(batch_size: int, status: EnvStatus, min_batch_allocation: Optional[float]) -> int:
+def derived_batch_size(batch_size: int, status: EnvStatus, min_batch_allocation: float | None) -> int:
     """This env's share of a batch: ``batch_size × (unallocated + own minimum)``; -1 if unknown."""
     if batch_size <= 0:
         return -1
@@ -47,7 +47,7 @@ def derived_batch_size(batch_size: int, status: EnvStatus, min_batch_allocation:
 
 
 def own_quota_met(
-    status: EnvStatus, group_size: int, batch_size: int, min_batch_allocation: Optional[float]
+    status: EnvStatus, group_size: int, batch_size: int, min_batch_allocation: float | None
 ) -> bool:
     """True when this env's minimum allocation is already queued (or it has none)."""
     if min_batch_allocation is None:
@@ -60,7 +60,7 @@ def offpolicy_full(
     group_size: int,
     batch_size: int,
     max_batches_offpolicy: int,
-    min_batch_allocation: Optional[float],
+    min_batch_allocation: float | None,
 ) -> bool:
     """The pause rule: enough data is queued already (§2.8)."""
     if max_batches_offpolicy <= 0 or batch_size <= 0:
@@ -88,7 +88,7 @@ def train_worker_cap(
     derived_batch: int,
     group_size: int,
     status: EnvStatus,
-    min_batch_allocation: Optional[float],
+    min_batch_allocation: float | None,
     batch_size: int,
 ) -> int:
     """How many training workers may run now (§4.6). Never negative."""

@@ -26,7 +26,7 @@ import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, List, Optional
+from typing import Any, Deque, List
 
 from atroposlib.envs.api_client import PostResult, RolloutAPIClient
 from atroposlib.envs.outbox import Outbox
@@ -84,8 +84,8 @@ class GroupSender:
         self._queue: Deque[_Pending] = deque()
         self._queued = asyncio.Event()
         self._wake_flusher = asyncio.Event()
-        self._pump: Optional[asyncio.Task] = None
-        self._flusher: Optional[asyncio.Task] = None
+        self._pump: asyncio.Task | None = None
+        self._flusher: asyncio.Task | None = None
 
     def start(self) -> None:
         """Start the pump and the task that drains the outbox."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, List, Optional, Union
+from typing import Any, List, Union
 
 from pydantic import Field
 
@@ -41,6 +41,13 @@ class TeacherDistillationConfig(BaseEnvConfig):
     )
 
 
+def load_tokenizer(name: str) -> Any:
+    """Load a Hugging Face tokenizer by name or local path."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
 def _tokenizer_name(config: Any) -> str:
     name = getattr(config, "tokenizer_name", "none")
     return config.model_name if name in (None, "", "none") else name
@@ -58,7 +65,7 @@ class TeacherDistillationEnv(BaseEnv):
         server_configs: Union[ServerBaseline, APIServerConfig, List[APIServerConfig]],
         slurm: bool = False,
         testing: bool = False,
-        teacher_server_configs: Optional[Union[APIServerConfig, List[APIServerConfig]]] = None,
+        teacher_server_configs: Union[APIServerConfig, List[APIServerConfig]] | None = None,
     ) -> None:
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
         self.teacher_server: Any = None
@@ -78,9 +85,7 @@ class TeacherDistillationEnv(BaseEnv):
             teacher_name = _tokenizer_name(server.config)
             if teacher_name == self.config.tokenizer_name:
                 continue
-            from transformers import AutoTokenizer
-
-            teacher_vocab = AutoTokenizer.from_pretrained(teacher_name).get_vocab()
+            teacher_vocab = load_tokenizer(teacher_name).get_vocab()
             if teacher_vocab != self.tokenizer.get_vocab():
                 raise ValueError(
                     f"teacher tokenizer {teacher_name!r} does not match the student's "
@@ -88,14 +93,14 @@ class TeacherDistillationEnv(BaseEnv):
                 )
         self._teacher_checked = True
 
-    def _group_top_k(self, group: ScoredDataGroup) -> Optional[int]:
+    def _group_top_k(self, group: ScoredDataGroup) -> int | None:
         overrides = group.get("group_overrides") or {}
         if overrides.get("skip_teacher_top_k"):
             return None
         top_k = int(overrides.get("teacher_top_k", self.config.teacher_top_k))
         return None if top_k <= -1 else top_k
 
-    async def attach_teacher_logprobs(self, group: Optional[ScoredDataGroup]) -> None:
+    async def attach_teacher_logprobs(self, group: ScoredDataGroup | None) -> None:
         """Fill ``distill_token_ids``/``distill_logprobs``; on any failure leave them None."""
         if group is None or self.teacher_server is None or not group.get("tokens"):
             return
@@ -121,7 +126,7 @@ class TeacherDistillationEnv(BaseEnv):
 
     async def handle_send_to_api(
         self,
-        scored_data: Union[Optional[ScoredDataGroup], List[Optional[ScoredDataGroup]]],
+        scored_data: Union[ScoredDataGroup | None, List[ScoredDataGroup | None]],
         item: Item = None,
         do_send_to_api: bool = True,
         abort_on_any_max_length_exceeded: bool = True,

@@ -6,7 +6,7 @@ import datetime
 import logging
 import random
 import string
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Sequence
 
 import numpy as np
 
@@ -52,7 +52,7 @@ def rejected_metrics(rejected: Mapping[str, int]) -> Dict[str, int]:
     return out
 
 
-def prefix_keys(metrics: Mapping[str, Any], prepend: Optional[str]) -> Dict[str, Any]:
+def prefix_keys(metrics: Mapping[str, Any], prepend: str | None) -> Dict[str, Any]:
     """Prefix every key with ``{prepend}_`` except the server metrics."""
     if not prepend:
         return dict(metrics)
@@ -61,7 +61,7 @@ def prefix_keys(metrics: Mapping[str, Any], prepend: Optional[str]) -> Dict[str,
     }
 
 
-def run_name(base: Optional[str]) -> Optional[str]:
+def run_name(base: str | None) -> str | None:
     """``{base}-{YYYY-MM-DD}-{6 random lowercase letters}``, or None without a base."""
     if not base:
         return None
@@ -69,7 +69,7 @@ def run_name(base: Optional[str]) -> Optional[str]:
     return f"{base}-{datetime.date.today().isoformat()}-{suffix}"
 
 
-def init_run(project: Optional[str], group: Optional[str], name: Optional[str], config: Dict[str, Any]) -> Any:
+def init_run(project: str | None, group: str | None, name: str | None, config: Dict[str, Any]) -> Any:
     """Start a W&B run (offline/disabled modes work through ``WANDB_MODE``)."""
     import wandb
 

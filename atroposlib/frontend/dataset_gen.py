@@ -13,12 +13,13 @@ output exists, tokenizer cannot be loaded); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -181,60 +182,68 @@ def _generate(args: argparse.Namespace, records_for: RecordsFn, batch_size: int,
     if args.num_seqs_to_save <= 0:
         raise ToolError("--num-seqs-to-save must be positive")
     use_messages = bool(args.save_messages)
-    # Check the cheap things first: a bad rollouts file or an unreachable API is
-    # reported before a tokenizer is loaded, and nothing registers before it is.
-    groups: Iterator[dict[str, Any]]
-    client: TrainerClient | None = None
-    if args.from_file:
-        groups = _peeked(_file_groups(args.from_file))
-    else:
-        client = TrainerClient(args.api_url)
-        client.check()
-    tokenizer = None if use_messages else load_tokenizer(args.tokenizer)
-    rng = random.Random(args.seed)
-    dedupe = Deduper() if args.dedupe else None
-    if dedupe is not None and out_path.exists():
-        dedupe.load(out_path)
-    if client is not None:
-        client.ensure_registered(batch_size=batch_size, max_token_len=args.max_token_len,
-                                 num_steps=num_steps, reset=args.reset_api)
-        groups = _live_groups(client, args.poll_interval)
-
-    counters = Counters()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, disable=args.no_progress)
-    try:
-        with out_path.open("a", encoding="utf-8") as out, progress:
-            task = progress.add_task("saving", total=args.num_seqs_to_save)
-            for group in groups:
-                counters.groups += 1
-                if use_messages and not isinstance(group.get("messages"), list):
-                    counters.skip("without messages")
-                    continue
-                if use_messages and len(group["messages"]) < len(group.get("scores") or []):
-                    counters.skip("with fewer messages than scores")
-                    continue
-                decoded = None
-                if not use_messages:
-                    tokens = group.get("tokens")
-                    if not isinstance(tokens, list) or len(tokens) < len(group.get("scores") or []):
-                        counters.skip("without tokens for every score")
-                        continue
-                    decoded = _decode_all(tokenizer, tokens)
-                for record in records_for(group_view(group, decoded), use_messages, rng):
-                    if dedupe is not None and not dedupe.is_new(record):
-                        counters.duplicates += 1
-                        continue
-                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    counters.written += 1
-                    progress.advance(task)
-                    if counters.written >= args.num_seqs_to_save:
-                        return counters
-                out.flush()
-    finally:
+    with contextlib.ExitStack() as stack:
+        # Cheap checks first: a bad rollouts file or an unreachable API is reported
+        # before a tokenizer is loaded, and nothing registers before that.
+        client: TrainerClient | None = None
+        if args.from_file:
+            groups = _peeked(_file_groups(args.from_file))
+        else:
+            client = stack.enter_context(TrainerClient(args.api_url))
+            client.check()
+        tokenizer = None if use_messages else load_tokenizer(args.tokenizer)
+        dedupe = Deduper() if args.dedupe else None
+        if dedupe is not None and out_path.exists():
+            dedupe.load(out_path)
         if client is not None:
-            client.close()
+            client.ensure_registered(batch_size=batch_size, max_token_len=args.max_token_len,
+                                     num_steps=num_steps, reset=args.reset_api)
+            groups = _live_groups(client, args.poll_interval)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out = stack.enter_context(out_path.open("a", encoding="utf-8"))
+        progress = stack.enter_context(
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                     TimeElapsedColumn(), console=console, disable=args.no_progress)
+        )
+        task = progress.add_task("saving", total=args.num_seqs_to_save)
+        return _write_records(groups, out, records_for, tokenizer, use_messages, dedupe,
+                              random.Random(args.seed), args.num_seqs_to_save,
+                              lambda: progress.advance(task))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _write_records(groups: Iterator[dict[str, Any]], out: TextIO, records_for: RecordsFn, tokenizer: Any,
+                   use_messages: bool, dedupe: Deduper | None, rng: random.Random, limit: int,
+                   advance: Callable[[], None]) -> Counters:
+    """Turn groups into lines until ``limit`` lines are written or the groups run out."""
+    counters = Counters()
+    for group in groups:
+        counters.groups += 1
+        n_scores = len(group.get("scores") or [])
+        decoded = None
+        if use_messages:
+            if not isinstance(group.get("messages"), list):
+                counters.skip("without messages")
+                continue
+            if len(group["messages"]) < n_scores:
+                counters.skip("with fewer messages than scores")
+                continue
+        else:
+            tokens = group.get("tokens")
+            if not isinstance(tokens, list) or len(tokens) < n_scores:
+                counters.skip("without tokens for every score")
+                continue
+            decoded = _decode_all(tokenizer, tokens)
+        for record in records_for(group_view(group, decoded), use_messages, rng):
+            if dedupe is not None and not dedupe.is_new(record):
+                counters.duplicates += 1
+                continue
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            counters.written += 1
+            advance()
+            if counters.written >= limit:
+                return counters
+        out.flush()
     return counters
 
 

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import functools
 import html
 import json
 import logging
@@ -33,6 +34,8 @@ from xml.etree.ElementTree import Element
 import markdown
 from markdown.extensions import Extension
 from markdown.treeprocessors import Treeprocessor
+
+from atroposlib.frontend.rollouts import loads_line
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,12 @@ _MD = _markdown()
 def _render_markdown(text: str) -> str:
     _MD.reset()
     return _MD.convert(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _render_turn(role: str, text: str) -> str:
+    # Rollouts of a group share their prompt turns: render each distinct turn once.
+    return _render_markdown(f"**{role}**: {text}")
 
 
 def _content_to_markdown(content: Any) -> tuple[str, list[str]]:
@@ -118,10 +127,10 @@ def _message_to_html(message: Any) -> str:
                 role = str(turn.get("role", "unknown")).capitalize()
                 text, turn_images = _content_to_markdown(turn.get("content"))
                 images.extend(turn_images)
-                chunks.append(f"**{role}**: {text}")
+                chunks.append(_render_turn(role, text))
             else:
-                chunks.append(str(turn))
-        body = _render_markdown("\n\n".join(chunks))
+                chunks.append(_render_markdown(str(turn)))
+        body = "\n".join(chunks)
         body += "".join(
             f'<img class="inline-image" alt="image" src="{html.escape(url, quote=True)}">' for url in images
         )
@@ -207,7 +216,7 @@ def render_jsonl(input_path: str | Path, output_path: str | Path) -> RenderStats
             if not line.strip():
                 continue
             try:
-                group = json.loads(line)
+                group = loads_line(line)
             except json.JSONDecodeError as e:
                 logger.warning("%s:%d: not valid JSON (%s); skipped", input_path, line_no, e)
                 stats.malformed += 1

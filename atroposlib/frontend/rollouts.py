@@ -21,6 +21,26 @@ from typing import Any, Callable, Iterator, Sequence
 
 MASKED = -100
 
+try:  # orjson parses long token lists several times faster; it ships with gradio.
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def loads_line(line: str | bytes) -> Any:
+    """Parse one JSON line, fast when orjson is installed.
+
+    Falls back to the standard library for what orjson refuses but Python's
+    ``json`` writes (``NaN``, ``Infinity``, integers beyond 64 bits); raises
+    ``json.JSONDecodeError`` when the line is not JSON at all.
+    """
+    if _orjson is not None:
+        try:
+            return _orjson.loads(line)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(line)
+
 
 class RolloutFileError(ValueError):
     """A rollouts file is missing, empty or has a malformed line (message names path:line)."""
@@ -66,7 +86,7 @@ def iter_groups(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 continue
             where = f"{path}:{line_no}"
             try:
-                group = json.loads(line)
+                group = loads_line(line)
             except json.JSONDecodeError as e:
                 raise RolloutFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
             found = True
@@ -248,7 +268,7 @@ class RolloutIndex:
                         continue
                     where = f"{path}:{line_no}"
                     try:
-                        group = json.loads(line)
+                        group = loads_line(line)
                     except (json.JSONDecodeError, UnicodeDecodeError) as e:
                         raise RolloutFileError(f"{where}: not valid JSON ({e})") from None
                     check_group(group, where)
@@ -269,7 +289,7 @@ class RolloutIndex:
         ref = self.refs[i]
         with ref.source.open("rb") as f:
             f.seek(ref.offset)
-            return json.loads(f.readline())
+            return loads_line(f.readline())
 
     def envs(self) -> list[str]:
         """The environment names present, sorted."""

@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import StreamingResponse
 from jinja2 import TemplateError
 
 from atroposlib.serving.config import ServeModelConfig
-from atroposlib.serving.engine import Engine
+from atroposlib.serving.engine import Engine, SequenceOutput, TokenEvent
 from atroposlib.serving.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -40,7 +41,16 @@ from atroposlib.serving.protocol import (
     GenerateRequest,
     UpdateWeightsRequest,
 )
-from atroposlib.serving.responses import chat_response, completion_response, generate_response
+from atroposlib.serving.responses import (
+    chat_logprobs,
+    chat_response,
+    completion_logprobs,
+    completion_response,
+    generate_response,
+    usage,
+)
+from atroposlib.serving.sampling import SamplingParams
+from atroposlib.serving.streaming import new_id, now, stream_choices
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +134,6 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
 
     @app.get("/health_generate", dependencies=auth)
     async def health_generate(st: ServingState = Depends(get_state)) -> dict[str, Any]:
-        from atroposlib.serving.sampling import SamplingParams
-
         ids = st.tokenizer.encode("hi", add_special_tokens=False) or [0]
         await st.engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0))
         return {"status": "ok", "version": st.engine.version}
@@ -155,7 +163,9 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
                 ids_list.append(list(p))
                 texts.append(st.tokenizer.decode(p) if body.echo else "")
         for ids in ids_list:  # validate every prompt before generating any
-            st.engine.resolve_max_tokens(len(ids), params)
+            st.engine.validate(ids, params)
+        if body.stream:
+            return stream_completions(st, name, body, params, ids_list, texts)
         results = await asyncio.gather(*(st.engine.generate(ids, params) for ids in ids_list))
         return completion_response(name, st.tokenizer, list(results), texts,
                                    body.logprobs is not None, body.echo,
@@ -168,6 +178,9 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         top = body.top_logprobs or 0
         params = body.sampling_params(st.config.max_n, logprobs=top if body.logprobs else None)
         ids = render_chat(st.tokenizer, body)
+        if body.stream:
+            st.engine.validate(ids, params)
+            return stream_chat(st, name, body, params, ids)
         result = await st.engine.generate(ids, params)
         parse_tools = bool(body.tools) and body.tool_choice != "none"
         return chat_response(name, st.tokenizer, result, body.logprobs, parse_tools,
@@ -214,3 +227,67 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     except (TemplateError, ValueError, TypeError, KeyError) as exc:
         raise InvalidRequest(f"cannot render the chat template: {exc}", param="messages") from exc
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _events_output(events: list[TokenEvent]) -> SequenceOutput:
+    return SequenceOutput(0, [e.token_id for e in events], "", [e.logprob for e in events],
+                          [e.top_logprobs for e in events], "")
+
+
+def _usage_requested(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
+
+
+def stream_chat(st: ServingState, name: str, body: ChatCompletionRequest,
+                params: SamplingParams, ids: list[int]) -> StreamingResponse:
+    """SSE ``chat.completion.chunk`` stream for one conversation."""
+    rid, created = new_id("chatcmpl"), now()
+    as_ids = body.return_tokens_as_token_ids
+
+    def wrap(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": rid, "object": "chat.completion.chunk", "created": created,
+                "model": name, "choices": choices, **extra}
+
+    def first(idx: int) -> dict[str, Any]:
+        return wrap([{"index": idx, "delta": {"role": "assistant", "content": ""},
+                      "logprobs": None, "finish_reason": None}])
+
+    def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
+        lps = chat_logprobs(st.tokenizer, _events_output(events), as_ids) \
+            if body.logprobs else None
+        return wrap([{"index": idx, "delta": {"content": delta} if delta else {},
+                      "logprobs": lps, "finish_reason": finish}])
+
+    def usage_chunk(results: list) -> dict[str, Any]:
+        return wrap([], usage=usage(results))
+
+    gen = stream_choices(st.engine, [ids], params, st.tokenizer, chunk, first,
+                         usage_chunk if _usage_requested(body) else None)
+    return StreamingResponse(gen, media_type="text/event-stream")
+
+
+def stream_completions(st: ServingState, name: str, body: CompletionRequest,
+                       params: SamplingParams, ids_list: list[list[int]],
+                       texts: list[str]) -> StreamingResponse:
+    """SSE ``text_completion`` stream; choice index = prompt index * n + i."""
+    rid, created = new_id("cmpl"), now()
+    as_ids = body.return_tokens_as_token_ids
+    echoed: set[int] = set()
+
+    def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
+        if body.echo and idx not in echoed:
+            echoed.add(idx)
+            delta = texts[idx // params.n] + delta
+        lps = completion_logprobs(st.tokenizer, _events_output(events), 0, as_ids) \
+            if body.logprobs is not None else None
+        return {"id": rid, "object": "text_completion", "created": created, "model": name,
+                "choices": [{"index": idx, "text": delta, "logprobs": lps,
+                             "finish_reason": finish}]}
+
+    def usage_chunk(results: list) -> dict[str, Any]:
+        return {"id": rid, "object": "text_completion", "created": created, "model": name,
+                "choices": [], "usage": usage(results)}
+
+    gen = stream_choices(st.engine, ids_list, params, st.tokenizer, chunk, None,
+                         usage_chunk if _usage_requested(body) else None)
+    return StreamingResponse(gen, media_type="text/event-stream")

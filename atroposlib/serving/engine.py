@@ -57,6 +57,17 @@ class GenerationResult:
     version: int
 
 
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token, delivered to a streaming listener on the event loop."""
+
+    index: int
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+    finish_reason: str | None
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -64,6 +75,8 @@ class _Request:
     max_tokens: int
     future: asyncio.Future
     generator: torch.Generator | None
+    listener: Callable[[TokenEvent], None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
     rows: list[_Row] = field(default_factory=list)
     open_rows: int = 0
     prompt_lps: list[dict[int, float] | None] | None = None
@@ -183,20 +196,32 @@ class Engine:
                 f"requested", param=param_name, code="context_length_exceeded")
         return params.max_tokens
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        """Queue a prompt and wait for its ``params.n`` completions."""
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Check a prompt (length, token ids) before queueing; return the effective max_tokens."""
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         vocab = self.vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequest(f"prompt token id {bad[0]} is outside the vocabulary "
                                  f"[0, {vocab})", param="prompt")
+        return max_tokens
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       listener: Callable[[TokenEvent], None] | None = None
+                       ) -> GenerationResult:
+        """Queue a prompt and wait for its ``params.n`` completions.
+
+        ``listener``, when given, is called on the event loop with a
+        :class:`TokenEvent` for every generated token (used for streaming).
+        """
+        max_tokens = self.validate(prompt_ids, params)
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self._device)
             gen.manual_seed(params.seed)
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), params, max_tokens, loop.create_future(), gen)
+        req = _Request(list(prompt_ids), params, max_tokens, loop.create_future(), gen,
+                       listener, loop)
         self._waiting.append(req)
         self._wakeup.set()
         try:
@@ -358,11 +383,15 @@ class Engine:
         params = [r.request.params for r in rows]
         out = sample(logits, params, [r.request.generator for r in rows])
         self.generated_tokens += len(rows)
-        for row, token, lp, top in zip(rows, out.tokens, out.logprobs, out.top):
+        for row, token, lp, top in zip(rows, out.tokens, out.logprobs, out.top, strict=True):
             row.tokens.append(token)
             row.logprobs.append(lp)
             row.top.append(top)
             row.finish_reason = self._finish_reason(row)
+            req = row.request
+            if req.listener is not None and req.loop is not None and not req.cancelled:
+                event = TokenEvent(row.index, token, lp, top, row.finish_reason)
+                req.loop.call_soon_threadsafe(req.listener, event)
 
     def _finish_reason(self, row: _Row) -> str | None:
         req, token = row.request, row.tokens[-1]

@@ -21,7 +21,7 @@ def cache_tensors(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(layer.keys, layer.values) for layer in layers]
     key_cache = getattr(cache, "key_cache", None)
     if key_cache is not None:  # transformers 4.x DynamicCache
-        return list(zip(key_cache, cache.value_cache))  # type: ignore[attr-defined]
+        return list(zip(key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
     if isinstance(cache, (tuple, list)):  # legacy tuple format
         return [(k, v) for k, v in cache]
     raise TypeError(f"unsupported KV cache type {type(cache).__name__}")
@@ -78,7 +78,7 @@ class KVBatch:
         kv = [
             (torch.cat([_left_pad(ka, pa, 2), _left_pad(kb, pb, 2)], dim=0),
              torch.cat([_left_pad(va, pa, 2), _left_pad(vb, pb, 2)], dim=0))
-            for (ka, va), (kb, vb) in zip(a.kv, b.kv)
+            for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)
         ]
         mask = torch.cat([_left_pad(a.mask, pa, 1), _left_pad(b.mask, pb, 1)], dim=0)
         return KVBatch(kv, mask, torch.cat([a.positions, b.positions]))

@@ -41,7 +41,9 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(0.0, description="Not implemented: must be 0.")
     repetition_penalty: float = Field(1.0, description="Not implemented: must be 1.")
     best_of: int | None = Field(None, description="Must equal n when given.")
-    stream: bool = Field(False, description="Not implemented: must be false.")
+    stream: bool = Field(False, description="Stream server-sent events (OpenAI endpoints).")
+    stream_options: dict[str, Any] | None = Field(
+        None, description="{'include_usage': true} adds a final usage chunk.")
     user: str | None = Field(None, description="Accepted and ignored (OpenAI field).")
     return_tokens_as_token_ids: bool = Field(
         False, description="vLLM extension: logprob tokens as 'token_id:N' strings.")
@@ -59,7 +61,7 @@ class _Sampling(BaseModel):
     @model_validator(mode="after")
     def _unsupported(self) -> _Sampling:
         checks = [("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                  ("repetition_penalty", 1.0), ("stream", False)]
+                  ("repetition_penalty", 1.0)]
         for name, neutral in checks:
             if getattr(self, name) != neutral:
                 raise InvalidRequest(f"'{name}'={getattr(self, name)!r} is not supported by "
@@ -196,6 +198,13 @@ class GenerateRequest(_Sampling):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                         description="Alternatives per prompt token.")
     max_tokens: int | None = Field(16, ge=1, description="Most new tokens (vLLM default 16).")
+
+    @model_validator(mode="after")
+    def _no_stream(self) -> GenerateRequest:
+        if self.stream:
+            raise InvalidRequest("/generate does not stream; use /v1/completions",
+                                 param="stream")
+        return self
 
     @field_validator("prompt")
     @classmethod

@@ -43,7 +43,7 @@ def completion_logprobs(tokenizer: Any, out: SequenceOutput, offset: int = 0,
 def chat_logprobs(tokenizer: Any, out: SequenceOutput, as_ids: bool = False) -> dict[str, Any]:
     """Chat ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     content = []
-    for tid, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs):
+    for tid, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
         text = token_text(tokenizer, tid, as_ids)
         alts = [(token_text(tokenizer, t, as_ids), v) for t, v in top]
         content.append({
@@ -107,7 +107,7 @@ def completion_response(model: str, tokenizer: Any, results: list[GenerationResu
                         as_ids: bool = False) -> dict[str, Any]:
     """Build a ``text_completion`` payload (choices ordered prompt-major, then n)."""
     choices = []
-    for p_idx, (result, prompt_text) in enumerate(zip(results, prompt_texts)):
+    for p_idx, (result, prompt_text) in enumerate(zip(results, prompt_texts, strict=True)):
         n = len(result.outputs)
         for out in result.outputs:
             prefix = prompt_text if echo else ""
@@ -140,7 +140,7 @@ def generate_response(result: GenerationResult, prompt_text: str | None,
     if want_logprobs:
         body["logprobs"] = [
             [[{tid: lp}] + [{t: v} for t, v in top if t != tid]
-             for tid, lp, top in zip(o.token_ids, o.logprobs, o.top_logprobs)]
+             for tid, lp, top in zip(o.token_ids, o.logprobs, o.top_logprobs, strict=True)]
             for o in result.outputs
         ]
     if result.prompt_logprobs is not None:

@@ -112,7 +112,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         values_l, ids_l = values.tolist(), ids.tolist()
         for i, p in enumerate(params):
             k = p.logprobs or 0
-            top[i] = list(zip(ids_l[i][:k], values_l[i][:k]))
+            top[i] = list(zip(ids_l[i][:k], values_l[i][:k], strict=True))
     return SampleOutput(chosen.tolist(), token_lp.tolist(), top)
 
 
@@ -136,7 +136,7 @@ def prompt_logprobs(logits: torch.Tensor, prompt_ids: list[int], k: int
         tops_v, tops_i = v.tolist(), i.tolist()
     for pos, token in enumerate(prompt_ids[1:]):
         entry = {token: actual[pos]}
-        for tid, lp in zip(tops_i[pos], tops_v[pos]):
+        for tid, lp in zip(tops_i[pos], tops_v[pos], strict=True):
             entry.setdefault(tid, lp)
         out.append(entry)
     return out

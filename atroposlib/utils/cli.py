@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Dict, Mapping, Optional, Sequence, Type
+from typing import Any, Dict, Mapping, Sequence, Type
 
 from pydantic import BaseModel, create_model
 from pydantic.fields import FieldInfo
@@ -40,7 +40,7 @@ def _coerce_flag_value(raw: str) -> Any:
     return None if raw == "None" else raw
 
 
-def get_double_dash_flags(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def get_double_dash_flags(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     """Read ``--key value``, ``--key=value`` and bare ``--key`` (True) pairs from ``argv``.
 
     The literal ``None`` becomes ``None``; other values stay strings for pydantic to
@@ -90,7 +90,7 @@ def get_prefixed_pydantic_model(base_model: Type[BaseModel], prefix: str) -> Typ
 
 
 def adjust_model_defaults(
-    model: Type[BaseModel], defaults: "BaseModel | Mapping[str, Any]"
+    model: Type[BaseModel], defaults: BaseModel | Mapping[str, Any]
 ) -> Type[BaseModel]:
     """Return a subclass of ``model`` whose field defaults come from ``defaults``.
 

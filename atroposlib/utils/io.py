@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Optional
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
-async def parse_http_response(resp: Any, logger: Optional[logging.Logger] = None) -> Any:
+async def parse_http_response(resp: Any, logger: logging.Logger | None = None) -> Any:
     """Raise on an HTTP error status, otherwise return the decoded JSON body.
 
     Works with both ``aiohttp.ClientResponse`` (whose ``json()`` is a coroutine) and

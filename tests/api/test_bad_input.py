@@ -188,15 +188,39 @@ def test_default_bind_is_loopback():
     assert parse_settings([]).host == "127.0.0.1"
 
 
-def test_public_bind_without_key_warns(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
+def test_public_bind_without_key_warns(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+):
     import atroposlib.cli.run_api as run_api
 
     monkeypatch.setattr(run_api.uvicorn, "run", lambda *a, **k: None)
     with caplog.at_level("INFO", logger=run_api.__name__):
         run_api.main(["--host", "0.0.0.0", "--port", "1"])
-    assert any(r.levelname == "WARNING" and "WITHOUT an API key" in r.message for r in caplog.records)
+    assert any(
+        r.levelname == "WARNING" and "WITHOUT an API key" in r.message for r in caplog.records
+    )
     caplog.clear()
     with caplog.at_level("INFO", logger=run_api.__name__):
         run_api.main(["--host", "127.0.0.1", "--port", "1"])
     assert not any(r.levelname == "WARNING" for r in caplog.records)
     assert any("--host 0.0.0.0" in r.message for r in caplog.records)
+
+
+def test_unusable_persist_path_exits_with_a_clear_error(tmp_path, caplog: pytest.LogCaptureFixture):
+    import atroposlib.cli.run_api as run_api
+
+    with caplog.at_level("ERROR", logger=run_api.__name__), pytest.raises(SystemExit) as info:
+        run_api.main(["--persist", str(tmp_path), "--port", "1"])  # a directory, not a file
+    assert info.value.code == 2
+    assert any("persistence database" in r.message for r in caplog.records)
+
+
+def test_uvicorn_import_string_app_reads_atropos_env(monkeypatch: pytest.MonkeyPatch):
+    import atroposlib.api as api_pkg
+
+    monkeypatch.setenv("ATROPOS_MAX_QUEUE_MB", "3")
+    monkeypatch.setattr(api_pkg, "_app", None)
+    app = api_pkg.app
+    assert app.title == "AtroposLib API"
+    assert app.atropos_store.max_queue_bytes == 3 * 2**20
+    monkeypatch.setattr(api_pkg, "_app", None)

@@ -224,7 +224,11 @@ def test_metrics_expose_queue_counters_step_and_envs(fresh: Api):
     fresh.client.get("/batch")
     assert _metric(fresh, "atropos_batches_served_total") == served_before + 1
     assert _metric(fresh, "atropos_groups_ingested_total") == ingested_before + 2
+    invalid_before = _metric(fresh, 'atropos_rejected_total{reason="invalid"}')
+    fresh.client.post("/scored_data", json={**group(4), "masks": [[1]]})
+    assert _metric(fresh, 'atropos_rejected_total{reason="invalid"}') == invalid_before + 1
     lines = set(fresh.client.get("/metrics").text.splitlines())
+    assert "atropos_internal_errors_total 0" in lines
     assert f'atropos_queue_groups{{env_id="{env}"}} 1' in lines
     assert "atropos_step 1" in lines
     assert "atropos_envs_connected 1" in lines

@@ -7,6 +7,7 @@ from typing import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from tests.api.conftest import TRAINER, start_api
@@ -30,14 +31,19 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemathesi
         yield schemathesis.openapi.from_url(f"{url}/openapi.json")
 
 
-def test_no_input_makes_the_server_answer_5xx(api_schema: schemathesis.BaseSchema) -> None:
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_no_input_makes_the_server_answer_5xx(
+    api_schema: schemathesis.BaseSchema, mode: GenerationMode
+) -> None:
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) >= 14
     for operation in operations:
+        if mode is GenerationMode.NEGATIVE and not (operation.body or operation.query):
+            continue  # nothing to make invalid
 
-        @given(case=operation.as_strategy())
+        @given(case=operation.as_strategy(generation_mode=mode))
         @settings(
-            max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None
+            max_examples=8, deadline=None, suppress_health_check=list(HealthCheck), database=None
         )
         def call(case: schemathesis.Case) -> None:
             case.call_and_validate(checks=[not_a_server_error], timeout=10)

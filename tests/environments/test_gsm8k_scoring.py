@@ -125,3 +125,13 @@ def test_config_init_matches_the_original_defaults():
     assert env_config.tokenizer_name == "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
     assert (server.base_url, server.api_key, server.num_requests_for_eval) == ("http://localhost:9001/v1", "x", 256)
     assert env_config.eval_temperature == 0.6
+
+
+async def test_setup_goes_through_load_dataset_without_a_data_path(tmp_path):
+    """The hub code path (``datasets.load_dataset``), offline: a local dataset directory."""
+    write_jsonl(tmp_path / "train.jsonl", [{"question": "q1", "answer": "#### 1"}, {"question": "q2"}])
+    write_jsonl(tmp_path / "test.jsonl", [{"question": "t1", "answer": "#### 3"}])
+    env = _env(dataset_name=str(tmp_path), dataset_config=None)
+    await env.setup()
+    assert [i["gold_answer"] for i in env.train] == ["1"] and [i["gold_answer"] for i in env.test] == ["3"]
+    assert dict(env.skips.counts) == {"missing_answer": 1}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -44,6 +44,7 @@ def test_preference_scores_by_hand():
     assert preference_scores(3, [(0, 1, 0), (1, 2, 2), (2, 0, 0)]) == [1.0, -1.0, 0.0]
 
 
+@settings(deadline=None)
 @given(st.integers(2, 8).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.sampled_from([0, 1, None]),
                                                                             min_size=n, max_size=n))))
 def test_preference_scores_are_bounded_and_sum_to_zero(case):

@@ -127,3 +127,18 @@ def test_generated_tasks_are_deterministic_and_correct():
 
     a, b = make_task(random.Random(3)), make_task(random.Random(3))
     assert a == b and safe_eval(a["question"][len("What is "):-1]) == a["answer"]
+
+
+async def test_multiturn_bad_rows_are_skipped_and_counted(tmp_path):
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from environments.tool_use_multiturn_server import MultiTurnToolUseConfig, MultiTurnToolUseEnv
+    from tests.environments.env_helpers import write_jsonl
+
+    data = write_jsonl(tmp_path / "m.jsonl", [{"question": "What is 2+2?", "answer": 4}, {"question": "x"},
+                                              {"question": "y", "answer": "four"}, "[1, 2]"])
+    server = APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m", server_type="vllm", health_check=False)
+    env = MultiTurnToolUseEnv(MultiTurnToolUseConfig(data_path=str(data), tokenizer_name="unused"), server)
+    await env.setup()
+    assert env.rows == [{"question": "What is 2+2?", "answer": 4.0}]
+    assert dict(env.skips.counts) == {"missing_answer": 1, "answer_not_a_number": 1, "not_an_object": 1}
+    assert await env.get_next_item() == await env.get_next_item()

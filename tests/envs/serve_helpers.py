@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import httpx
 
@@ -24,7 +24,7 @@ def fake_server_cmd(port: int, latency_ms: int) -> List[str]:
             "--latency-ms", str(latency_ms)]
 
 
-def env_cmd(mode: str, api_port: Optional[int], infer_port: int, *extra: str) -> List[str]:
+def env_cmd(mode: str, api_port: int | None, infer_port: int, *extra: str) -> List[str]:
     cmd = [sys.executable, str(TRIVIAL_ENV), mode, "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1"]
     if api_port is not None:
         cmd += ["--env.rollout_server_url", f"http://127.0.0.1:{api_port}"]
@@ -78,7 +78,7 @@ class FakeTrainer:
                 self.errors += 1
                 time.sleep(0.1)
 
-    def start(self) -> "FakeTrainer":
+    def start(self) -> FakeTrainer:
         self._thread.start()
         return self
 

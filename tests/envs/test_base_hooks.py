@@ -205,18 +205,34 @@ async def test_failed_collect_is_timed_as_failure_and_does_not_crash():
     assert key not in env.running_items
 
 
-def test_use_wandb_false_never_imports_wandb(tmp_path):
+def test_wandb_off_never_imports_it_and_offline_run_gets_prefixed_keys(tmp_path):
     code = f"""
 import asyncio, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
 from test_base_hooks import make_env, group
-env = make_env(group_size=4)
+off = make_env(group_size=4)
+asyncio.run(off.handle_send_to_api(group(), do_send_to_api=False))
+asyncio.run(off.wandb_log({{"x": 1}}))
+assert "wandb" not in sys.modules, "use_wandb=False imported wandb"
+from atroposlib.envs import wandb_logging as wl
+import wandb
+env = make_env(group_size=4, use_wandb=True)
+env.wandb_prepend = "item_env_0"
+env.max_token_len = 100
+wl.init_run("proj", "grp", wl.run_name("item_env"), env.config.model_dump(mode="json"))
 asyncio.run(env.handle_send_to_api(group(), do_send_to_api=False))
-asyncio.run(env.wandb_log({{"x": 1}}))
-assert "wandb" not in sys.modules, "wandb was imported"
-print("ok")
+env.task_duration = [0.1, 0.3]
+asyncio.run(env.wandb_log({{"train/percent_correct": 0.5}}))
+wandb.finish()
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {**__import__("os").environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "ok" in proc.stdout
+    runs = list(tmp_path.rglob("*.wandb"))
+    assert runs, "no offline run was written"
+    data = runs[0].read_bytes()
+    for key in (b"item_env_0_train/percent_correct", b"item_env_0_train/completion_lengths",
+                b"item_env_0_train_perf/task_duration_mean", b"item_env_0_train/rollouts",
+                b"item_env_0_train/items_rejected", b"server/"):
+        assert key in data, key

@@ -187,3 +187,19 @@ def test_script_exits_2_on_unknown_flag():
     )
     assert proc.returncode == 2
     assert "--env.bogus" in proc.stderr
+
+
+def test_server_manager_options_are_accepted_and_validated(tmp_path):
+    parsed = parse("serve", "--max_n_completions", "2", "--proxy_url", "http://127.0.0.1:9100")
+    assert parsed.manager_options == {"max_n_completions": 2, "proxy_url": "http://127.0.0.1:9100"}
+    with pytest.raises(CliError, match="--max_n_completions"):
+        parse("serve", "--max_n_completions", "0")
+    cfg = write_yaml(tmp_path, {"max_n_completions": 3})
+    assert parse("serve", "--config", cfg).manager_options["max_n_completions"] == 3
+
+
+def test_build_env_applies_max_n_completions():
+    from atroposlib.envs.cli import build_env
+
+    env = build_env(TrivialEnv, parse("serve", "--max_n_completions", "2"))
+    assert env.server.max_n_completions == 2

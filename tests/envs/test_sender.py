@@ -173,3 +173,30 @@ async def test_retry_after_parsing(value, expected):
     result = await client.post_scored(group(1))
     await client.aclose()
     assert result.status == 503 and result.retry_after == expected
+
+
+def test_outbox_adopts_entries_of_dead_processes_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = Outbox(tmp_path / f"myenv-{dead.pid}")
+    old.put(group(1))
+    old.put(group(2))
+    alive = Outbox(tmp_path / f"myenv-{os.getppid()}")
+    alive.put(group(7))
+    other_env = Outbox(tmp_path / f"otherenv-{dead.pid}")
+    other_env.put(group(8))
+    mine = Outbox(tmp_path / f"myenv-{os.getpid()}")
+    assert mine.adopt_orphans(tmp_path, "myenv") == 2
+    seen = []
+    while len(mine):
+        key, payload = mine.peek()
+        seen.append(payload["scores"][0])
+        mine.remove(key)
+    assert seen == [1.0, 2.0]
+    assert not (tmp_path / f"myenv-{dead.pid}").exists()
+    assert len(Outbox(tmp_path / f"myenv-{os.getppid()}")) == 1
+    assert len(Outbox(tmp_path / f"otherenv-{dead.pid}")) == 1

@@ -36,7 +36,7 @@ def wait_exit(proc: subprocess.Popen, timeout: float, log: Path) -> int:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_process(proc)
-        raise AssertionError(f"env did not finish in {timeout}s:\n{log.read_text()[-3000:]}")
+        raise AssertionError(f"env did not finish in {timeout}s:\n{log.read_text()[-3000:]}") from None
 
 
 def assert_exactly_once(trainer: FakeTrainer, jsonl: Path, env_log: Path) -> list:

@@ -7,7 +7,10 @@ import pytest
 from atroposlib.envs.base import ScoredDataGroup
 from atroposlib.envs.cli import CliError, parse_cli
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig, TeacherDistillationEnv
+from atroposlib.envs.teacher_distillation_env import (
+    TeacherDistillationConfig,
+    TeacherDistillationEnv,
+)
 from tests.helpers.procs import free_port, running_process
 
 from .serve_helpers import fake_server_cmd
@@ -88,17 +91,29 @@ async def test_teacher_failure_drops_only_the_distill_payload(tmp_path):
     assert (tmp_path / "g.jsonl").read_text().count("\n") == 1  # the group itself is kept
 
 
-def test_mismatched_teacher_tokenizer_is_an_error(tiny_model_dir, teacher_port):
+class Vocab:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def get_vocab(self):
+        return self.vocab
+
+
+def test_mismatched_teacher_tokenizer_is_an_error(teacher_port, monkeypatch):
+    import atroposlib.envs.teacher_distillation_env as tde
+
+    loaded = []
+    monkeypatch.setattr(tde, "load_tokenizer", lambda name: loaded.append(name) or Vocab({"a": 0, "b": 1}))
     env = make_env(teacher_port)
-    env.teacher_server.servers[0].config.tokenizer_name = str(tiny_model_dir)
-
-    class OtherVocab:
-        def get_vocab(self):
-            return {"a": 0}
-
-    env.tokenizer = OtherVocab()
+    env.tokenizer = Vocab({"a": 0, "b": 1})
+    env.teacher_server.servers[0].config.tokenizer_name = "same-vocab-other-name"
+    env.check_teacher_tokenizer()  # same vocabulary under another name is fine
+    assert loaded == ["same-vocab-other-name"]
+    other = make_env(teacher_port)
+    other.tokenizer = Vocab({"x": 0})
+    other.teacher_server.servers[0].config.tokenizer_name = "different"
     with pytest.raises(ValueError, match="does not match"):
-        env.check_teacher_tokenizer()
+        other.check_teacher_tokenizer()
 
 
 def test_teacher_enabled_without_servers_is_an_error():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -62,13 +62,13 @@ class TrivialEnv(BaseEnv):
         self.next_id = self.config.id_offset
         self.eval_calls = 0
 
-    async def get_next_item(self) -> Optional[int]:
+    async def get_next_item(self) -> int | None:
         if self.config.max_items >= 0 and self.next_id - self.config.id_offset >= self.config.max_items:
             return None
         self.next_id += 1
         return self.next_id
 
-    async def collect_trajectories(self, item: int) -> Tuple[Optional[ScoredDataGroup], List[Any]]:
+    async def collect_trajectories(self, item: int) -> Tuple[ScoredDataGroup | None, List[Any]]:
         n = self.config.group_size
         completion = await self.server.completion(prompt=f"item {item}", n=n, max_tokens=8)
         texts = [c.text for c in completion.choices]

@@ -22,7 +22,6 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "stop": [""]}, "stop"),
-    ("/v1/chat/completions", {**CHAT, "stream": True}, "stream"),
     ("/v1/chat/completions", {**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
     ("/v1/chat/completions", {**CHAT, "top_k": -3}, "top_k"),
     ("/v1/chat/completions", {**CHAT, "min_p": 2}, "min_p"),
@@ -51,6 +50,8 @@ CASES = [
     ("/generate", {"prompt": {"ids": [1]}}, "prompt"),
     ("/generate", {**GEN, "prompt_logprobs": -1}, "prompt_logprobs"),
     ("/generate", {**GEN, "seed": "abc"}, "seed"),
+    ("/generate", {**GEN, "stream": True}, "stream"),
+    ("/v1/completions", {**COMP, "stream": True, "max_tokens": 10 ** 7}, "max_tokens"),
     ("/update_weights", {}, "path"),
     ("/update_weights", {"path": "/nonexistent/checkpoint"}, "path"),
 ]

@@ -20,7 +20,7 @@ def test_generate_returns_tokens_logprobs_and_finish_reasons(served, local_model
     assert body["prompt_token_ids"] == prompt_ids
     assert len(body["text"]) == len(body["token_ids"]) == len(body["logprobs"]) == 3
     assert body["finish_reasons"] == ["length"] * 3
-    for text, ids, lps in zip(body["text"], body["token_ids"], body["logprobs"]):
+    for text, ids, lps in zip(body["text"], body["token_ids"], body["logprobs"], strict=True):
         assert len(ids) == 9 and len(lps) == 9
         assert tokenizer.decode(ids, skip_special_tokens=True) == text
         got = []
@@ -30,7 +30,7 @@ def test_generate_returns_tokens_logprobs_and_finish_reasons(served, local_model
             assert int(tid) == ids[pos]
             got.append(lp)
         want = direct_logprobs(local_model, prompt_ids, ids)
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
 
 
 def test_generate_with_text_prompt_and_top_alternatives(served, tokenizer):
@@ -52,8 +52,8 @@ def test_prompt_logprobs_match_direct_forward_pass(served, local_model, tokenize
     plp = body["prompt_logprobs"]
     assert len(plp) == len(prompt_ids) and plp[0] is None
     want = direct_prompt_logprobs(local_model, prompt_ids)
-    got = [entry[str(tok)] for entry, tok in zip(plp[1:], prompt_ids[1:])]
-    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    got = [entry[str(tok)] for entry, tok in zip(plp[1:], prompt_ids[1:], strict=True)]
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
     assert all(2 <= len(entry) <= 3 for entry in plp[1:])
 
 
@@ -75,10 +75,10 @@ async def test_vllm_server_client_tokens_and_logprobs_match_forward(served, tiny
         prompt, outs, lps, finish = await server.tokens_and_logprobs_completion(
             input_ids=prompt_ids, n=2, max_tokens=6, temperature=1.0)
         assert prompt == prompt_ids and len(outs) == len(lps) == len(finish) == 2
-        for ids, got in zip(outs, lps):
+        for ids, got in zip(outs, lps, strict=True):
             assert 1 <= len(ids) <= 6 and len(got) == len(ids)
             want = direct_logprobs(local_model, prompt_ids, ids)
-            assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+            assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
         res = await server.get_logprobs(input_ids=prompt_ids, top_k=3)
         assert res["prompt_tokens"] == prompt_ids
         assert len(res["prompt_topk_token_ids"]) == len(prompt_ids)
@@ -115,7 +115,7 @@ async def test_managed_server_tracks_tokens_masks_and_logprobs(served, tiny_mode
         assert node.masked_tokens[n_prompt:] == out_ids
         want = direct_logprobs(local_model, prompt_ids, out_ids)
         got = node.logprobs[n_prompt:]
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
 
 
 async def test_concurrent_requests_share_forward_passes(served):

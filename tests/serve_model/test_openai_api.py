@@ -63,7 +63,7 @@ def test_completion_logprobs_match_direct_forward_pass(client, local_model, toke
         ids = _ids(lp.tokens)
         assert tokenizer.decode(ids) == choice.text
         want = direct_logprobs(local_model, prompt_ids, ids)
-        assert max(abs(a - b) for a, b in zip(lp.token_logprobs, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(lp.token_logprobs, want, strict=True)) < 1e-4
 
 
 def test_chat_logprobs_match_direct_forward_pass(client, local_model, tokenizer):
@@ -78,7 +78,7 @@ def test_chat_logprobs_match_direct_forward_pass(client, local_model, tokenizer)
                                                tokenize=True, return_dict=False)
     ids = _ids([c.token for c in content])
     want = direct_logprobs(local_model, prompt_ids, ids)
-    assert max(abs(c.logprob - w) for c, w in zip(content, want)) < 1e-4
+    assert max(abs(c.logprob - w) for c, w in zip(content, want, strict=True)) < 1e-4
     for c in content:
         tops = [t.logprob for t in c.top_logprobs]
         assert len(tops) == 2 and tops == sorted(tops, reverse=True)

@@ -120,3 +120,40 @@ def test_cli_flags_mirror_the_config_fields():
         "/m", 9100, 512, ["a", "b"], "k")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["/m", "--device", "tpu"])
+
+
+async def test_engine_joins_staggered_requests_without_changing_results(tmp_path):
+    """Sequences that join a running batch (left-padded caches, llama config) keep exact
+    logprobs, and n>1 rows that share a prefilled prompt diverge independently."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from atroposlib.serving.engine import Engine
+    from atroposlib.tiny_model import build_tiny_model
+    from tests.serve_model.support import direct_logprobs
+
+    path = build_tiny_model(tmp_path / "llama", seed=3, arch="llama", num_hidden_layers=2)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    engine = Engine(model, tok, max_model_len=256, max_num_seqs=8)
+    await engine.start()
+    try:
+        prompts = [tok.encode("Hi"), tok.encode("What is 12 + 30? Think step by step."),
+                   tok.encode("Zoe has 7 marbles.")]
+
+        async def one(i: int):
+            await asyncio.sleep(0.02 * i)
+            return await engine.generate(prompts[i], SamplingParams(
+                n=2, max_tokens=6 + 4 * i, seed=i, ignore_eos=True))
+
+        results = await asyncio.gather(*(one(i) for i in range(3)))
+    finally:
+        await engine.stop()
+    for i, res in enumerate(results):
+        assert [len(o.token_ids) for o in res.outputs] == [6 + 4 * i] * 2
+        assert res.outputs[0].token_ids != res.outputs[1].token_ids
+        for out in res.outputs:
+            want = direct_logprobs(model, prompts[i], out.token_ids)
+            assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 1e-4
+    assert engine.steps < sum(6 + 4 * i for i in range(3))  # steps were shared

@@ -102,4 +102,4 @@ async def test_weight_update_under_load_never_mixes_versions(keyed, checkpoints,
         ids = r["token_ids"][0]
         got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
         want = direct_logprobs(model, prompt_ids, ids)
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4, r["version"]
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, r["version"]

@@ -330,3 +330,15 @@ async def test_only_server_hanging_raises_after_the_timeout_instead_of_hanging()
     with pytest.raises(NoHealthyServerError, match="http://hang/v1"):
         await manager.chat_completion(messages=MESSAGES)
     assert loop.time() - start < 2.5
+
+
+def test_slurm_without_scontrol_gives_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RuntimeError, match="scontrol"):
+        slurm_inference_urls({"SLURM_JOB_NODELIST": "node[1-3]"})
+
+
+def test_use_proxy_without_url_is_rejected(monkeypatch):
+    monkeypatch.delenv("ATROPOS_PROXY_URL", raising=False)
+    with pytest.raises(ValueError, match="proxy_url"):
+        ServerManager([], testing=True, use_proxy=True)

@@ -169,3 +169,15 @@ def test_display_tokenizer_decodes_like_transformers(tokenizer, tokenizer_dir) -
     ids = tokenizer.encode("Héllo, wörld! <|im_end|> 123\n\tend", add_special_tokens=False)
     assert light.decode(ids) == tokenizer.decode(ids)
     assert [light.decode([i]) for i in ids[:5]] == [tokenizer.decode([i]) for i in ids[:5]]
+
+
+def test_loads_line_accepts_what_python_json_writes() -> None:
+    from atroposlib.frontend.rollouts import loads_line
+
+    assert loads_line(b'{"scores": [1.5], "tokens": [[1]]}') == {"scores": [1.5], "tokens": [[1]]}
+    nan_line = json.dumps({"scores": [float("nan"), float("inf")], "big": 2**70})
+    parsed = loads_line(nan_line)
+    assert parsed["scores"][0] != parsed["scores"][0] and parsed["scores"][1] == float("inf")
+    assert parsed["big"] == 2**70
+    with pytest.raises(json.JSONDecodeError):
+        loads_line("{nope")

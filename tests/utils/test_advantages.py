@@ -21,6 +21,7 @@ REWARD = st.floats(min_value=-10, max_value=10, allow_nan=False, allow_infinity=
 JAGGED = st.lists(st.lists(REWARD, min_size=1, max_size=6), min_size=1, max_size=5)
 
 
+@settings(deadline=None)
 @given(JAGGED)
 def test_compute_stats_matches_numpy_over_the_flattened_values(data):
     flat = np.array([v for row in data for v in row])
@@ -34,7 +35,7 @@ def test_compute_stats_of_nothing_raises():
         compute_stats([[], []])
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(JAGGED)
 def test_process_supervision_step_rewards_are_zero_mean_unit_std(rewards):
     flat = np.array([v for row in rewards for v in row])
@@ -62,6 +63,7 @@ def test_process_supervision_constant_rewards_raise():
         compute_grpo_process_supervision_advantages([[1.0, 1.0], [1.0]])
 
 
+@settings(deadline=None)
 @given(st.lists(REWARD, min_size=1, max_size=8), st.floats(min_value=0, max_value=1))
 def test_discounted_returns_satisfy_the_bellman_recursion(rewards, gamma):
     returns = compute_discounted_returns(rewards, gamma)
@@ -84,6 +86,7 @@ def test_allclose_to_first():
     assert list(allclose_to_first([[1, 2], [1, 2], [1, 3]], return_vector=True)) == [True, True, False]
 
 
+@settings(deadline=None)
 @given(st.lists(REWARD, min_size=2, max_size=16))
 def test_group_advantages_are_zero_mean(scores):
     advs = compute_group_advantages(scores)

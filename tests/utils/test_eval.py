@@ -6,12 +6,13 @@ import json
 from math import comb
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atroposlib.envs.eval import EvalBase, evaluate_log, pass_at_k, run_eval
 
 
+@settings(deadline=None)
 @given(st.integers(1, 30).flatmap(lambda m: st.tuples(st.just(m), st.integers(0, m), st.integers(1, m))))
 def test_pass_at_k_equals_the_combinatorial_definition(mck):
     m, c, k = mck

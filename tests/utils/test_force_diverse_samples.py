@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atroposlib.utils.force_diverse_samples import (
@@ -14,6 +14,7 @@ from atroposlib.utils.force_diverse_samples import (
 )
 
 
+@settings(deadline=None)
 @given(st.dictionaries(st.text(min_size=1, max_size=3), st.floats(-20, 0), max_size=20),
        st.integers(0, 25), st.floats(0, 2))
 def test_selected_first_tokens_are_distinct_and_from_the_pool(pool, n, temperature):

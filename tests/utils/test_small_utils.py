@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -32,6 +32,7 @@ ThresholdLengthPenaltyConfig = _lp.ThresholdLengthPenaltyConfig
 length_penalty_factor = _lp.length_penalty_factor
 
 
+@settings(deadline=None)
 @given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=30))
 def test_std_min_max_avg_matches_numpy(data):
     out = get_std_min_max_avg("train_perf/x", data, {"keep": 1})
@@ -58,6 +59,7 @@ def test_best_of_n_prefers_primary_then_lower_secondary_then_first():
     assert select_best_index([1.0, 1.0], [5, 9], secondary_lower_is_better=False) == 1
 
 
+@settings(deadline=None)
 @given(st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 9)), min_size=1, max_size=10))
 def test_best_of_n_picks_a_maximal_primary(pairs):
     primary, secondary = [p for p, _ in pairs], [s for _, s in pairs]
@@ -82,6 +84,7 @@ def test_length_penalty_by_hand():
         ThresholdLengthPenaltyConfig(threshold_ratio=1.5)
 
 
+@settings(deadline=None)
 @given(st.integers(1, 4096), st.integers(0, 5000), st.integers(0, 5000))
 def test_length_penalty_is_in_unit_interval_and_non_increasing(max_len, a, b):
     fa, fb = length_penalty_factor(a, max_len), length_penalty_factor(b, max_len)

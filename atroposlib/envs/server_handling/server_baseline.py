@@ -231,7 +231,8 @@ class AsyncSemWithAdaptiveWeight:
         if self._value >= self.max_val:
             raise ValueError("AsyncSemWithAdaptiveWeight released more times than acquired")
         self._value += 1
-        self._wake()
+        if self._waiters:
+            self._wake()
         for listener in self._listeners:
             listener()
 

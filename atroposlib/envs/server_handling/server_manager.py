@@ -34,13 +34,13 @@ from atroposlib.envs.server_handling.server_baseline import (
     APIServerConfig,
     ReasoningConfig,
     ServerBaseline,
-    _deadline,
 )
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_PORTS = range(9004, 9008)
+_NO_EXCLUDE: frozenset[int] = frozenset()
 SLURM_BASE_PORT = 9000
 GPUS_PER_NODE = 8
 
@@ -100,13 +100,18 @@ def slurm_inference_urls(
         nodelist = env.get("SLURM_JOB_NODELIST")
         if not nodelist:
             return None
-        result = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
+        try:
+            result = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            raise RuntimeError(
+                f"SLURM_JOB_NODELIST is set but `scontrol show hostnames` failed: {e}"
+            ) from e
         hostnames = result.stdout.split()
     nodes = list(hostnames)
     if len(nodes) < 2:
@@ -137,10 +142,6 @@ def split_n(n: int, max_n: int) -> list[int]:
     return chunks
 
 
-def _is_eval(kwargs: Mapping[str, Any]) -> bool:
-    return kwargs.get("split", "train") == "eval"
-
-
 class ServerManager:
     """Routes requests over a pool of inference servers.
 
@@ -153,6 +154,9 @@ class ServerManager:
             await managed.chat_completion(messages=[...], n=4)
             nodes = managed.get_state()["nodes"]
     """
+
+    sweep_interval: float = 0.1
+    """Seconds between checks for callers whose wait deadline passed."""
 
     def __init__(
         self,
@@ -193,7 +197,9 @@ class ServerManager:
                 ]
             else:
                 self.servers = [server_class(c, reasoning_config=reasoning_config) for c in server_configs]
-        self._waiters: dict[bool, deque[tuple[asyncio.Future[int], frozenset[int]]]] = {
+        self._sweeper: asyncio.Task[None] | None = None
+        self._timeout_cache: float | None = None
+        self._waiters: dict[bool, deque[tuple[asyncio.Future[int], frozenset[int], float]]] = {
             True: deque(),
             False: deque(),
         }
@@ -256,10 +262,13 @@ class ServerManager:
 
     def _dispatch(self) -> None:
         """Hand free slots to queued callers, FIFO, eval first."""
+        waiters = self._waiters
+        if not (waiters[True] or waiters[False]):
+            return
         for is_train in (False, True):
             queue = self._waiters[is_train]
             while queue:
-                fut, exclude = queue[0]
+                fut, exclude, _ = queue[0]
                 if fut.done():
                     queue.popleft()
                     continue
@@ -280,28 +289,54 @@ class ServerManager:
     async def _acquire_slot(
         self, is_train: bool, exclude: frozenset[int], timeout: float
     ) -> int:
+        """Take a slot on the best server, waiting FIFO up to ``timeout`` seconds.
+
+        Waiters carry their deadline and one sweeper task expires them, so waiting
+        costs no timer per request.
+        """
         queue = self._waiters[is_train]
         if not queue:
             idx = self._pick(is_train, exclude)
             if idx is not None and self._take(idx, is_train):
                 return idx
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        entry = (fut, exclude)
+        if timeout <= 0:
+            raise asyncio.TimeoutError()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        entry = (fut, exclude, loop.time() + timeout)
         queue.append(entry)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep_expired())
         try:
-            async with _deadline(max(timeout, 0.0)):
-                return await fut
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            if fut.done() and not fut.cancelled():
-                self._release(fut.result(), is_train)
+            return await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._release(fut.result(), is_train)  # granted just before we were cancelled
             try:
                 queue.remove(entry)
             except ValueError:
                 pass
             raise
 
+    async def _sweep_expired(self) -> None:
+        """Fail waiters whose deadline passed (runs while anyone waits)."""
+        loop = asyncio.get_running_loop()
+        while any(self._waiters.values()):
+            await asyncio.sleep(self.sweep_interval)
+            now = loop.time()
+            for queue in self._waiters.values():
+                if not queue:
+                    continue
+                expired = [e for e in queue if e[2] <= now or e[0].done()]
+                for entry in expired:
+                    queue.remove(entry)
+                    if not entry[0].done():
+                        entry[0].set_exception(asyncio.TimeoutError())
+
     def _wait_timeout(self) -> float:
-        return float(max(s.config.timeout for s in self.servers))
+        if self._timeout_cache is None:
+            self._timeout_cache = float(max(s.config.timeout for s in self.servers))
+        return self._timeout_cache
 
     def _describe(self, tried: Sequence[int] = ()) -> list[str]:
         """Every server with its health, marking those this request tried."""
@@ -313,8 +348,45 @@ class ServerManager:
         return out
 
     async def _call(self, kind: str, kwargs: dict[str, Any]) -> Any:
-        self._start_health_checks()
-        is_train = not _is_eval(kwargs)
+        loop = asyncio.get_running_loop()
+        if self._health_loop is not loop:
+            self._start_health_checks()
+        is_train = kwargs.get("split", "train") != "eval"
+        # Fast path: a slot is free now and nobody is queued.
+        first: tuple[int, BaseException] | None = None
+        if not self._waiters[is_train]:
+            idx = self._pick(is_train)
+            if idx is not None and self._take(idx, is_train):
+                try:
+                    return await self.servers[idx].run_request(
+                        kind, kwargs, slot_held=True, fail_fast=True
+                    )
+                except Exception as e:  # classified by _call_with_failover
+                    first = (idx, e)
+                finally:
+                    self._release(idx, is_train)
+        return await self._call_with_failover(kind, kwargs, is_train, first)
+
+    def _on_failure(self, idx: int, error: BaseException, exclude: set[int]) -> None:
+        """Decide whether a failed attempt may be retried elsewhere; raise ``error`` if not."""
+        server = self.servers[idx]
+        if isinstance(error, ServerUnavailableError):
+            logger.warning("request failed on %s, trying another server: %s", server.name, error)
+            return
+        if is_client_error(error) or isinstance(error, (NotImplementedError, KeyError, ValueError)):
+            raise error
+        exclude.add(idx)
+        if not any(s.server_healthy and i not in exclude for i, s in enumerate(self.servers)):
+            raise error
+        logger.warning("request failed on %s, retrying on another server: %r", server.name, error)
+
+    async def _call_with_failover(
+        self,
+        kind: str,
+        kwargs: dict[str, Any],
+        is_train: bool,
+        first: tuple[int, BaseException] | None,
+    ) -> Any:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + self._wait_timeout()
@@ -322,38 +394,35 @@ class ServerManager:
         exclude: set[int] = set()
         last_error: BaseException | None = None
         max_tries = 2 * len(self.servers) + 2
+        if first is not None:
+            tried.append(first[0])
+            last_error = first[1]
+            self._on_failure(first[0], first[1], exclude)
         while True:
+            if len(tried) >= max_tries:
+                raise NoHealthyServerError(
+                    self._describe(tried), loop.time() - started, last_error
+                ) from last_error
             try:
                 # Past the deadline only servers not yet failed may be tried, without waiting.
-                past = loop.time() >= deadline
-                skip = frozenset(exclude | set(tried)) if past and tried else frozenset(exclude)
+                if tried and loop.time() >= deadline:
+                    skip = frozenset(exclude | set(tried))
+                else:
+                    skip = frozenset(exclude) if exclude else _NO_EXCLUDE
                 idx = await self._acquire_slot(is_train, skip, deadline - loop.time())
             except asyncio.TimeoutError:
                 names = self._describe(tried)
                 raise NoHealthyServerError(names, loop.time() - started, last_error) from last_error
             tried.append(idx)
-            server = self.servers[idx]
             try:
-                return await server.run_request(kind, kwargs, slot_held=True, fail_fast=True)
-            except ServerUnavailableError as e:
-                last_error = e
-                logger.warning("request failed on %s, trying another server: %s", server.name, e)
+                return await self.servers[idx].run_request(
+                    kind, kwargs, slot_held=True, fail_fast=True
+                )
             except Exception as e:
-                if is_client_error(e) or isinstance(e, (NotImplementedError, KeyError, ValueError)):
-                    raise
-                exclude.add(idx)
                 last_error = e
-                if not any(
-                    s.server_healthy and i not in exclude for i, s in enumerate(self.servers)
-                ):
-                    raise
-                logger.warning("request failed on %s, retrying on another server: %r", server.name, e)
+                self._on_failure(idx, e, exclude)
             finally:
                 self._release(idx, is_train)
-            if len(tried) >= max_tries:
-                raise NoHealthyServerError(
-                    self._describe(tried), loop.time() - started, last_error
-                ) from last_error
 
     async def wait_for_sem(self, is_training: bool = True) -> None:
         """Wait until some healthy server has a free slot (train or eval)."""
@@ -503,9 +572,16 @@ class ServerManager:
         """Stop every server's background work and fail queued callers."""
         for queue in self._waiters.values():
             while queue:
-                fut, _ = queue.popleft()
+                fut = queue.popleft()[0]
                 if not fut.done():
                     fut.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except (asyncio.CancelledError, RuntimeError):
+                pass
+            self._sweeper = None
         for server in self.servers:
             await server.close()
 
