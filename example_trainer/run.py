@@ -351,6 +351,10 @@ class Launcher:
                  f"- wall time: {summary['wall_time_s']} s", f"- trainer steps: {summary['steps']}"]
         if before is not None and after is not None:
             lines.append(f"- eval score: {before:.3f} before → {after:.3f} after ({after - before:+.3f})")
+            summary["improvement"] = after - before
+            summary["ratio"] = after / before if before > 0 else None
+            lines.append(f"- learned (after >= 2x before and >= +0.3): {'yes' if after >= 2 * before and after - before >= 0.3 else 'no'}")
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         (self.run_dir / "summary.md").write_text("\n".join(lines) + "\n")
         try:
             plot_curve(rows, self.evals, self.run_dir / "curve.png")

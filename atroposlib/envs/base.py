@@ -47,17 +47,21 @@ from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
+    OpenaiConfig,
     ServerBaseline,
 )
 from atroposlib.envs.workers import WorkerPool
 from atroposlib.type_definitions import Item
 
 __all__ = [
+    "APIServerConfig",
     "BaseEnv",
     "BaseEnvConfig",
     "EvalHandlingEnum",
+    "OpenaiConfig",
     "ScoredDataGroup",
     "ScoredDataItem",
+    "ServerBaseline",
 ]
 
 logger = logging.getLogger(__name__)
@@ -727,6 +731,24 @@ class BaseEnv(ABC):
         from atroposlib.envs.cli import run_cli
 
         run_cli(cls)
+
+
+def _install_stop_signals(callback: Any) -> Any:
+    """Route SIGINT/SIGTERM to ``callback`` while serving; returns the undo function."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, callback)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread, or no signal support on this platform
+
+    def uninstall() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return uninstall
 
 
 def _first_model_name(server: Any) -> str | None:

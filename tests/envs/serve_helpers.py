@@ -104,9 +104,13 @@ class FakeTrainer:
 
 
 def produced_ids(path: Path) -> List[int]:
-    """Group ids the env wrote to its jsonl (one line per produced group)."""
+    """Group ids the env wrote to its jsonl (one line per produced group).
+
+    Later runs with the same path write ``<stem>_1.jsonl`` and so on; those count too.
+    """
     ids = []
-    for line in path.read_text().splitlines():
-        group: Dict = json.loads(line)
-        ids.append(group["tokens"][0][0])
+    for part in sorted(path.parent.glob(f"{path.stem}*{path.suffix}")):
+        for line in part.read_text().splitlines():
+            group: Dict = json.loads(line)
+            ids.append(group["tokens"][0][0])
     return ids

@@ -7,6 +7,7 @@ across an API restart with ``--persist`` and a period of 503 answers.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -23,11 +24,11 @@ GROUP_SIZE = 4
 BATCH_SIZE = 8
 
 
-@pytest.fixture
-def inference_port(tmp_path):
+@pytest.fixture(scope="module")
+def inference_port(tmp_path_factory):
     port = free_port()
     with running_process(fake_server_cmd(port, latency_ms=5), health_url=f"http://127.0.0.1:{port}/health",
-                         log_path=tmp_path / "fake.log"):
+                         log_path=tmp_path_factory.mktemp("fake") / "fake.log"):
         yield port
 
 
@@ -71,10 +72,26 @@ def test_every_group_reaches_exactly_one_batch(tmp_path, inference_port):
             log_path=env_log, env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
         )
         assert wait_exit(env, 90, env_log) == 0
+        assert "enough data queued for total_steps=6" in env_log.read_text()
+        trainer.drain()
+        assert len(trainer.batches) >= 6
+        # A second env run, stopped with SIGTERM mid-run, still delivers what it produced.
+        env = start_process(
+            env_cmd("serve", api_port, inference_port, "--env.total_steps", "100000",
+                    "--env.data_path_to_save_groups", str(jsonl), "--env.max_num_workers", "8",
+                    "--env.id_offset", "1000000", "--env.max_batches_offpolicy", "0"),
+            log_path=env_log, env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
+        )
+        deadline = time.monotonic() + 60
+        while len(trainer.batches) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        env.send_signal(signal.SIGTERM)
+        assert wait_exit(env, 90, env_log) == 0
+        assert "stop requested" in env_log.read_text()
         trainer.stop()
         trainer.drain()
         produced = assert_exactly_once(trainer, jsonl, env_log)
-        assert len(trainer.batches) >= 6 and len(produced) >= 6 * BATCH_SIZE // GROUP_SIZE
+        assert any(gid > 1000000 for gid in produced)
         status = httpx.get(f"http://127.0.0.1:{api_port}/status", timeout=5).json()
         assert status["current_step"] == len(trainer.batches)
     assert not (tmp_path / "outbox").exists() or not any((tmp_path / "outbox").rglob("*.json"))

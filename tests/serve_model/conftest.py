@@ -3,21 +3,53 @@ loaded in the test process for direct forward-pass comparisons."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
-from tests.helpers.procs import free_port, running_process
-from tests.serve_model.support import Served, serve_cmd
+from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from tests.serve_model.support import KEY, Served, serve_cmd
 
 
 @pytest.fixture(scope="session")
-def served(tiny_model_dir, tmp_path_factory) -> Served:
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    with running_process(serve_cmd(tiny_model_dir, port, "--served-model-name", "tiny", "alias"),
-                         health_url=f"http://127.0.0.1:{port}/health", log_path=log,
-                         timeout=120):
-        yield Served(f"http://127.0.0.1:{port}", str(tiny_model_dir), "tiny")
+def _servers(tiny_model_dir, tmp_path_factory):
+    """Start both servers at once (startup is mostly imports; overlapping them halves the
+    wall time on a busy machine): a plain one and one with ``--api-key``."""
+    logs = tmp_path_factory.mktemp("serve")
+    specs = {"plain": ["--served-model-name", "tiny", "alias"], "keyed": ["--api-key", KEY]}
+    started = {}
+    try:
+        for name, extra in specs.items():
+            port = free_port()
+            proc = start_process(serve_cmd(tiny_model_dir, port, *extra),
+                                 log_path=logs / f"{name}.log")
+            started[name] = (proc, f"http://127.0.0.1:{port}", logs / f"{name}.log")
+        yield started
+    finally:
+        for proc, _, _ in started.values():
+            stop_process(proc)
+
+
+def _ready(entry) -> str:
+    proc, url, log = entry
+    try:
+        wait_http(f"{url}/health", timeout=180, proc=proc)
+    except Exception:
+        sys.stderr.write(log.read_text(errors="replace")[-4000:] if log.exists() else "")
+        raise
+    return url
+
+
+@pytest.fixture(scope="session")
+def served(_servers, tiny_model_dir) -> Served:
+    return Served(_ready(_servers["plain"]), str(tiny_model_dir), "tiny")
+
+
+@pytest.fixture(scope="session")
+def keyed(_servers) -> str:
+    """Root URL of the server started with ``--api-key KEY``."""
+    return _ready(_servers["keyed"])
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import torch
 
+KEY = "s3cret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @dataclass
 class Served:

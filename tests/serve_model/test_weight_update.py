@@ -1,4 +1,4 @@
-"""Hot weight updates under load, and API-key protection (one server with --api-key)."""
+"""Hot weight updates under load, and API-key protection (the server with --api-key)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,8 @@ import pytest
 import torch
 
 from atroposlib.tiny_model import build_tiny_model
-from tests.helpers.procs import free_port, running_process
-from tests.serve_model.support import direct_logprobs, serve_cmd
+from tests.serve_model.support import AUTH, direct_logprobs
 
-KEY = "s3cret-key"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-@pytest.fixture(scope="module")
-def keyed(tiny_model_dir, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("keyed") / "server.log"
-    with running_process(serve_cmd(tiny_model_dir, port, "--api-key", KEY),
-                         health_url=f"http://127.0.0.1:{port}/health", log_path=log,
-                         timeout=120):
-        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

@@ -317,7 +317,7 @@ async def test_hanging_server_times_out_and_request_moves_on():
     start = loop.time()
     completion = await manager.chat_completion(messages=MESSAGES)
     assert completion.choices and ok.calls == 1
-    assert loop.time() - start < 2.5
+    assert loop.time() - start < 1.8  # one timeout, then straight to the other server
     assert manager.servers[0].server_healthy  # no health checks: kept in rotation
 
 
@@ -329,7 +329,7 @@ async def test_only_server_hanging_raises_after_the_timeout_instead_of_hanging()
     start = loop.time()
     with pytest.raises(NoHealthyServerError, match="http://hang/v1"):
         await manager.chat_completion(messages=MESSAGES)
-    assert loop.time() - start < 2.5
+    assert loop.time() - start < 1.8
 
 
 def test_slurm_without_scontrol_gives_a_clear_error(monkeypatch):
@@ -342,3 +342,13 @@ def test_use_proxy_without_url_is_rejected(monkeypatch):
     monkeypatch.delenv("ATROPOS_PROXY_URL", raising=False)
     with pytest.raises(ValueError, match="proxy_url"):
         ServerManager([], testing=True, use_proxy=True)
+
+
+def test_generate_body_drops_openai_only_keys_and_merges_extra_body():
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+
+    body = VLLMServer._sampling_kwargs(
+        {"model": "m", "max_completion_tokens": 5, "stream": False, "top_logprobs": 3,
+         "extra_body": {"top_k": 20}, "temperature": 0.7, "stop": None}
+    )
+    assert body == {"max_tokens": 5, "top_k": 20, "temperature": 0.7}

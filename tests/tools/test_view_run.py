@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.procs import PYTHON, free_port, running_process
+from tests.helpers.procs import PYTHON, free_port, start_process, stop_process, wait_http
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -25,25 +25,60 @@ def _visible_text(dom: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", dom))
 
 
+def _tokenized(tokenizer, prompt: str, completions: list[str], scores: list[float]) -> dict:
+    p = tokenizer.encode(prompt, add_special_tokens=False)
+    toks = [p + tokenizer.encode(c, add_special_tokens=False) for c in completions]
+    return {"tokens": toks, "masks": [[-100] * len(p) + t[len(p):] for t in toks], "scores": scores}
+
+
 @pytest.fixture(scope="module")
-def file_viewer(tmp_path_factory, make_group, write_jsonl, tokenizer_dir):
-    """A ``view-run --file`` process over two rollouts files (two environments)."""
+def viewers(tmp_path_factory, make_group, write_jsonl, tokenizer, tokenizer_dir, keyed_api, api_key):
+    """Two view-run processes started side by side (their Gradio start-up overlaps):
+    ``--file`` over two rollouts files, and live mode against a keyed run-api that
+    already holds one queued group.
+    """
     d = tmp_path_factory.mktemp("viewrun")
     math = write_jsonl(d / "math.jsonl", [
         make_group("Q: two plus two? A: ", ["the answer is four", "five <b>bold</b>"], [0.75, -1.0]),
         make_group("Q: three plus three? A: ", ["six", "seven"], [1.0, 0.0]),
     ])
     code = write_jsonl(d / "code.jsonl", [make_group("Write hello: ", ["print('hello')", "echo"], [0.5, 0.25])])
-    port = free_port()
-    cmd = [PYTHON, "-m", "atroposlib.cli.view_run", "--file", str(math), "--file", str(code),
-           "--tokenizer", str(tokenizer_dir), "--port", str(port)]
-    with running_process(cmd, health_url=f"http://127.0.0.1:{port}/", timeout=120, log_path=d / "view.log"):
-        yield f"http://127.0.0.1:{port}/", d
+    file_port, live_port, mm_port = free_port(), free_port(), free_port()
+    with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
+        h.get("/reset_data").raise_for_status()
+        h.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 4,
+                                  "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
+                                  "starting_step": 0, "num_steps": 10}).raise_for_status()
+        h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
+               ).raise_for_status()
+    procs = [
+        start_process([PYTHON, "-m", "atroposlib.cli.view_run", "--file", str(math), "--file", str(code),
+                       "--tokenizer", str(tokenizer_dir), "--port", str(file_port)], log_path=d / "file.log"),
+        start_process([PYTHON, "-m", "atroposlib.cli.view_run", "--api-url", keyed_api,
+                       "--tokenizer", str(tokenizer_dir), "--port", str(live_port), "--poll-timeout", "20"],
+                      log_path=d / "live.log", env={"ATROPOS_API_KEY": api_key}),
+        start_process([PYTHON, "-m", "atroposlib.cli.view_run_multimodal", "--api-url", keyed_api,
+                       "--tokenizer", str(tokenizer_dir), "--port", str(mm_port), "--poll-timeout", "20"],
+                      log_path=d / "multimodal.log", env={"ATROPOS_API_KEY": api_key}),
+    ]
+    try:
+        ports, logs = (file_port, live_port, mm_port), ("file.log", "live.log", "multimodal.log")
+        for proc, port, log in zip(procs, ports, logs, strict=True):
+            try:
+                wait_http(f"http://127.0.0.1:{port}/", timeout=120, proc=proc)
+            except (TimeoutError, RuntimeError):
+                print((d / log).read_text(errors="replace")[-4000:])
+                raise
+        yield {"file": f"http://127.0.0.1:{file_port}/", "live": f"http://127.0.0.1:{live_port}/",
+               "multimodal": f"http://127.0.0.1:{mm_port}/", "dir": d}
+    finally:
+        for proc in procs:
+            stop_process(proc)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (the Makefile / .ci/run installs it with apt)")
-def test_file_mode_page_shows_group_text_and_score_in_chromium(file_viewer) -> None:
-    url, d = file_viewer
+def test_file_mode_page_shows_group_text_and_score_in_chromium(viewers) -> None:
+    url, d = viewers["file"], viewers["dir"]
     shot = d / "view.png"
     # One headless run writes both the screenshot and the DOM after scripts ran.
     dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={d / 'chrome'}", f"--screenshot={shot}",
@@ -63,10 +98,10 @@ def test_file_mode_page_shows_group_text_and_score_in_chromium(file_viewer) -> N
     assert colours is not None and len(colours) > 50  # a rendered page, not a blank frame
 
 
-def test_file_mode_filters_and_navigation_via_gradio_client(file_viewer) -> None:
+def test_file_mode_filters_and_navigation_via_gradio_client(viewers) -> None:
     from gradio_client import Client
 
-    url, _ = file_viewer
+    url = viewers["file"]
     client = Client(url, verbose=False)
     pos, status, body = client.predict("code", "", "", "any", "", api_name="/search")
     assert pos == 1 and "Group 1 of 1 matching (3 in total) — code · code.jsonl line 1" in status
@@ -110,34 +145,40 @@ def test_bad_file_input_and_unreachable_api_exit_with_a_message(tmp_path: Path, 
     assert f"cannot reach the rollout API at {unreachable}" in capsys.readouterr().err
 
 
-def _tokenized(tokenizer, prompt: str, completions: list[str], scores: list[float]) -> dict:
-    p = tokenizer.encode(prompt, add_special_tokens=False)
-    toks = [p + tokenizer.encode(c, add_special_tokens=False) for c in completions]
-    return {"tokens": toks, "masks": [[-100] * len(p) + t[len(p):] for t in toks], "scores": scores}
-
-
 def test_live_mode_shows_first_group_of_next_batch_without_resetting_the_api(
-        tmp_path: Path, tokenizer, tokenizer_dir: Path, keyed_api: str, api_key: str) -> None:
+        viewers, tokenizer, keyed_api: str, api_key: str) -> None:
     from gradio_client import Client
 
-    ui_port = free_port()
     with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
-        h.get("/reset_data").raise_for_status()
-        h.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 4,
-                                  "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
-                                  "starting_step": 0, "num_steps": 10}).raise_for_status()
-        h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
+        assert h.get("/status").json()["queue_size"] == 1  # view-run did not wipe the queue
+        h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
                ).raise_for_status()
-        cmd = [PYTHON, "-m", "atroposlib.cli.view_run", "--api-url", keyed_api, "--tokenizer", str(tokenizer_dir),
-               "--port", str(ui_port), "--poll-timeout", "20"]
-        with running_process(cmd, health_url=f"http://127.0.0.1:{ui_port}/", timeout=120,
-                             log_path=tmp_path / "view.log", env={"ATROPOS_API_KEY": api_key}):
-            assert h.get("/status").json()["queue_size"] == 1  # view-run did not wipe the queue
-            h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
-                   ).raise_for_status()
-            client = Client(f"http://127.0.0.1:{ui_port}/", verbose=False)
-            prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
+    client = Client(viewers["live"], verbose=False)
+    prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
     assert prefix == "Q: 1+1? A: "
     assert (out0, out1) == ("2", "3")
     assert (float(score0), float(score1)) == (1.0, -1.0)
     assert "Batch of 2 groups" in status
+
+
+def test_multimodal_live_mode_shows_image_and_text_prompt(viewers, tokenizer, keyed_api: str, api_key: str) -> None:
+    import base64
+    import io
+
+    from gradio_client import Client
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (5, 4), (0, 128, 255)).save(buf, format="PNG")
+    image = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    prompt = '[{"type": "text", "text": "How many squares?"}] '
+    groups = [dict(_tokenized(tokenizer, prompt, ["two", "three"], [1.0, -1.0]), images=[image])] * 2
+    with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
+        h.post("/scored_data_list", json=groups).raise_for_status()
+    client = Client(viewers["multimodal"], verbose=False)
+    picture, text, prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
+    with Image.open(picture) as shown:
+        assert shown.size == (5, 4)
+    assert text == "How many squares?"
+    assert prefix == prompt and (out0, out1) == ("two", "three")
+    assert (float(score0), float(score1)) == (1.0, -1.0)

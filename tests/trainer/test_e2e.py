@@ -40,6 +40,7 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
         "trainer": {"training_steps": steps},
         "trainer_args": TRAINER_ARGS,
         "startup_timeout": 120,
+        "cpu_threads": 1,
         "max_wall_time": 150,
     }
     if with_eval:

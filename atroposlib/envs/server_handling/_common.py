@@ -18,6 +18,35 @@ def root_url(base_url: str | None) -> str:
     return url
 
 
+OPENAI_ONLY_KEYS = (
+    "model",
+    "stream",
+    "stream_options",
+    "user",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "extra_headers",
+    "extra_query",
+    "timeout",
+)
+
+
+def generate_sampling_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI-style request kwargs → sampling parameters for a native ``/generate``.
+
+    OpenAI-only keys are dropped and ``extra_body`` is merged in (it carries backend
+    sampling parameters such as ``top_k`` or ``min_p``).
+    """
+    out = {k: v for k, v in kwargs.items() if k not in OPENAI_ONLY_KEYS}
+    extra = out.pop("extra_body", None)
+    if isinstance(extra, dict):
+        out.update(extra)
+    return out
+
+
 def drop_none(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` without the keys whose value is None."""
     return {k: v for k, v in d.items() if v is not None}

@@ -352,6 +352,7 @@ class ServerManager:
         if self._health_loop is not loop:
             self._start_health_checks()
         is_train = kwargs.get("split", "train") != "eval"
+        started = loop.time()
         # Fast path: a slot is free now and nobody is queued.
         first: tuple[int, BaseException] | None = None
         if not self._waiters[is_train]:
@@ -365,12 +366,14 @@ class ServerManager:
                     first = (idx, e)
                 finally:
                     self._release(idx, is_train)
-        return await self._call_with_failover(kind, kwargs, is_train, first)
+        return await self._call_with_failover(kind, kwargs, is_train, started, first)
 
     def _on_failure(self, idx: int, error: BaseException, exclude: set[int]) -> None:
         """Decide whether a failed attempt may be retried elsewhere; raise ``error`` if not."""
         server = self.servers[idx]
         if isinstance(error, ServerUnavailableError):
+            if not server._health_enabled:
+                exclude.add(idx)  # stays "healthy" without probes; do not retry it for this call
             logger.warning("request failed on %s, trying another server: %s", server.name, error)
             return
         if is_client_error(error) or isinstance(error, (NotImplementedError, KeyError, ValueError)):
@@ -385,10 +388,10 @@ class ServerManager:
         kind: str,
         kwargs: dict[str, Any],
         is_train: bool,
+        started: float,
         first: tuple[int, BaseException] | None,
     ) -> Any:
         loop = asyncio.get_running_loop()
-        started = loop.time()
         deadline = started + self._wait_timeout()
         tried: list[int] = []
         exclude: set[int] = set()

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from atroposlib.envs.server_handling._common import drop_none, load_tokenizer, post_json, root_url
+from atroposlib.envs.server_handling._common import (
+    drop_none,
+    generate_sampling_kwargs,
+    load_tokenizer,
+    post_json,
+    root_url,
+)
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ReasoningConfig
 
@@ -63,8 +69,7 @@ class SGLangServer(OpenAIServer):
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
         input_ids = self._input_ids(kwargs)
-        sampling = dict(kwargs)
-        sampling.pop("model", None)
+        sampling = generate_sampling_kwargs(kwargs)
         for key in ("max_tokens", "max_completion_tokens"):
             if key in sampling:
                 sampling.setdefault("max_new_tokens", sampling.pop(key))

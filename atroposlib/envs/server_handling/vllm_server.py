@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atroposlib.envs.server_handling._common import drop_none, load_tokenizer, post_json, root_url
+from atroposlib.envs.server_handling._common import (
+    drop_none,
+    generate_sampling_kwargs,
+    load_tokenizer,
+    post_json,
+    root_url,
+)
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ReasoningConfig
 
@@ -130,8 +136,7 @@ class VLLMServer(OpenAIServer):
 
     @staticmethod
     def _sampling_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-        out = dict(kwargs)
-        out.pop("model", None)
+        out = generate_sampling_kwargs(kwargs)
         for key in _RENAMED:
             if key in out:
                 value = out.pop(key)
