@@ -11,11 +11,13 @@ ratio, and the env process's CPU time per group.
     python benchmarks/env_bench.py                       # 8, 32 and 64 workers
     python benchmarks/env_bench.py --workers 64 --seconds 20 --latency-ms 50
     python benchmarks/env_bench.py --server-type vllm    # token-level rollouts via /generate
+    python benchmarks/env_bench.py --server-type none    # env runtime + API only
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import time
@@ -52,7 +54,11 @@ class BenchEnv(BaseEnv):
 
     async def collect_trajectories(self, item: int) -> Tuple[ScoredDataGroup | None, List[Any]]:
         n = self.config.group_size
-        if self.server.servers[0].config.server_type == "vllm":
+        sleep_ms = float(os.environ.get("ENV_BENCH_SLEEP_MS", "0"))
+        if sleep_ms > 0:  # no inference call: measures the env runtime alone
+            await asyncio.sleep(sleep_ms / 1000)
+            bodies = [[97 + j] * 8 for j in range(n)]
+        elif self.server.servers[0].config.server_type == "vllm":
             prompt = list(f"item {item}".encode())
             _, outputs, _, _ = await self.server.tokens_and_logprobs_completion(
                 input_ids=prompt, n=n, max_tokens=8
@@ -96,9 +102,10 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
         env = start_process([sys.executable, str(Path(__file__).resolve()), "env", "serve",
                              "--env.rollout_server_url", api_url, "--env.max_num_workers", str(workers),
                              "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1",
-                             "--openai.server_type", server_type],
+                             "--openai.server_type", "openai" if server_type == "none" else server_type],
                             log_path=log_dir / "env.log",
-                            env={"ATROPOS_OUTBOX_DIR": str(log_dir / "outbox")})
+                            env={"ATROPOS_OUTBOX_DIR": str(log_dir / "outbox"),
+                                 "ENV_BENCH_SLEEP_MS": str(latency_ms) if server_type == "none" else "0"})
         procs.append(env)
 
         def queued() -> int:
@@ -137,9 +144,11 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--log-dir", default="/tmp/atropos-env-bench")
-    parser.add_argument("--server-type", choices=["openai", "vllm"], default="openai",
+    parser.add_argument("--server-type", choices=["openai", "vllm", "none"], default="openai",
                         help="openai: completion() through the OpenAI client; "
-                        "vllm: tokens_and_logprobs_completion() through /generate")
+                        "vllm: tokens_and_logprobs_completion() through /generate; "
+                        "none: no inference call, the rollout just sleeps the latency "
+                        "(measures the env runtime and API path alone)")
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     log_dir = Path(args.log_dir)

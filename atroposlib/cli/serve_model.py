@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
             args["nargs"] = "+"
         elif anno is int or anno == (int | None):
             args["type"] = int
+        elif anno is float:
+            args["type"] = float
         parser.add_argument(flag, **args)
     return parser
 

@@ -128,6 +128,8 @@ class BaseEnv(ABC):
         self._status_task: asyncio.Task | None = None
         self._last_reap = 0.0
         self._stop_requested = False
+        self._serving = False
+        self._main_task: asyncio.Task | None = None
 
     def _make_server_manager(self, server_configs: Any, slurm: bool, testing: bool) -> Any:
         from atroposlib.envs.server_handling.server_manager import ServerManager
@@ -417,7 +419,7 @@ class BaseEnv(ABC):
         payload: Any = valid[0] if len(valid) == 1 else valid
         if self._sender is None:
             raise RuntimeError("handle_send_to_api(do_send_to_api=True) needs a running serve loop")
-        await self._sender.send(payload)
+        await self._sender.send(payload, wait=False)
         self.items_sent_this_step += len(valid)
         self.items_sent_total += len(valid)
 
@@ -620,21 +622,31 @@ class BaseEnv(ABC):
             logger.exception("evaluate() failed")
 
     async def env_manager(self) -> None:
-        """The ``serve`` lifecycle: register, then keep workers busy until ``total_steps``."""
-        self._api = RolloutAPIClient(self.config.rollout_server_url)
-        await self.setup()
-        await self.setup_wandb()
-        await self.register_env()
-        await self.get_server_info()
-        outbox_dir = default_outbox_dir(self.config.wandb_name or self.name)
-        outbox = Outbox(outbox_dir)
-        outbox.adopt_orphans(outbox_dir.parent, outbox_dir.name.rsplit("-", 1)[0])
-        self._sender = GroupSender(self._api, outbox)
-        self._sender.start()
-        self._status_task = asyncio.create_task(self._status_loop(), name="atropos-status-poll")
+        """The ``serve`` lifecycle: register, then keep workers busy until ``total_steps``.
+
+        SIGINT/SIGTERM stop it gracefully: groups already made are delivered (or
+        kept in the outbox) before it returns.
+        """
+        self._main_task = asyncio.current_task()
         uninstall = _install_stop_signals(self.request_stop)
+        self._api = RolloutAPIClient(self.config.rollout_server_url)
         try:
+            await self.setup()
+            await self.setup_wandb()
+            await self.register_env()
+            await self.get_server_info()
+            outbox_dir = default_outbox_dir(self.config.wandb_name or self.name)
+            outbox = Outbox(outbox_dir)
+            outbox.adopt_orphans(outbox_dir.parent, outbox_dir.name.rsplit("-", 1)[0])
+            self._sender = GroupSender(self._api, outbox)
+            self._sender.start()
+            self._status_task = asyncio.create_task(self._status_loop(), name="atropos-status-poll")
+            self._serving = True
             await self._serve_loop()
+        except asyncio.CancelledError:
+            if not self._stop_requested:
+                raise
+            logger.info("stopped before serving started")
         finally:
             uninstall()
             await self._shutdown()
@@ -645,6 +657,8 @@ class BaseEnv(ABC):
             logger.info("stop requested; delivering what is in flight, then exiting")
         self._stop_requested = True
         self._wake.set()
+        if not self._serving and self._main_task is not None:
+            self._main_task.cancel()  # still setting up or registering: nothing to deliver
 
     async def _serve_loop(self) -> None:
         while True:

@@ -59,7 +59,7 @@ class Outbox:
                 self._next = int(self._keys[-1][: -len(_SUFFIX)]) + 1
                 logger.warning("outbox %s holds %d undelivered groups", self.directory, len(self._keys))
 
-    def adopt_orphans(self, root: "str | Path", prefix: str) -> int:
+    def adopt_orphans(self, root: str | Path, prefix: str) -> int:
         """Take over the entries of ``<root>/<prefix>-<pid>`` outboxes whose process is gone.
 
         A previous run of the same environment that stopped with undelivered groups

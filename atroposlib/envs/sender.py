@@ -82,6 +82,7 @@ class GroupSender:
         self.outboxed = 0
         self.posts = 0
         self._queue: Deque[_Pending] = deque()
+        self._in_flight = 0
         self._queued = asyncio.Event()
         self._wake_flusher = asyncio.Event()
         self._pump: asyncio.Task | None = None
@@ -96,19 +97,26 @@ class GroupSender:
             if len(self.outbox):
                 self._wake_flusher.set()
 
-    async def send(self, payload: Any) -> bool:
-        """Deliver ``payload`` (a group or a list of groups).
+    async def send(self, payload: Any, wait: bool = True) -> bool | None:
+        """Hand ``payload`` (a group or a list of groups) over for delivery.
 
-        True when the API acknowledged all of it; False when some was refused or
-        parked in the outbox (it is then re-sent later by the flusher).
+        With ``wait`` (the default) it returns True when the API acknowledged all of
+        it, False when some was refused or parked in the outbox (re-sent later).
+        With ``wait=False`` it returns None as soon as the groups are queued, unless
+        more than ``max_groups_per_post`` groups are already waiting: then it waits
+        for its own delivery, which is the backpressure a busy API exerts on workers.
+        Either way the sender owns the groups from here on.
         """
         groups = list(payload) if isinstance(payload, list) else [payload]
         if not groups:
             return True
         self.start()
+        backlog = sum(len(p.groups) for p in self._queue)
         pending = _Pending(groups, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._queued.set()
+        if not wait and backlog < self.max_groups_per_post:
+            return None
         return await asyncio.shield(pending.done)
 
     # ------------------------------------------------------------- pump
@@ -134,9 +142,12 @@ class GroupSender:
                 await self._queued.wait()
                 continue
             batch = self._take_batch()
+            self._in_flight = len(batch)
             try:
                 await self._send_batch(batch)
+                self._in_flight = 0
             except asyncio.CancelledError:
+                self._in_flight = 0
                 for pending in batch:
                     self._park(pending.groups, "sender stopped")
                     _resolve(pending, False)
@@ -247,15 +258,16 @@ class GroupSender:
     @property
     def idle(self) -> bool:
         """True when nothing waits to be posted and the outbox is empty."""
-        return not self._queue and not len(self.outbox)
+        return not self._queue and not self._in_flight and not len(self.outbox)
 
     async def close(self, drain_timeout_s: float = 30.0) -> None:
         """Try to deliver everything for up to ``drain_timeout_s``, then stop the tasks.
 
-        Anything still undelivered stays on disk and is reported in the log.
+        Anything still undelivered stays on disk and is reported in the log. (A POST
+        cut off by the timeout is kept too, although the API may have taken it.)
         """
         deadline = time.monotonic() + drain_timeout_s
-        while (self._queue or len(self.outbox)) and time.monotonic() < deadline and self._pump is not None:
+        while not self.idle and time.monotonic() < deadline and self._pump is not None:
             await asyncio.sleep(0.05)
         for task in (self._pump, self._flusher):
             if task is not None:

@@ -17,7 +17,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from atroposlib.frontend.multimodal import extract_text_prompt, group_image
-from atroposlib.frontend.rollouts import TokenSpan, messages_text, split_prefix, token_spans
+from atroposlib.frontend.rollouts import MASKED, TokenSpan, messages_text, split_prefix, token_spans
 
 _B64 = re.compile(r"^(data:image/(png|jpeg|jpg|gif|webp);base64,)?[A-Za-z0-9+/=\s]+$")
 
@@ -34,6 +34,7 @@ VIEWER_CSS = """
 .atropos-group .tok.prompt { color: #8c959f; }
 .atropos-group .tok.trained { color: #0b3d91; border-bottom: 2px solid #0969da; }
 .atropos-group .legend span { margin-right: 12px; }
+.atropos-group .shared { border-left: 5px solid #0969da; padding: 4px 10px; margin: 8px 0; background: #f6f8fa; }
 .atropos-group img.group-image { max-width: 360px; max-height: 360px; margin: 4px 8px 4px 0; }
 """
 
@@ -88,10 +89,41 @@ def sequence_stats(spans: Sequence[TokenSpan]) -> dict[str, Any]:
     }
 
 
+def shared_turns(messages: Sequence[Any]) -> int:
+    """How many leading chat turns every rollout's ``messages`` has in common (0 for strings)."""
+    convs = [m for m in messages if isinstance(m, list)]
+    if len(convs) < 2 or len(convs) != len(messages):
+        return 0
+    n = 0
+    for turns in zip(*convs, strict=False):
+        if any(t != turns[0] for t in turns[1:]):
+            break
+        n += 1
+    # Leave at least one turn to each rollout.
+    return min(n, min(len(c) for c in convs) - 1)
+
+
+def shared_masked_prefix(tokens: Sequence[Any], masks: Sequence[Any]) -> int:
+    """Length of the leading tokens all sequences share and none trains on."""
+    seqs = [t for t in tokens if isinstance(t, list)]
+    if len(seqs) < 2 or len(seqs) != len(tokens) or len(masks) != len(tokens):
+        return 0
+    n = 0
+    for column in zip(*seqs, strict=False):
+        if any(c != column[0] for c in column[1:]) or any(
+            not isinstance(m, list) or n >= len(m) or m[n] != MASKED for m in masks
+        ):
+            break
+        n += 1
+    return n
+
+
 def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | None, title: str = "") -> str:
     """The whole group as an HTML fragment (all rollout text escaped).
 
     ``decode_one`` turns a token id into text; without it tokens show as ``[id]``.
+    The chat turns all rollouts share are shown once, above the rollouts; so are
+    the untrained prompt tokens (in full for rollout 0, folded for the others).
     """
     decode = decode_one or (lambda t: f"[{t}]")
     scores = [float(s) for s in group.get("scores") or []]
@@ -99,6 +131,8 @@ def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | 
     masks = group.get("masks") or []
     logprobs = group.get("inference_logprobs") or []
     messages = group.get("messages") or []
+    n_shared = shared_turns(messages[: len(scores)]) if len(messages) >= len(scores) else 0
+    n_prompt = shared_masked_prefix(tokens[: len(scores)], masks[: len(scores)])
     parts = [
         '<div class="atropos-group">',
         f'<div class="meta">{html.escape(title)} · {len(scores)} rollouts · scores: '
@@ -107,6 +141,11 @@ def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | 
         '<span class="tok trained">trained (shade = lower inference logprob)</span></div>',
         _images_html(group.get("images")),
     ]
+    if n_shared:
+        parts.append(
+            '<div class="shared"><div class="rollout-head">Shared by all rollouts</div>'
+            f'<div class="messages">{html.escape(messages_text(messages[0][:n_shared]))}</div></div>'
+        )
     for i, score in enumerate(scores):
         spans = []
         if i < len(tokens) and isinstance(tokens[i], list):
@@ -124,13 +163,14 @@ def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | 
             f'mean logprob {_fmt(stats["mean_logprob"])}</div>'
         )
         if i < len(messages):
-            parts.append(f'<div class="messages">{html.escape(messages_text(messages[i]))}</div>')
+            own = messages[i][n_shared:] if n_shared else messages[i]
+            parts.append(f'<div class="messages">{html.escape(messages_text(own))}</div>')
         if spans:
-            parts.append(
-                '<details open><summary>Tokens</summary><div class="tokens">'
-                + "".join(_token_html(s) for s in spans)
-                + "</div></details>"
-            )
+            folded = n_prompt if i > 0 else 0
+            body = "".join(_token_html(s) for s in spans[folded:])
+            if folded:
+                body = f'<span class="tok prompt">[{folded} prompt tokens as in rollout 0]</span>' + body
+            parts.append(f'<details open><summary>Tokens</summary><div class="tokens">{body}</div></details>')
         parts.append("</div>")
     parts.append("</div>")
     return "".join(parts)

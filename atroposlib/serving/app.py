@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 
 from atroposlib.serving.config import ServeModelConfig
 from atroposlib.serving.engine import Engine, SequenceOutput, TokenEvent
 from atroposlib.serving.errors import (
+    ClientGone,
     InvalidRequest,
     ModelNotFound,
     Unauthorized,
@@ -53,6 +56,8 @@ from atroposlib.serving.sampling import SamplingParams
 from atroposlib.serving.streaming import new_id, now, stream_choices
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,6 +90,7 @@ def build_state(config: ServeModelConfig) -> ServingState:
     max_len = config.max_model_len or int(limit)
     engine = Engine(model, tokenizer, max_model_len=max_len, max_num_seqs=config.max_num_seqs,
                     max_batched_tokens=config.max_batched_tokens,
+                    swap_drain_timeout=config.swap_drain_timeout,
                     loader=lambda path: load_compatible(path, engine.model, device, dtype))
     logger.info("loaded %s on %s (%s), max_model_len=%d", config.model, device, dtype, max_len)
     return ServingState(config, engine, tokenizer,
@@ -121,6 +127,9 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
     def check_model(st: ServingState, model: str | None) -> str:
         if model is None or model in st.names:
             return model or st.name
+        if os.path.isdir(st.config.model) and os.path.realpath(model) == os.path.realpath(
+                st.config.model):
+            return model  # the same local directory spelled differently
         raise ModelNotFound(f"The model `{model}` does not exist. Served: {st.names}",
                             param="model", code="model_not_found")
 
@@ -130,7 +139,8 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
     async def health(st: ServingState = Depends(get_state)) -> dict[str, Any]:
         return {"status": "ok", "model": st.name, "version": st.engine.version,
                 "running": st.engine.running, "waiting": st.engine.waiting,
-                "steps": st.engine.steps, "generated_tokens": st.engine.generated_tokens}
+                "steps": st.engine.steps, "generated_tokens": st.engine.generated_tokens,
+                "restarted_on_update": st.engine.restarted}
 
     @app.get("/health_generate", dependencies=auth)
     async def health_generate(st: ServingState = Depends(get_state)) -> dict[str, Any]:
@@ -148,32 +158,29 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             for name in st.names]}
 
     @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: CompletionRequest,
-                          st: ServingState = Depends(get_state)) -> dict[str, Any]:
+    async def completions(body: CompletionRequest, request: Request,
+                          st: ServingState = Depends(get_state)) -> Response:
         name = check_model(st, body.model)
         params = body.sampling_params(st.config.max_n, logprobs=body.logprobs,
                                       prompt_logprobs=body.prompt_logprobs)
         prompts = body.prompts()
-        ids_list, texts = [], []
-        for p in prompts:
-            if isinstance(p, str):
-                ids_list.append(st.tokenizer.encode(p, add_special_tokens=True))
-                texts.append(p)
-            else:
-                ids_list.append(list(p))
-                texts.append(st.tokenizer.decode(p) if body.echo else "")
-        for ids in ids_list:  # validate every prompt before generating any
+        ids_list = [st.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str)
+                    else list(p) for p in prompts]
+        for ids in ids_list:  # validate every prompt before generating (or decoding) any
             st.engine.validate(ids, params)
+        texts = [p if isinstance(p, str) else (st.tokenizer.decode(p) if body.echo else "")
+                 for p in prompts]
         if body.stream:
             return stream_completions(st, name, body, params, ids_list, texts)
-        results = await asyncio.gather(*(st.engine.generate(ids, params) for ids in ids_list))
-        return completion_response(name, st.tokenizer, list(results), texts,
-                                   body.logprobs is not None, body.echo,
-                                   body.return_tokens_as_token_ids)
+        results = await unless_disconnected(request, asyncio.gather(
+            *(st.engine.generate(ids, params) for ids in ids_list)))
+        return JSONResponse(completion_response(name, st.tokenizer, list(results), texts,
+                                                body.logprobs is not None, body.echo,
+                                                body.return_tokens_as_token_ids))
 
     @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat(body: ChatCompletionRequest,
-                   st: ServingState = Depends(get_state)) -> dict[str, Any]:
+    async def chat(body: ChatCompletionRequest, request: Request,
+                   st: ServingState = Depends(get_state)) -> Response:
         name = check_model(st, body.model)
         top = body.top_logprobs or 0
         params = body.sampling_params(st.config.max_n, logprobs=top if body.logprobs else None)
@@ -181,14 +188,14 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         if body.stream:
             st.engine.validate(ids, params)
             return stream_chat(st, name, body, params, ids)
-        result = await st.engine.generate(ids, params)
+        result = await unless_disconnected(request, st.engine.generate(ids, params))
         parse_tools = bool(body.tools) and body.tool_choice != "none"
-        return chat_response(name, st.tokenizer, result, body.logprobs, parse_tools,
-                             body.return_tokens_as_token_ids)
+        return JSONResponse(chat_response(name, st.tokenizer, result, body.logprobs,
+                                          parse_tools, body.return_tokens_as_token_ids))
 
     @app.post("/generate", dependencies=auth)
-    async def generate(body: GenerateRequest,
-                       st: ServingState = Depends(get_state)) -> dict[str, Any]:
+    async def generate(body: GenerateRequest, request: Request,
+                       st: ServingState = Depends(get_state)) -> Response:
         check_model(st, body.model)
         params = body.sampling_params(st.config.max_n, logprobs=body.logprobs,
                                       prompt_logprobs=body.prompt_logprobs)
@@ -197,8 +204,8 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             ids = st.tokenizer.encode(body.prompt, add_special_tokens=True)
         else:
             text, ids = None, list(body.prompt["prompt_token_ids"])
-        result = await st.engine.generate(ids, params)
-        return generate_response(result, text, body.logprobs is not None)
+        result = await unless_disconnected(request, st.engine.generate(ids, params))
+        return JSONResponse(generate_response(result, text, body.logprobs is not None))
 
     @app.post("/update_weights", dependencies=auth)
     async def update_weights(body: UpdateWeightsRequest,
@@ -207,6 +214,28 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         return {**info, "model": st.name}
 
     return app
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T],
+                              poll_s: float = 0.5) -> T:
+    """Await ``work``, cancelling it (and freeing its batch rows) if the client goes away.
+
+    Clients with timeouts (environments retrying a slow request) would otherwise leave
+    the engine generating answers nobody reads.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                logger.info("client disconnected; cancelling its generation")
+                task.cancel()
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:

@@ -27,6 +27,9 @@ class ServeModelConfig(BaseModel):
     max_num_seqs: int = Field(256, ge=1, description="Most sequences decoded in one batch.")
     max_batched_tokens: int = Field(
         8192, ge=1, description="Padded prompt-token budget of one prefill batch.")
+    swap_drain_timeout: float = Field(
+        30.0, ge=0.0, description="Seconds a weight update lets running sequences finish on the "
+                                  "old weights before restarting them on the new ones.")
     max_n: int = Field(128, ge=1, description="Largest 'n' (completions per request) accepted.")
     cpu_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads on CPU; default 1 for models under "

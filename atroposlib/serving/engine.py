@@ -10,8 +10,13 @@ runs in one worker thread, never on the event loop.
 Weight updates (``update_weights``) load the new checkpoint in another thread
 while generation continues; once loaded, the scheduler stops admitting new
 requests, lets the running sequences **finish on the old weights**, swaps the
-model and resumes. Every response therefore comes entirely from one version
-(reported as ``version``), and no sequence ever sees a half-loaded model.
+model and resumes. Sequences still running ``swap_drain_timeout`` seconds after
+the new weights are ready are **restarted** instead (their tokens are discarded
+and the request is re-run from its prompt, with its seed, on the new weights),
+so one long generation cannot stall an update; streamed requests, whose tokens
+were already sent, are always allowed to finish. Every response therefore comes
+entirely from one version (reported as ``version``), and no sequence ever sees
+a half-loaded model.
 """
 
 from __future__ import annotations
@@ -107,7 +112,8 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int,
                  max_num_seqs: int = 256, max_batched_tokens: int = 8192,
-                 loader: Callable[[str], Any] | None = None) -> None:
+                 loader: Callable[[str], Any] | None = None,
+                 swap_drain_timeout: float = 30.0) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -126,7 +132,10 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._swap: tuple[Any, str, asyncio.Future] | None = None
+        self._swap_since = 0.0
+        self.swap_drain_timeout = swap_drain_timeout
         self._update_lock = asyncio.Lock()
+        self.restarted = 0
         self.steps = 0
         self.generated_tokens = 0
 
@@ -245,6 +254,7 @@ class Engine:
             loaded = time.monotonic()
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
             self._swap = (new_model, path, fut)
+            self._swap_since = time.monotonic()
             self._wakeup.set()
             version = await fut
             return {"version": version, "path": path,
@@ -255,6 +265,9 @@ class Engine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if self._swap is not None and self._rows and (
+                    time.monotonic() - self._swap_since > self.swap_drain_timeout):
+                self._restart_rows()
             if not self._rows and self._swap is not None:
                 self._apply_swap()
                 continue
@@ -281,6 +294,22 @@ class Engine:
             for req, result in done:
                 if not req.future.done():
                     req.future.set_result(result)
+
+    def _restart_rows(self) -> None:
+        """Send running non-streamed requests back to the queue head, to re-run from scratch."""
+        restart = {id(r.request): r.request for r in self._rows if r.request.listener is None}
+        if not restart:
+            return
+        keep = [i for i, r in enumerate(self._rows) if id(r.request) not in restart]
+        self._rows = [self._rows[i] for i in keep]
+        self._batch = self._batch.select(keep) if keep and self._batch is not None else None
+        for req in reversed(list(restart.values())):
+            req.rows, req.open_rows, req.prompt_lps = [], 0, None
+            if req.generator is not None and req.params.seed is not None:
+                req.generator.manual_seed(req.params.seed)
+            self._waiting.appendleft(req)
+        self.restarted += len(restart)
+        logger.info("restarting %d request(s) on the new weights", len(restart))
 
     def _apply_swap(self) -> None:
         assert self._swap is not None

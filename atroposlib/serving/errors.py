@@ -46,6 +46,16 @@ class Unauthorized(ServingError):
     type = "authentication_error"
 
 
+class ClientGone(ServingError):
+    """The client disconnected before the answer was ready (nobody reads this reply)."""
+
+    status = 499
+    type = "client_closed_request"
+
+    def __init__(self) -> None:
+        super().__init__("client closed the request")
+
+
 def error_body(message: str, type_: str, param: str | None, code: str | int | None) -> dict:
     """The OpenAI error envelope ``{"error": {...}}``."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

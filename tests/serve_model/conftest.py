@@ -17,7 +17,7 @@ def _servers(tiny_model_dir, tmp_path_factory):
     """Start both servers at once (startup is mostly imports; overlapping them halves the
     wall time on a busy machine): a plain one and one with ``--api-key``."""
     logs = tmp_path_factory.mktemp("serve")
-    specs = {"plain": ["--served-model-name", "tiny", "alias"], "keyed": ["--api-key", KEY]}
+    specs = {"plain": ["--served-model-name", "tiny", "alias"], "keyed": ["--api-key", KEY, "--swap-drain-timeout", "0.5"]}
     started = {}
     try:
         for name, extra in specs.items():

@@ -103,3 +103,8 @@ def test_server_still_serves_after_bad_requests(served):
     r = post(f"{served.url}/v1/completions", COMP)
     assert r.status_code == 200
     assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_echo_of_out_of_vocabulary_ids_is_400_not_500(served):
+    r = post(f"{served.url}/v1/completions", {"prompt": [-5, 3], "echo": True, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"

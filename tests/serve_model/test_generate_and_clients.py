@@ -4,8 +4,10 @@ as clients; token ids and logprobs must match a direct forward pass."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
+import pytest
 
 from tests.serve_model.support import direct_logprobs, direct_prompt_logprobs, post
 
@@ -130,3 +132,18 @@ async def test_concurrent_requests_share_forward_passes(served):
     assert all(r.status_code == 200 for r in rs)
     assert all(len(r.json()["token_ids"][0]) == 24 for r in rs)
     assert after - before < 16 * 24 / 4
+
+
+def test_abandoned_request_stops_generating(served):
+    """A client that times out frees its batch rows instead of leaving 20k tokens to run."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{served.url}/generate", timeout=1.0,
+                   json={"prompt": "x", "max_tokens": 20000, "ignore_eos": True})
+    deadline = time.monotonic() + 15
+    health = {}
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{served.url}/health", timeout=10).json()
+        if health["running"] == 0 and health["waiting"] == 0:
+            break
+        time.sleep(0.2)
+    assert health["running"] == 0 and health["waiting"] == 0

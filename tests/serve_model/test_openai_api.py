@@ -40,9 +40,11 @@ def test_chat_completion_returns_n_choices_and_exact_usage(client, tokenizer):
     assert r.usage.total_tokens == len(prompt_ids) + 21
 
 
-def test_alias_name_is_accepted(client):
+def test_alias_name_and_model_directory_are_accepted(served, client):
     r = client.completions.create(model="alias", prompt="hi", max_tokens=2)
     assert r.model == "alias"
+    spelled = served.model_dir.rstrip("/") + "/./"
+    assert client.completions.create(model=spelled, prompt="hi", max_tokens=2).model == spelled
 
 
 def _ids(tokens: list[str]) -> list[int]:

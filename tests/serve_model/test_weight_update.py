@@ -12,13 +12,13 @@ from atroposlib.tiny_model import build_tiny_model
 from tests.serve_model.support import AUTH, direct_logprobs
 
 
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     new = build_tiny_model(root / "step_1", seed=1)
     other = build_tiny_model(root / "other", seed=1, hidden_size=32, num_attention_heads=2,
                              num_key_value_heads=1)
+    build_tiny_model(root / "step_2", seed=2)
     return new, other
 
 
@@ -90,3 +90,34 @@ async def test_weight_update_under_load_never_mixes_versions(keyed, checkpoints,
         got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
         want = direct_logprobs(model, prompt_ids, ids)
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, r["version"]
+
+
+async def test_long_request_is_restarted_on_the_new_weights(keyed, checkpoints, tokenizer):
+    """With --swap-drain-timeout 0.5 an update does not wait for a long generation: the
+    request is re-run from its prompt on the new weights and says so by its version."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    step_2 = str(Path(checkpoints[0]).parent / "step_2")
+    new_model = AutoModelForCausalLM.from_pretrained(step_2, dtype=torch.float32).eval()
+    prompt_ids = tokenizer.encode("Henry reads 20 pages a day.")
+    async with httpx.AsyncClient(timeout=300, headers=AUTH) as client:
+        before = (await client.get(f"{keyed}/health")).json()
+        long = asyncio.create_task(client.post(f"{keyed}/generate", json={
+            "prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 800, "logprobs": 0,
+            "seed": 1, "ignore_eos": True}))
+        while (await client.get(f"{keyed}/health")).json()["running"] == 0:
+            await asyncio.sleep(0.05)
+        upd = await client.post(f"{keyed}/update_weights", json={"path": step_2})
+        assert upd.status_code == 200, upd.text
+        assert not long.done()  # the update did not wait for the 800-token generation
+        r = (await long).json()
+        after = (await client.get(f"{keyed}/health")).json()
+    assert r["version"] == upd.json()["version"] == before["version"] + 1
+    assert after["restarted_on_update"] == before["restarted_on_update"] + 1
+    ids = r["token_ids"][0]
+    assert len(ids) == 800
+    got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
+    want = direct_logprobs(new_model, prompt_ids, ids)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4

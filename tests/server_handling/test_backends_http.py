@@ -175,9 +175,11 @@ async def test_bad_request_is_not_retried_and_names_field(fake_pool):
 
     manager = ServerManager([_cfg(fake_pool[0])])
     try:
+        before = fake_pool[0].stats()["requests"].get("/v1/chat/completions", 0)
         with pytest.raises(openai.UnprocessableEntityError) as exc:
-            await manager.chat_completion(messages=MESSAGES, n=0)
-        assert "n" in str(exc.value)
+            await manager.chat_completion(messages=[])
+        assert "messages" in str(exc.value)
+        assert fake_pool[0].stats()["requests"]["/v1/chat/completions"] == before + 1
         assert manager.servers[0].server_healthy
     finally:
         await manager.close()

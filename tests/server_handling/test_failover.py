@@ -54,7 +54,7 @@ async def test_timed_out_request_moves_to_another_server(clean_pair):
         completion = await manager.chat_completion(messages=MESSAGES, max_tokens=4)
         elapsed = time.monotonic() - start
         assert completion.choices
-        assert 0.9 < elapsed < 2.0  # one timeout on the slow server, then the fast one
+        assert 0.9 < elapsed < 2.5  # one timeout on the slow server, then the fast one
         assert fast.stats()["requests"].get("/v1/chat/completions", 0) == before + 1
     finally:
         await manager.close()

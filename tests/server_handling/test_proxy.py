@@ -101,6 +101,9 @@ async def test_manager_proxy_mode_yields_proxy_sessions(proxy, monkeypatch):
         completion = await managed.chat_completion(messages=USER, max_tokens=3)
         assert completion.choices
         assert len((await managed.aget_state())["nodes"]) == 1
+        assert len(managed.get_state()["nodes"]) == 1
+        managed.reset()
+        assert (await managed.aget_state())["nodes"] == []
         sid = managed.session_id
     assert httpx.get(f"{proxy}/{sid}/nodes").status_code == 404
 

@@ -352,3 +352,10 @@ def test_generate_body_drops_openai_only_keys_and_merges_extra_body():
          "extra_body": {"top_k": 20}, "temperature": 0.7, "stop": None}
     )
     assert body == {"max_tokens": 5, "top_k": 20, "temperature": 0.7}
+
+
+async def test_invalid_n_is_rejected_naming_n():
+    manager = ServerManager([], testing=True)
+    for bad in (0, -2, "3", 1.5):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            await manager.chat_completion(messages=MESSAGES, n=bad)

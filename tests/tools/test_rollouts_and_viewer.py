@@ -181,3 +181,24 @@ def test_loads_line_accepts_what_python_json_writes() -> None:
     assert parsed["big"] == 2**70
     with pytest.raises(json.JSONDecodeError):
         loads_line("{nope")
+
+
+def test_group_html_shows_shared_turns_once_and_folds_shared_prompt_tokens() -> None:
+    from atroposlib.frontend.viewer import shared_masked_prefix, shared_turns
+
+    prompt = [{"role": "system", "content": "SYSTEM-PROMPT"}, {"role": "user", "content": "QUESTION"}]
+    group = {"scores": [1.0, 0.0],
+             "messages": [prompt + [{"role": "assistant", "content": "yes"}],
+                          prompt + [{"role": "assistant", "content": "no"}]],
+             "tokens": [[7, 8, 9, 1], [7, 8, 9, 2, 3]], "masks": [[-100, -100, -100, 1], [-100, -100, -100, 2, 3]]}
+    assert shared_turns(group["messages"]) == 2
+    assert shared_masked_prefix(group["tokens"], group["masks"]) == 3
+    out = render_group_html(group, None)
+    assert out.count("SYSTEM-PROMPT") == 1 and out.count("QUESTION") == 1
+    assert "Shared by all rollouts" in out
+    assert "assistant: yes" in out and "assistant: no" in out
+    assert out.count("[7]") == 1 and "[3 prompt tokens as in rollout 0]" in out
+    assert "Rollout 1 · score 0 · 2/5 tokens trained" in out  # stats still count every token
+    # identical conversations keep their last turn per rollout; trained tokens are never folded
+    assert shared_turns([prompt, prompt]) == 1
+    assert shared_masked_prefix([[1, 2], [1, 2]], [[1, 2], [1, 2]]) == 0

@@ -221,15 +221,6 @@ def create_app(settings: FakeServerSettings | None = None) -> FastAPI:
         finally:
             concurrency["in_flight"] -= 1
 
-    @app.middleware("http")
-    async def _failure_and_counting(request: Request, call_next):
-        path = request.url.path
-        if not path.startswith("/fake/"):
-            counts[path] += 1
-            if state.fail_status is not None:
-                return _error(state.fail_status, "fake server failure injected", "server_error")
-        return await call_next(request)
-
     @app.exception_handler(_BadBody)
     async def _bad_body(_request: Request, exc: _BadBody) -> JSONResponse:
         return _error(400, str(exc))
@@ -468,7 +459,30 @@ def create_app(settings: FakeServerSettings | None = None) -> FastAPI:
 
     app.add_api_route("/generate", generate, methods=["POST"])
     app.add_api_route("/generate/", generate, methods=["POST"])
+    app.add_middleware(_FailureAndCounting, settings=state, counts=counts)
     return app
+
+
+class _FailureAndCounting:
+    """Pure ASGI middleware: count requests per path and inject ``fail_status``."""
+
+    def __init__(self, app: Any, settings: FakeServerSettings, counts: Counter[str]):
+        self.app = app
+        self.settings = settings
+        self.counts = counts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if not path.startswith("/fake/"):
+                self.counts[path] += 1
+                if self.settings.fail_status is not None:
+                    response = _error(
+                        self.settings.fail_status, "fake server failure injected", "server_error"
+                    )
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 class _BadBody(Exception):

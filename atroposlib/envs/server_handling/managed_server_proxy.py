@@ -6,7 +6,7 @@ environment reads the nodes back with ``GET /{uuid}/nodes``.
 
 Endpoints: ``POST /sessions/create``, ``POST /{uuid}/v1/chat/completions``,
 ``POST /{uuid}/v1/chat/completions/render``, ``POST /{uuid}/v1/completions``,
-``GET /{uuid}/nodes``, ``DELETE /{uuid}``, ``GET /sessions``, ``GET /servers``,
+``GET /{uuid}/nodes``, ``POST /{uuid}/reset``, ``DELETE /{uuid}``, ``GET /sessions``, ``GET /servers``,
 ``POST /setup``, ``GET /v1/models``, ``GET /health``. Errors use OpenAI's format
 ``{"error": {"message", "type", "param", "code"}}``.
 
@@ -342,6 +342,11 @@ def create_app(
             "sequences": {k: v.model_dump() for k, v in st["sequences"].items()},
             "tree": st["tree"],
         }
+
+    @app.post("/{session_id}/reset")
+    async def reset(session_id: str) -> dict[str, Any]:
+        state.session(session_id).managed.reset()
+        return {"reset": session_id}
 
     @app.delete("/{session_id}")
     async def delete(session_id: str) -> dict[str, Any]:

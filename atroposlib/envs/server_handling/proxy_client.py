@@ -105,7 +105,8 @@ class ProxyManagedServer:
         return data
 
     def reset(self) -> None:
-        """Nodes live in the proxy; the session is deleted by :meth:`close`."""
+        """Forget the session's nodes (blocking call, like :meth:`get_state`)."""
+        _check(httpx.post(f"{self.proxy_url}/{self.session_id}/reset", timeout=min(self.timeout, 30.0)))
 
     async def close(self) -> None:
         """Delete the session and close the HTTP client."""

@@ -134,6 +134,16 @@ def _configs_from_template(template: ServerBaseline, urls: Sequence[str]) -> lis
     return [APIServerConfig(**{**base, "base_url": url, "api_key": "x"}) for url in urls]
 
 
+def _requested_n(kwargs: Mapping[str, Any]) -> int:
+    """The ``n`` of a request (default 1); a non-integer or n < 1 is a clear ValueError."""
+    n = kwargs.get("n")
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    return n
+
+
 def split_n(n: int, max_n: int) -> list[int]:
     """Chunk sizes for ``n`` completions at most ``max_n`` at a time (``split_n(20, 8) == [8, 8, 4]``)."""
     chunks = [max_n] * (n // max_n)
@@ -436,7 +446,7 @@ class ServerManager:
     # ----------------------------------------------------------------- public API
     async def chat_completion(self, **kwargs: Any) -> Any:
         """A ``ChatCompletion``; ``n`` above ``max_n_completions`` is split across requests."""
-        n = int(kwargs.get("n") or 1)
+        n = _requested_n(kwargs)
         if n > self.max_n_completions:
             parts = await asyncio.gather(
                 *(self._call("chat", {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
@@ -446,7 +456,7 @@ class ServerManager:
 
     async def completion(self, **kwargs: Any) -> Any:
         """A ``Completion``; ``n`` above ``max_n_completions`` is split across requests."""
-        n = int(kwargs.get("n") or 1)
+        n = _requested_n(kwargs)
         if n > self.max_n_completions:
             parts = await asyncio.gather(
                 *(
@@ -461,7 +471,7 @@ class ServerManager:
         self, **kwargs: Any
     ) -> tuple[list[int], list[list[int]], list[list[float]], list[str]]:
         """``(prompt_tokens, output_tokens_list, output_logprobs_list, finish_reasons)``."""
-        n = int(kwargs.get("n") or 1)
+        n = _requested_n(kwargs)
         if n > self.max_n_completions:
             parts = await asyncio.gather(
                 *(self._call("tokens", {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
