@@ -686,8 +686,8 @@ class BaseEnv(ABC):
                 )
                 if paused:
                     self.pool.park_all()
-                elif self._sender is not None and len(self._sender.outbox):
-                    pass  # the API is not taking data: do not pile up more groups on disk
+                elif self._sender is not None and (self._sender.degraded or len(self._sender.outbox)):
+                    pass  # the API is not taking data: do not pile up more groups
                 elif len(self.pool) < self.max_num_workers or self.pool.requeue:
                     await self.add_train_workers()
                 self.mainloop_timings.append(time.perf_counter() - started)

@@ -60,7 +60,9 @@ class GroupSender:
     """Sends scored-data payloads, coalescing them, with a durable outbox as fallback.
 
     ``rejected`` counts refused groups per reason (``http_422`` ...);
-    ``delivered``, ``outboxed`` and ``posts`` count groups, groups and requests.
+    ``delivered``, ``outboxed`` and ``posts`` count groups, groups and requests;
+    ``degraded`` is True while the API is failing or full (the serve loop then
+    starts no new work).
     """
 
     def __init__(
@@ -77,6 +79,8 @@ class GroupSender:
         self.attempts = attempts
         self.busy_wait_s = busy_wait_s
         self.max_groups_per_post = max_groups_per_post
+        self.high_water = max(4, max_groups_per_post // 4)
+        self.degraded = False
         self.rejected: Counter[str] = Counter()
         self.delivered = 0
         self.outboxed = 0
@@ -103,7 +107,7 @@ class GroupSender:
         With ``wait`` (the default) it returns True when the API acknowledged all of
         it, False when some was refused or parked in the outbox (re-sent later).
         With ``wait=False`` it returns None as soon as the groups are queued, unless
-        more than ``max_groups_per_post`` groups are already waiting: then it waits
+        ``high_water`` groups are already waiting or the API is failing: then it waits
         for its own delivery, which is the backpressure a busy API exerts on workers.
         Either way the sender owns the groups from here on.
         """
@@ -115,7 +119,7 @@ class GroupSender:
         pending = _Pending(groups, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._queued.set()
-        if not wait and backlog < self.max_groups_per_post:
+        if not wait and backlog < self.high_water and not self.degraded:
             return None
         return await asyncio.shield(pending.done)
 
@@ -200,6 +204,7 @@ class GroupSender:
         while True:
             self.posts += 1
             result = await self.client.post_scored(payload)
+            self.degraded = not (result.ok or result.rejected)
             if result.ok or result.rejected:
                 return result
             if result.status in (429, 503):

@@ -105,19 +105,19 @@ async def test_long_request_is_restarted_on_the_new_weights(keyed, checkpoints, 
     async with httpx.AsyncClient(timeout=300, headers=AUTH) as client:
         before = (await client.get(f"{keyed}/health")).json()
         long = asyncio.create_task(client.post(f"{keyed}/generate", json={
-            "prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 800, "logprobs": 0,
+            "prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 400, "logprobs": 0,
             "seed": 1, "ignore_eos": True}))
         while (await client.get(f"{keyed}/health")).json()["running"] == 0:
             await asyncio.sleep(0.05)
         upd = await client.post(f"{keyed}/update_weights", json={"path": step_2})
         assert upd.status_code == 200, upd.text
-        assert not long.done()  # the update did not wait for the 800-token generation
+        assert not long.done()  # the update did not wait for the 400-token generation
         r = (await long).json()
         after = (await client.get(f"{keyed}/health")).json()
     assert r["version"] == upd.json()["version"] == before["version"] + 1
     assert after["restarted_on_update"] == before["restarted_on_update"] + 1
     ids = r["token_ids"][0]
-    assert len(ids) == 800
+    assert len(ids) == 400
     got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
     want = direct_logprobs(new_model, prompt_ids, ids)
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
