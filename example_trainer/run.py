@@ -136,6 +136,16 @@ def _flags(d: Dict[str, Any]) -> List[str]:
     return out
 
 
+def clear_previous_run(run_dir: Path) -> None:
+    """Remove a previous run's results from ``run_dir`` so a rerun starts clean."""
+    import shutil
+
+    for name in ("metrics.jsonl", "summary.json", "summary.md", "curve.png"):
+        (run_dir / name).unlink(missing_ok=True)
+    for name in ("logs", "checkpoints"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
 def read_metrics(path: Path) -> List[Dict[str, Any]]:
     """Trainer ``metrics.jsonl`` rows (a partial last line is skipped)."""
     rows: List[Dict[str, Any]] = []
@@ -158,6 +168,8 @@ class Launcher:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(config.run_dir or f"runs/run-{stamp}").resolve()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not config.trainer.get("resume"):
+            clear_previous_run(self.run_dir)
         threads = {k: str(config.cpu_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if config.cpu_threads else {}
         self.procs = ProcessGroup(self.run_dir, env=threads)
         if config.cpu_threads:
@@ -453,10 +465,10 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> RunConfig:
     except ValidationError as exc:
         parser.error("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
     if cfg.trainer or cfg.trainer_args:  # validate the trainer's flags now, not after startup
-        from .cli import build_parser as trainer_parser
+        from .cli import config_from_args as trainer_config
 
-        trainer_parser("atropos-grpo-run -- (trainer flags)").parse_args(
-            [*_flags({k: v for k, v in cfg.trainer.items()}), *cfg.trainer_args, "--model-name", "x"])
+        trainer_config([*_flags(dict(cfg.trainer)), *cfg.trainer_args, "--model-name", "x"],
+                       prog="atropos-grpo-run (trainer settings)")
     return cfg
 
 

@@ -23,19 +23,28 @@ class StoredGroup:
     """One validated group: queue position, sender, sequence count and its JSON bytes.
 
     ``body`` is None when the bytes live only in the persistence database
-    (``--persist``); ``nbytes`` is their length either way.
+    (``--persist``), and raw deflate of the JSON when ``packed`` (see
+    :func:`atroposlib.api.compression.pack`); ``nbytes`` is the JSON's length
+    in every case, so the queue budget does not depend on the stored form.
     """
 
-    __slots__ = ("seq", "env_id", "size", "body", "nbytes")
+    __slots__ = ("seq", "env_id", "size", "body", "nbytes", "packed")
 
     def __init__(
-        self, seq: int, env_id: int | None, size: int, body: bytes | None, nbytes: int | None = None
+        self,
+        seq: int,
+        env_id: int | None,
+        size: int,
+        body: bytes | None,
+        nbytes: int | None = None,
+        packed: bool = False,
     ) -> None:
         self.seq = seq
         self.env_id = env_id
         self.size = size
         self.body = body
         self.nbytes = len(body) if nbytes is None and body is not None else (nbytes or 0)
+        self.packed = packed
 
 
 @dataclass

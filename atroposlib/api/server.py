@@ -17,13 +17,20 @@ from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
-from starlette.middleware.gzip import GZipMiddleware
 
 from atroposlib.api import handlers
+from atroposlib.api.compression import GzipResponseMiddleware
 from atroposlib.api.errors import BodyValidationError, install_error_handlers
 from atroposlib.api.fastpath import INGEST_ROUTES, BypassFor, HotPathMiddleware
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
-from atroposlib.api.middleware import ASGIApp, BearerAuthMiddleware, RequestBodyMiddleware
+from atroposlib.api.middleware import (
+    ASGIApp,
+    BearerAuthMiddleware,
+    Receive,
+    RequestBodyMiddleware,
+    Scope,
+    Send,
+)
 from atroposlib.api.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 from atroposlib.api.persistence import SqlitePersistence
 from atroposlib.api.settings import APISettings
@@ -75,10 +82,23 @@ class RolloutAPI(FastAPI):
         self.atropos_settings = settings
         self.atropos_store = store
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # HTTP requests go straight to the stack built below: FastAPI's per-request
+        # telemetry hook is disabled for this app and would only cost time.
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if self.root_path:
+            scope["root_path"] = self.root_path
+        scope["app"] = self
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        await self.middleware_stack(scope, receive, send)
+
     def build_middleware_stack(self) -> ASGIApp:
         settings = self.atropos_settings
         hot = HotPathMiddleware(super().build_middleware_stack(), self.atropos_store)
-        gzipped = GZipMiddleware(hot, minimum_size=1000, compresslevel=settings.gzip_level)
+        gzipped = GzipResponseMiddleware(hot, minimum_size=1000, level=settings.gzip_level)
         # Ingest answers are a few bytes: skip gzip's per-request header work for them.
         app: ASGIApp = BypassFor(gzipped, hot, INGEST_ROUTES)
         app = RequestBodyMiddleware(app, max_bytes=settings.max_request_bytes)
@@ -100,7 +120,7 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
     settings = settings or APISettings()
     if store is None:
         persistence = SqlitePersistence(settings.persist) if settings.persist else None
-        store = RolloutStore(settings.max_queue_bytes, persistence)
+        store = RolloutStore(settings.max_queue_bytes, persistence, settings.pack_above_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=_help("max_request_mb"),
     )
     p.add_argument(
+        "--pack-above-mb",
+        dest="pack_above_mb",
+        type=float,
+        metavar="N",
+        help=_help("pack_above_mb"),
+    )
+    p.add_argument(
         "--cors-origin",
         dest="cors_origins",
         action="append",

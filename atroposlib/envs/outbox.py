@@ -56,7 +56,7 @@ class Outbox:
         if self.directory.exists():
             self._keys = sorted(p.name for p in self.directory.glob(f"*{_SUFFIX}"))
             if self._keys:
-                self._next = int(self._keys[-1][: -len(_SUFFIX)]) + 1
+                self._next = int(self._keys[-1].split(".", 1)[0]) + 1
                 logger.warning("outbox %s holds %d undelivered groups", self.directory, len(self._keys))
 
     def adopt_orphans(self, root: str | Path, prefix: str) -> int:
@@ -109,6 +109,23 @@ class Outbox:
             return None
         key = self._keys[0]
         return key, json.loads((self.directory / key).read_text())
+
+    def split(self, key: str, payloads: list) -> None:
+        """Replace entry ``key`` by ``payloads``, one entry each, keeping its place in line.
+
+        Only whole entries (``<n>.json``) are split; the parts are ``<n>.<i>.json``.
+        """
+        stem = key.split(".", 1)[0]
+        index = self._keys.index(key)
+        new_keys = []
+        for i, payload in enumerate(payloads):
+            sub = f"{stem}.{i:04d}{_SUFFIX}"
+            tmp = self.directory / f".{sub}.tmp"
+            tmp.write_text(json.dumps(payload, separators=(",", ":")))
+            os.replace(tmp, self.directory / sub)
+            new_keys.append(sub)
+        (self.directory / key).unlink(missing_ok=True)
+        self._keys[index:index + 1] = new_keys
 
     def remove(self, key: str) -> None:
         """Delete the entry ``key`` (after it was delivered or definitively rejected)."""

@@ -164,14 +164,17 @@ class GroupSender:
                 _resolve(pending, False)
             return
         groups = [g for pending in batch for g in pending.groups]
-        result = await self._deliver(_as_payload(groups), self.busy_wait_s)
+        # A list the API refuses as too big for its free space may never fit while
+        # less than a batch is queued, so several groups get no busy wait: on 503
+        # they are split and sent one by one (each with the full busy wait).
+        result = await self._deliver(_as_payload(groups), self.busy_wait_s if len(groups) == 1 else 0.0)
         if result.ok:
             self.delivered += len(groups)
             for pending in batch:
                 _resolve(pending, True)
             return
-        if result.rejected and len(groups) > 1:
-            for pending in batch:  # find the offending group(s); deliver the rest
+        if len(groups) > 1 and (result.rejected or result.status in (429, 503)):
+            for pending in batch:  # one by one: find the offending group(s), fit the space left
                 ok = True
                 for group in pending.groups:
                     ok = await self._send_one(group) and ok
@@ -244,15 +247,13 @@ class GroupSender:
                 continue
             key, payload = head
             n_groups = len(payload) if isinstance(payload, list) else 1
-            result = await self._deliver(payload, busy_wait_s=5.0)
+            result = await self._deliver(payload, busy_wait_s=5.0 if n_groups == 1 else 0.0)
             if result.ok:
                 self.outbox.remove(key)
                 self.delivered += n_groups
                 failures = 0
-            elif result.rejected and isinstance(payload, list) and len(payload) > 1:
-                self.outbox.remove(key)  # split: each group goes back on its own, in order
-                for group in payload:
-                    self.outbox.put(group)
+            elif n_groups > 1 and (result.rejected or result.status in (429, 503)):
+                self.outbox.split(key, list(payload))  # one entry per group, same place in line
             elif result.rejected:
                 self.outbox.remove(key)
                 self._reject(result, n_groups)

@@ -1,6 +1,6 @@
 """Deterministic training text for the shipped tiny tokenizer.
 
-The tokenizer in ``atroposlib/tiny_model/data`` is trained (by
+The tokenizer in ``atroposlib/tiny_model/assets`` is trained (by
 ``scripts/build_tiny_tokenizer.py``) on text generated here rather than on a
 downloaded corpus, so the repository stays offline and reproducible. The text
 covers what the demo environments and tests send through a model: arithmetic

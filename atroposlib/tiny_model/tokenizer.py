@@ -6,9 +6,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-TOKENIZER_JSON = DATA_DIR / "tokenizer.json"
-CHAT_TEMPLATE_FILE = DATA_DIR / "chat_template.jinja"
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+TOKENIZER_JSON = ASSETS_DIR / "tokenizer.json"
+CHAT_TEMPLATE_FILE = ASSETS_DIR / "chat_template.jinja"
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"

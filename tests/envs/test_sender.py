@@ -200,3 +200,42 @@ def test_outbox_adopts_entries_of_dead_processes_only(tmp_path):
     assert not (tmp_path / f"myenv-{dead.pid}").exists()
     assert len(Outbox(tmp_path / f"myenv-{os.getppid()}")) == 1
     assert len(Outbox(tmp_path / f"otherenv-{dead.pid}")) == 1
+
+
+async def test_list_too_big_for_the_free_space_is_split_into_single_groups(tmp_path):
+    api, sender = make_sender(tmp_path, [])
+    lists_refused = []
+
+    def busy_for_lists(request: httpx.Request) -> httpx.Response:
+        body = request.content
+        if request.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        data = json.loads(body)
+        if isinstance(data, list):
+            lists_refused.append(len(data))
+            return httpx.Response(503, headers={"Retry-After": "30"}, json={"detail": "queue full"})
+        api.received.append(data)
+        return httpx.Response(200, json={"status": "received"})
+
+    sender.client = RolloutAPIClient("http://api.test", transport=httpx.MockTransport(busy_for_lists))
+    started = time.monotonic()
+    results = await asyncio.gather(*(sender.send(group(i)) for i in range(6)))
+    await sender.close(drain_timeout_s=1)
+    assert all(results) and time.monotonic() - started < 10  # no 30 s Retry-After wait for lists
+    assert [g["scores"][0] for g in api.received] == [float(i) for i in range(6)]
+    assert lists_refused
+
+
+async def test_outbox_list_entry_refused_as_busy_is_split_in_place(tmp_path):
+    box = Outbox(tmp_path / "outbox")
+    box.put([group(1), group(2)])
+    box.put(group(3))
+    api, sender = make_sender(tmp_path, [(503, {"Retry-After": "30"})])
+    sender.outbox = box
+    sender.start()
+    for _ in range(100):
+        if sender.idle:
+            break
+        await asyncio.sleep(0.05)
+    await sender.close(drain_timeout_s=1)
+    assert [g["scores"][0] for g in api.received] == [1.0, 2.0, 3.0]
