@@ -6,7 +6,11 @@ to 10,000 queued groups, drain batches/s (batch 64, with and without gzip), and
 the server's peak RSS. The client's own CPU time is reported so a saturated
 client is visible.
 
-    .venv/bin/python benchmarks/api_bench.py [--groups 2000] [--persist]
+    .venv/bin/python benchmarks/api_bench.py [--groups 2000] [--persist] [--pack-above-mb N]
+
+Wall-clock rates depend on what else the machine runs; the server CPU time per
+request (``psutil`` before/after each phase) and the in-process per-stage CPU
+times at the end are the load-independent figures.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List
+from typing import Callable, Dict, List
 
 import aiohttp
 import psutil
@@ -151,27 +155,56 @@ async def drain(session: aiohttp.ClientSession, base: str, gzip: bool) -> tuple[
     return batches, time.perf_counter() - t0
 
 
-def handler_cost(bodies: List[bytes], n: int) -> tuple[float, float]:
-    """In-process CPU per group (validate + store) and per batch of 64, without HTTP."""
+def _cpu_per_call(fn: Callable[[int], object], n: int, repeats: int = 5) -> float:
+    """Least CPU seconds per call of ``fn(i)`` over ``repeats`` runs of ``n`` calls (least is least disturbed)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for i in range(n):
+            fn(i)
+        best = min(best, (time.process_time() - t0) / n)
+    return best
+
+
+def handler_stages(bodies: List[bytes], n: int) -> Dict[str, float]:
+    """In-process CPU per stage of the hot path, without HTTP (seconds per call)."""
     from atroposlib.api import handlers
-    from atroposlib.api.models import RegisterEnv, Registration
+    from atroposlib.api.compression import gzip_compress, pack
+    from atroposlib.api.models import RegisterEnv, Registration, ScoredData
     from atroposlib.api.store import RolloutStore
 
-    store = RolloutStore(2**40)
-    store.register_trainer(Registration(**TRAINER))
-    store.next_batch()
-    store.register_env(
-        RegisterEnv(max_token_length=2048, desired_name="b", weight=1.0, group_size=8)
+    def store(pack_above: int) -> RolloutStore:
+        s = RolloutStore(2**40, pack_above_bytes=pack_above)
+        s.register_trainer(Registration(**TRAINER))
+        s.next_batch()
+        s.register_env(
+            RegisterEnv(max_token_length=2048, desired_name="b", weight=1.0, group_size=8)
+        )
+        return s
+
+    def body(i: int) -> bytes:
+        return bodies[i % len(bodies)]
+
+    stages: Dict[str, float] = {}
+    stages["validate (pydantic, strict)"] = _cpu_per_call(
+        lambda i: ScoredData.model_validate_json(body(i)), n
     )
-    t0 = time.process_time()
-    for i in range(n):
-        handlers.ingest_groups(store, bodies[i % len(bodies)], many=False)
-    per_group = (time.process_time() - t0) / n
-    t0 = time.process_time()
-    batches = 0
-    while handlers.serve_batch(store) != b'{"batch":null}':
-        batches += 1
-    return per_group, (time.process_time() - t0) / max(batches, 1)
+    raw, packed = store(2**40), store(0)
+    stages["ingest, raw (validate+check+store)"] = _cpu_per_call(
+        lambda i: handlers.ingest_groups(raw, body(i), many=False), n
+    )
+    stages["ingest, packed (+deflate)"] = _cpu_per_call(
+        lambda i: handlers.ingest_groups(packed, body(i), many=False), n
+    )
+    stages["deflate one group (pack)"] = _cpu_per_call(lambda i: pack(body(i)), n)
+    batches = min(len(raw.queue), len(packed.queue)) // 8
+    stages["/batch assembly, raw"] = _cpu_per_call(lambda i: handlers.serve_batch(raw), batches, 1)
+    stages["/batch assembly, packed"] = _cpu_per_call(
+        lambda i: handlers.serve_batch(packed), batches, 1
+    )
+    one_batch = b'{"batch":[' + b",".join(bodies[:8]) + b"]}"
+    stages["gzip of one batch (level 1)"] = _cpu_per_call(lambda i: gzip_compress(one_batch, 1), 50)
+    return stages
 
 
 async def run(args: argparse.Namespace, base: str, pid: int) -> None:
@@ -191,6 +224,9 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             p50_full = await status_p50(s, base, env_id)
             rss_full = psutil.Process(pid).memory_info().rss
             scpu0 = sum(server.cpu_times()[:2])
+            await status_p50(s, base, env_id, n=200)
+            status_cpu = (sum(server.cpu_times()[:2]) - scpu0) / 200
+            scpu0 = sum(server.cpu_times()[:2])
             batches, dsecs = await drain(s, base, gzip=True)
             drain_cpu = sum(server.cpu_times()[:2]) - scpu0
         print(f"body size            {len(bodies[0]) / 1024:.1f} KiB per group")
@@ -199,7 +235,10 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             f"({args.groups} groups in {secs:.2f}s, client CPU {client_cpu / secs * 100:.0f}% of a core, "
             f"server CPU {server_cpu / args.groups * 1e6:.0f} us/group)"
         )
-        print(f"/status-env p50      {p50_full:.3f} ms at {args.groups} queued groups")
+        print(
+            f"/status-env p50      {p50_full:.3f} ms at {args.groups} queued groups "
+            f"(server CPU {status_cpu * 1e6:.0f} us per request)"
+        )
         print(
             f"RSS full queue       {rss_full / 2**20:.1f} MiB (peak during run {rss.peak / 2**20:.1f} MiB)"
         )
@@ -208,9 +247,12 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)"
         )
         await ingest(s, base, bodies, args.groups, args.concurrency)
+        scpu0 = sum(server.cpu_times()[:2])
         batches, dsecs = await drain(s, base, gzip=False)
+        drain_cpu = sum(server.cpu_times()[:2]) - scpu0
         print(
-            f"drain (identity)     {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s)"
+            f"drain (identity)     {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
+            f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)"
         )
         for target in (100, 10_000):
             env_id = await setup(s, base, 8)
@@ -218,11 +260,11 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             print(
                 f"/status-env p50      {await status_p50(s, base, env_id):.3f} ms at {target} queued groups"
             )
-    per_group, per_batch = handler_cost(bodies, args.groups)
-    print(
-        f"handler CPU          {per_group * 1e6:.0f} us/group ingest, {per_batch * 1e6:.0f} us/batch drain "
-        f"(in-process, no HTTP)"
-    )
+    from atroposlib.api.compression import BACKEND
+
+    print(f"in-process CPU per call, no HTTP (least of 5 runs; deflate by {BACKEND}):")
+    for stage, secs in handler_stages(bodies, min(args.groups, 500)).items():
+        print(f"  {stage:36s} {secs * 1e6:8.0f} us")
     print(f"load average         {os.getloadavg()}")
 
 
@@ -236,12 +278,20 @@ def main() -> None:
     p.add_argument(
         "--persist", action="store_true", help="run the server with --persist (SQLite WAL)"
     )
+    p.add_argument(
+        "--pack-above-mb",
+        type=float,
+        default=None,
+        help="pass --pack-above-mb to the server (default: the server's default)",
+    )
     args = p.parse_args()
     port = free_port()
     cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(port), "--log-level", "warning"]
     with tempfile.TemporaryDirectory() as tmp:
         if args.persist:
             cmd += ["--persist", str(Path(tmp) / "api.db")]
+        if args.pack_above_mb is not None:
+            cmd += ["--pack-above-mb", str(args.pack_above_mb)]
         with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", cwd=ROOT) as proc:
             print(
                 f"run-api pid {proc.pid} on port {port}{' with --persist' if args.persist else ''}"

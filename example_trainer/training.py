@@ -41,7 +41,8 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperatures: Opt
 
     ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``.
     """
-    if temperatures is not None:
+    if temperatures is not None and not bool(torch.all(temperatures == 1.0)):
+        # Skipped at temperature 1: the division copies the [B, T, V] logits and its backward.
         logits = logits / temperatures.to(logits.dtype).view(-1, 1, 1)
     logits = logits.float()
     safe = labels.clamp(min=0)

@@ -21,9 +21,11 @@ from atroposlib.api.store import RolloutStore
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INGEST_ROUTES", "BypassFor", "HotPathMiddleware"]
+__all__ = ["INGEST_ROUTES", "SMALL_ANSWER_ROUTES", "BypassFor", "HotPathMiddleware"]
 
 INGEST_ROUTES = frozenset({("POST", "/scored_data"), ("POST", "/scored_data_list")})
+SMALL_ANSWER_ROUTES = INGEST_ROUTES | {("GET", "/status-env")}
+"""Routes whose answers are far below the gzip threshold (errors included): gzip can skip them."""
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 Handler = Callable[[bytes], bytes]

@@ -300,9 +300,10 @@ class RolloutStore:
         created: List[StoredGroup] = []
         # In memory, JSON beyond the pack threshold is stored deflated: a few tens of
         # microseconds per group buy a queue several times smaller (the RSS target).
-        packing = self._db is None and used + incoming > self.pack_above_bytes
+        held = used
         for g in groups:
-            if packing:
+            held += len(g.body)
+            if self._db is None and held > self.pack_above_bytes:
                 stored = StoredGroup(
                     self._next_seq, g.env_id, g.size, pack(g.body), len(g.body), packed=True
                 )

@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from typing import Any, Dict, List, Tuple, Type, Union
 
-import httpx
-
-from atroposlib.envs import files, scheduling
+from atroposlib.envs import files, scheduling, serve
 from atroposlib.envs import wandb_logging as wl
 from atroposlib.envs.api_client import RolloutAPIClient
 from atroposlib.envs.config import (
@@ -42,7 +39,6 @@ from atroposlib.envs.config import (
     ScoredDataGroup,
     ScoredDataItem,
 )
-from atroposlib.envs.outbox import Outbox, default_outbox_dir
 from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -67,8 +63,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OPTIONAL_GROUP_KEYS = ("ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs")
-MAINLOOP_TICK_S = 0.1
-STATUS_POLL_S = 0.1
 
 
 class BaseEnv(ABC):
@@ -448,6 +442,11 @@ class BaseEnv(ABC):
         try:
             if result is not None:
                 await self.handle_send_to_api(result, item)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("handle_send_to_api failed; the group is dropped")
+            self.items_rejected["send_error"] += 1
         finally:
             await self.cleanup()
 
@@ -489,137 +488,23 @@ class BaseEnv(ABC):
 
     async def setup_wandb(self) -> None:
         """Join the trainer's W&B project and group (waits until the trainer registered)."""
-        if not self.config.use_wandb:
-            return
-        while True:
-            try:
-                info = await self._api.wandb_info()  # type: ignore[union-attr]
-                if info.get("project") is not None:
-                    break
-            except httpx.HTTPError as err:
-                logger.info("waiting for the rollout API (%s)", err)
-            await asyncio.sleep(1)
-        self.wandb_project, self.wandb_group = info["project"], info.get("group")
-        wl.init_run(
-            self.wandb_project, self.wandb_group, wl.run_name(self.config.wandb_name), self.config.model_dump(mode="json")
-        )
+        await serve.setup_wandb(self)
 
     async def register_env(self) -> None:
         """Register with the rollout API, waiting until the trainer has started."""
-        payload = {
-            "max_token_length": self.config.max_token_length,
-            "desired_name": self.config.wandb_name or self.name or type(self).__name__,
-            "weight": self.config.inference_weight,
-            "min_batch_allocation": self.config.min_batch_allocation,
-            "group_size": self.config.group_size,
-        }
-        failures = 0
-        while True:
-            try:
-                data = await self._api.register_env(payload)  # type: ignore[union-attr]
-            except httpx.HTTPStatusError as err:
-                if err.response.status_code < 500:
-                    raise RuntimeError(f"register-env refused: {err.response.text}") from err
-                data = {"status": f"http {err.response.status_code}"}
-            except httpx.HTTPError as err:
-                failures += 1
-                logger.info("rollout API not reachable yet (%s)", err)
-                await asyncio.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
-                continue
-            if data.get("status") == "success":
-                break
-            await asyncio.sleep(1)
-        self.env_id = data["env_id"]
-        self.wandb_prepend = data.get("wandb_name")
-        self.curr_step = int(data.get("starting_step", 0))
-        self.checkpoint_dir = data.get("checkpoint_dir") or ""
-        self.checkpoint_interval = int(data.get("checkpoint_interval", -1))
-        if self.config.total_steps == -1:
-            if int(data.get("num_steps", -1)) == -1:
-                raise ValueError("total_steps is -1 and the rollout API has no num_steps")
-            self.config.total_steps = int(data["num_steps"])
-        logger.info("registered as env %s (%s) at step %d", self.env_id, self.wandb_prepend, self.curr_step)
-        if self.curr_step > 0:
-            self.load_checkpoint()
+        await serve.register_env(self)
 
     async def get_server_info(self) -> None:
         """Take ``batch_size`` and ``max_token_len`` from ``GET /info``."""
-        info = await self._api.info()  # type: ignore[union-attr]
-        if int(info.get("batch_size", -1)) != -1:
-            self.config.batch_size = int(info["batch_size"])
-        self.max_token_len = int(info.get("max_token_len", -1))
-        if self.config.batch_size == -1:
-            logger.warning("batch_size is unknown (-1); no workers start until it is set")
-        elif self.config.group_size > self.config.batch_size:
-            raise ValueError(
-                f"group_size ({self.config.group_size}) is larger than batch_size ({self.config.batch_size})"
-            )
+        await serve.get_server_info(self)
 
     async def get_status(self) -> None:
         """Poll ``GET /status-env`` once and update the throttling state."""
-        payload = await self._api.status_env(self.env_id)  # type: ignore[union-attr, arg-type]
-        self.status_dict = payload
-        self._status = scheduling.EnvStatus.from_payload(payload)
-        self.derived_batch_size = scheduling.derived_batch_size(
-            self.config.batch_size, self._status, self.config.min_batch_allocation
-        )
-        if self.config.max_num_workers == -1:
-            self.max_num_workers = self.config.max_num_workers_per_node * max(1, len(getattr(self.server, "servers", [1])))
-        else:
-            self.max_num_workers = self.config.max_num_workers
-        if self.config.inference_weight != -1 and hasattr(self.server, "update_weight"):
-            self.server.update_weight(self._status.env_weight)
-
-    async def _status_loop(self) -> None:
-        failures = 0
-        while True:
-            try:
-                await self.get_status()
-                failures = 0
-                self._wake.set()
-            except httpx.HTTPStatusError as err:
-                failures += 1
-                if err.response.status_code == 404:
-                    logger.warning("rollout API forgot env %s; registering again", self.env_id)
-                    await self.register_env()
-                else:
-                    logger.warning("status-env failed: %s", err)
-            except httpx.HTTPError as err:
-                failures += 1
-                if failures in (1, 10) or failures % 100 == 0:
-                    logger.warning("status-env unreachable (%d tries): %s", failures, err)
-            await asyncio.sleep(STATUS_POLL_S if failures == 0 else min(2.0, STATUS_POLL_S * failures))
+        await serve.get_status(self)
 
     async def env_step_checks(self) -> None:
         """On a trainer step change: start evals, save checkpoints, log metrics (§4.7)."""
-        if self._status is None:
-            return
-        old, new = self.curr_step, self._status.current_step
-        if new == old:
-            return
-        spe = self.config.steps_per_eval
-        if spe > 0 and (new // spe) > (old // spe):
-            if self.eval_runner is not None and not self.eval_runner.done():
-                logger.warning("previous evaluation still running; skipping the one at step %d", new)
-            else:
-                if self.config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
-                    self.pool.park_all()
-                self.eval_runner = asyncio.create_task(self._run_eval())
-        interval = self.checkpoint_interval
-        if interval > 0 and (new // interval) > (old // interval):
-            self.save_checkpoint((new // interval) * interval)
-        self.curr_step = new
-        if self.items_sent_this_step >= self.config.min_items_sent_before_logging:
-            self.items_sent_this_step = 0
-            await self.wandb_log({})
-
-    async def _run_eval(self) -> None:
-        try:
-            await self.evaluate()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("evaluate() failed")
+        await serve.env_step_checks(self)
 
     async def env_manager(self) -> None:
         """The ``serve`` lifecycle: register, then keep workers busy until ``total_steps``.
@@ -627,29 +512,7 @@ class BaseEnv(ABC):
         SIGINT/SIGTERM stop it gracefully: groups already made are delivered (or
         kept in the outbox) before it returns.
         """
-        self._main_task = asyncio.current_task()
-        uninstall = _install_stop_signals(self.request_stop)
-        self._api = RolloutAPIClient(self.config.rollout_server_url)
-        try:
-            await self.setup()
-            await self.setup_wandb()
-            await self.register_env()
-            await self.get_server_info()
-            outbox_dir = default_outbox_dir(self.config.wandb_name or self.name)
-            outbox = Outbox(outbox_dir)
-            outbox.adopt_orphans(outbox_dir.parent, outbox_dir.name.rsplit("-", 1)[0])
-            self._sender = GroupSender(self._api, outbox)
-            self._sender.start()
-            self._status_task = asyncio.create_task(self._status_loop(), name="atropos-status-poll")
-            self._serving = True
-            await self._serve_loop()
-        except asyncio.CancelledError:
-            if not self._stop_requested:
-                raise
-            logger.info("stopped before serving started")
-        finally:
-            uninstall()
-            await self._shutdown()
+        await serve.env_manager(self)
 
     def request_stop(self) -> None:
         """Stop the serve loop gracefully: finish sending, drain the outbox, disconnect."""
@@ -659,62 +522,6 @@ class BaseEnv(ABC):
         self._wake.set()
         if not self._serving and self._main_task is not None:
             self._main_task.cancel()  # still setting up or registering: nothing to deliver
-
-    async def _serve_loop(self) -> None:
-        while True:
-            started = time.perf_counter()
-            self._wake.clear()
-            if self._stop_requested:
-                return
-            status = self._status
-            if status is not None:
-                await self.env_step_checks()
-                if scheduling.should_terminate(
-                    status, self.config.group_size, self.config.batch_size, self.config.total_steps
-                ):
-                    logger.info("enough data queued for total_steps=%d; stopping", self.config.total_steps)
-                    return
-                if time.monotonic() - self._last_reap >= 1.0:
-                    self._last_reap = time.monotonic()
-                    self.pool.reap_timeouts(self.config.worker_timeout)
-                paused = self.derived_batch_size == -1 or scheduling.offpolicy_full(
-                    status,
-                    self.config.group_size,
-                    self.config.batch_size,
-                    self.config.max_batches_offpolicy,
-                    self.config.min_batch_allocation,
-                )
-                if paused:
-                    self.pool.park_all()
-                elif self._sender is not None and (self._sender.degraded or len(self._sender.outbox)):
-                    pass  # the API is not taking data: do not pile up more groups
-                elif len(self.pool) < self.max_num_workers or self.pool.requeue:
-                    await self.add_train_workers()
-                self.mainloop_timings.append(time.perf_counter() - started)
-            try:
-                await asyncio.wait_for(self._wake.wait(), MAINLOOP_TICK_S)
-            except asyncio.TimeoutError:
-                pass
-
-    async def _shutdown(self) -> None:
-        self.pool.park_all()
-        await self.pool.wait_all(timeout_s=120)
-        for task in (self._status_task, self.eval_runner):
-            if task is not None and not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if self._sender is not None:
-            await self._sender.close(drain_timeout_s=60)
-        if self._api is not None:
-            if self.env_id is not None:
-                await self._api.disconnect_env(self.env_id)
-            await self._api.aclose()
-        if self.jsonl_writer is not None:
-            self.jsonl_writer.close()
-        await self.close_servers()
-        rejected = self.all_rejections()
-        if rejected:
-            logger.info("dropped groups/items by reason: %s", dict(rejected))
 
     async def close_servers(self) -> None:
         """Stop the inference servers' background tasks (health checks)."""
@@ -745,24 +552,6 @@ class BaseEnv(ABC):
         from atroposlib.envs.cli import run_cli
 
         run_cli(cls)
-
-
-def _install_stop_signals(callback: Any) -> Any:
-    """Route SIGINT/SIGTERM to ``callback`` while serving; returns the undo function."""
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, callback)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass  # not the main thread, or no signal support on this platform
-
-    def uninstall() -> None:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-
-    return uninstall
 
 
 def _first_model_name(server: Any) -> str | None:

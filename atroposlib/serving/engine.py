@@ -410,7 +410,9 @@ class Engine:
 
     def _sample_rows(self, rows: list[_Row], logits: torch.Tensor) -> None:
         params = [r.request.params for r in rows]
-        out = sample(logits, params, [r.request.generator for r in rows])
+        histories = ([(r.request.prompt_ids, r.tokens) for r in rows]
+                     if any(p.has_penalties for p in params) else None)
+        out = sample(logits, params, [r.request.generator for r in rows], histories)
         self.generated_tokens += len(rows)
         for row, token, lp, top in zip(rows, out.tokens, out.logprobs, out.top, strict=True):
             row.tokens.append(token)

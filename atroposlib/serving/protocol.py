@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible and vLLM-style endpoints.
 
 Unknown fields are accepted (OpenAI clients add new ones often) but logged as
-ignored, so nothing is dropped without a trace. Parameters whose non-default
-values this server does not implement are rejected with a 400 naming them.
+ignored, so nothing is dropped without a trace. Parameters whose values this
+server does not implement are rejected with a 400 naming them.
 """
 
 from __future__ import annotations
@@ -37,9 +37,13 @@ class _Sampling(BaseModel):
     ignore_eos: bool = Field(False, description="Keep generating past the eos token.")
     include_stop_str_in_output: bool = Field(False, description="Keep the stop string in text.")
     skip_special_tokens: bool = Field(True, description="Drop special tokens from text.")
-    presence_penalty: float = Field(0.0, description="Not implemented: must be 0.")
-    frequency_penalty: float = Field(0.0, description="Not implemented: must be 0.")
-    repetition_penalty: float = Field(1.0, description="Not implemented: must be 1.")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0,
+                                    description="Subtract this from tokens already generated.")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0,
+                                     description="Subtract this times each token's count so far.")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0,
+                                      description="Divide logits of seen tokens by this (>1 "
+                                                  "discourages repeats).")
     best_of: int | None = Field(None, description="Must equal n when given.")
     stream: bool = Field(False, description="Stream server-sent events (OpenAI endpoints).")
     stream_options: dict[str, Any] | None = Field(
@@ -60,12 +64,6 @@ class _Sampling(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> _Sampling:
-        checks = [("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                  ("repetition_penalty", 1.0)]
-        for name, neutral in checks:
-            if getattr(self, name) != neutral:
-                raise InvalidRequest(f"'{name}'={getattr(self, name)!r} is not supported by "
-                                     f"atropos-serve-model (only {neutral!r})", param=name)
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequest("'best_of' must equal 'n'", param="best_of")
         if self.model_extra:
@@ -85,7 +83,9 @@ class _Sampling(BaseModel):
             stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs)
+            prompt_logprobs=prompt_logprobs, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty)
 
 
 class CompletionRequest(_Sampling):
@@ -158,7 +158,8 @@ class ChatCompletionRequest(_Sampling):
                                      description="Alternatives per position (needs logprobs).")
     tools: list[dict[str, Any]] | None = Field(None, description="Tools given to the template.")
     tool_choice: str | dict[str, Any] | None = Field(
-        None, description="Accepted; tool calls are left in the text for the client to parse.")
+        None, description="Not enforced; 'none' turns off parsing <tool_call> blocks into "
+                          "tool_calls (done when tools are given).")
     add_generation_prompt: bool = Field(True, description="End the prompt with the assistant "
                                                           "header.")
     continue_final_message: bool = Field(False, description="Continue the last assistant "

@@ -2,7 +2,7 @@
 
 Logprob convention (documented for RL users): the logprob reported for a token
 is ``log_softmax(logits / temperature)`` at that position, taken *before*
-top-k / top-p / min-p filtering. At temperature 1 it is exactly the model's
+repetition/presence/frequency penalties and top-k / top-p / min-p filtering. At temperature 1 it is exactly the model's
 log-probability (what a trainer's forward pass computes); at temperature 0
 (greedy) the temperature is treated as 1.
 """
@@ -32,6 +32,15 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any repetition-style penalty changes the sampling distribution."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
 
 
 @dataclass
@@ -73,9 +82,39 @@ def filter_logits(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     return torch.empty_like(logp).scatter_(-1, order, filtered_sorted)
 
 
+def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
+                    histories: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+    """Return ``logits`` with each row's penalties applied (vLLM semantics).
+
+    ``histories[i]`` is ``(prompt_ids, generated_ids)``. Presence and frequency
+    penalties subtract ``presence * [count > 0] + frequency * count`` over generated
+    tokens; the repetition penalty divides positive (multiplies negative) logits of
+    every token seen in the prompt or the output.
+    """
+    out = logits.clone()
+    vocab = logits.shape[-1]
+    for i, (p, (prompt, generated)) in enumerate(zip(params, histories, strict=True)):
+        if not p.has_penalties:
+            continue
+        if generated and (p.presence_penalty or p.frequency_penalty):
+            counts = torch.bincount(torch.tensor(generated, device=logits.device),
+                                    minlength=vocab)[:vocab].to(out.dtype)
+            out[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(prompt) | set(generated)), device=logits.device)
+            vals = out[i, seen]
+            out[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty,
+                                       vals * p.repetition_penalty)
+    return out
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> SampleOutput:
+           generators: list[torch.Generator | None],
+           histories: list[tuple[list[int], list[int]]] | None = None) -> SampleOutput:
     """Pick one token per row of ``logits`` (``[B, V]``) under that row's params.
+
+    ``histories`` (``(prompt_ids, generated_ids)`` per row) is needed only when a
+    row has penalties; they shape the choice but not the reported logprobs.
 
     Sampling is by inverse CDF (one uniform per row, cheap on CPU). Rows with a
     generator draw their uniform from it (reproducible per request seed); the
@@ -88,10 +127,15 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     greedy = temps <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
     logp = torch.log_softmax(scaled, dim=-1)
-    chosen = torch.argmax(logp, dim=-1)
+    pick_lp = logp
+    if histories is not None and any(p.has_penalties for p in params):
+        penalized = apply_penalties(logits, params, histories)
+        pick_lp = torch.log_softmax(
+            penalized / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1), dim=-1)
+    chosen = torch.argmax(pick_lp, dim=-1)
     if not bool(greedy.all()):
         filtered = filter_logits(
-            logp,
+            pick_lp,
             torch.tensor([p.top_k for p in params], device=logits.device),
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device),
             torch.tensor([p.min_p for p in params], dtype=torch.float32, device=logits.device),

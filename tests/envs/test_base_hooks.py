@@ -236,3 +236,22 @@ wandb.finish()
                 b"item_env_0_train_perf/task_duration_mean", b"item_env_0_train/rollouts",
                 b"item_env_0_train/items_rejected", b"server/"):
         assert key in data, key
+
+
+async def test_error_while_sending_is_logged_and_counted(caplog):
+    env = make_env(group_size=4, include_messages=True)
+
+    class BrokenTokenizer:
+        def decode(self, ids):
+            raise RuntimeError("no tokenizer")
+
+    env.tokenizer = BrokenTokenizer()
+
+    async def one_group(item):
+        return group(), []
+
+    env.collect_trajectories = one_group
+    env.pool.spawn("x", env.handle_env)
+    await env.pool.wait_all(5)
+    assert env.items_rejected["send_error"] == 1
+    assert "group is dropped" in caplog.text

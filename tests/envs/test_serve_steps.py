@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 
+from atroposlib.envs import serve
 from atroposlib.envs.api_client import RolloutAPIClient
 from atroposlib.envs.base import BaseEnvConfig, EvalHandlingEnum
 from atroposlib.envs.scheduling import EnvStatus
@@ -131,3 +132,36 @@ async def test_stop_train_eval_parks_running_items_and_blocks_new_workers():
     assert len(env.running_items) == 4  # re-queued items come back first
     env.pool.park_all()
     await env.pool.wait_all(1)
+
+
+async def test_status_404_after_api_lost_its_registry_registers_again():
+    calls = {"status": 0, "register": 0}
+
+    def status(request):
+        calls["status"] += 1
+        if request.url.params["env_id"] == "0":
+            return httpx.Response(404, json={"detail": "unknown env_id 0"})
+        return httpx.Response(200, json={"current_step": 2, "queue_size": 1, "env_weight": 1.0})
+
+    def register(request):
+        calls["register"] += 1
+        return httpx.Response(200, json={"status": "success", "env_id": 5, "wandb_name": "item_env_0",
+                                         "checkpoint_dir": "", "starting_step": 2, "checkpoint_interval": -1,
+                                         "num_steps": 10})
+
+    def handler(request):
+        return status(request) if request.url.path == "/status-env" else register(request)
+
+    env = make(group_size=2, batch_size=8)
+    env.env_id = 0
+    env._api = RolloutAPIClient("http://api.test", transport=httpx.MockTransport(handler))
+    task = asyncio.create_task(serve.status_loop(env))
+    for _ in range(100):
+        if env._status is not None:
+            break
+        await asyncio.sleep(0.02)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await env._api.aclose()
+    assert env.env_id == 5 and calls["register"] == 1
+    assert env._status.current_step == 2 and env.derived_batch_size == 8

@@ -147,3 +147,18 @@ def test_abandoned_request_stops_generating(served):
             break
         time.sleep(0.2)
     assert health["running"] == 0 and health["waiting"] == 0
+
+
+def test_repetition_penalty_changes_greedy_output_but_not_logprobs(served, local_model,
+                                                                     tokenizer):
+    prompt_ids = tokenizer.encode(QUESTION)
+    body = {"prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0}
+    plain = post(f"{served.url}/generate", body).json()["token_ids"][0]
+    r = post(f"{served.url}/generate", {**body, "repetition_penalty": 3.0}).json()
+    ids = r["token_ids"][0]
+    assert ids != plain
+    assert len(set(ids)) == len(ids)  # a strong penalty avoids every repeat here
+    got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
+    want = direct_logprobs(local_model, prompt_ids, ids)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4

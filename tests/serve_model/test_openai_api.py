@@ -159,3 +159,15 @@ def test_chat_template_with_tools_is_applied(client, tokenizer):
     want = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                          tokenize=True, return_dict=False)
     assert r.usage.prompt_tokens == len(want)
+
+
+def test_continue_final_message_extends_the_assistant_turn(client, tokenizer):
+    messages = [{"role": "user", "content": "What is 6 * 7?"},
+                {"role": "assistant", "content": "The answer is"}]
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=2,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    want = tokenizer.apply_chat_template(messages, continue_final_message=True,
+                                         tokenize=True, return_dict=False)
+    assert r.usage.prompt_tokens == len(want)
+    assert tokenizer.decode(want).endswith("The answer is")

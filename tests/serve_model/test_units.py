@@ -157,3 +157,27 @@ async def test_engine_joins_staggered_requests_without_changing_results(tmp_path
             want = direct_logprobs(model, prompts[i], out.token_ids)
             assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 1e-4
     assert engine.steps < sum(6 + 4 * i for i in range(3))  # steps were shared
+
+
+def test_penalties_steer_the_choice_but_not_the_reported_logprob():
+    logits = torch.tensor([[3.0, 2.0, -1.0, 0.0]])
+    plain = sample(logits, [SamplingParams(temperature=0)], [None], [([], [0])])
+    assert plain.tokens == [0]
+    for prm in (SamplingParams(temperature=0, frequency_penalty=0.6, presence_penalty=0.5),
+                SamplingParams(temperature=0, repetition_penalty=2.0)):
+        out = sample(logits, [prm], [None], [([3], [0, 0])] if prm.frequency_penalty
+                     else [([0], [])])
+        assert out.tokens == [1]
+        want = torch.log_softmax(logits[0], dim=-1)[1].item()
+        assert abs(out.logprobs[0] - want) < 1e-6
+
+
+def test_repetition_penalty_multiplies_negative_logits():
+    from atroposlib.serving.sampling import apply_penalties
+
+    logits = torch.tensor([[2.0, -1.0, 0.5]])
+    out = apply_penalties(logits, [SamplingParams(repetition_penalty=2.0)], [([0, 1], [])])
+    assert out.tolist() == [[1.0, -2.0, 0.5]]
+    counts = apply_penalties(logits, [SamplingParams(frequency_penalty=1.0,
+                                                     presence_penalty=0.5)], [([2], [0, 0])])
+    assert counts.tolist() == [[-0.5, -1.0, 0.5]]

@@ -194,3 +194,38 @@ def test_layer_selection_freezes_other_layers(tiny_model_dir, tmp_path):
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert names and all(".layers.1." in n for n in names)
     assert torch.is_tensor(next(model.parameters()))
+
+
+def test_restart_mode_refuses_busy_port_with_clear_error(fake_server, tiny, tmp_path):
+    from example_trainer.weight_sync import RestartSync
+
+    cfg, model, tok = tiny
+    srv = fake_server(lambda m, p, b: (200, {}))
+    port = int(srv.url.rsplit(":", 1)[1])
+    sync = RestartSync(_cfg(cfg, vllm_port=port, weight_bridge_mode="none", inference_backend="serve_model",
+                            save_path=str(tmp_path)), model, tok)
+    with pytest.raises(WeightSyncError, match="already in use"):
+        sync.start()
+    sync.close()
+
+
+def test_server_commands_for_both_backends():
+    from example_trainer.vllm_manager import server_command
+
+    sm = server_command("serve_model", "/m", 9100, served_model_name="name")
+    assert sm[1:4] == ["-m", "atroposlib.cli.serve_model", "/m"] and sm[-2:] == ["--served-model-name", "name"]
+    vl = server_command("vllm", "/m", 9100, gpu_memory_utilization=0.3)
+    assert "vllm.entrypoints.openai.api_server" in vl and vl[vl.index("--gpu-memory-utilization") + 1] == "0.3"
+
+
+def test_linear_warmup_schedule():
+    from example_trainer.model import build_scheduler
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(opt, warmup_steps=4)
+    lrs = []
+    for _ in range(6):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
