@@ -22,7 +22,7 @@ import asyncio
 import random
 import re
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import httpx
 from pydantic import Field
@@ -76,7 +76,7 @@ def prompt_ids(tokenizer: Any, a: int, b: int) -> List[int]:
     return list(ids)
 
 
-def greedy_eval(base_url: str, tokenizer: Any, problems: Optional[Sequence[Problem]] = None,
+def greedy_eval(base_url: str, tokenizer: Any, problems: Sequence[Problem] | None = None,
                 temperature: float = 0.0, max_tokens: int = 4, samples: int = 1,
                 timeout: float = 120.0, chunk: int = 128, seed: int = 1234, limit: int = 0) -> float:
     """Fraction of ``problems`` answered correctly by the server at ``base_url`` (with or without ``/v1``).
@@ -150,7 +150,7 @@ if BaseEnv is not None:
             self.iter += 1
             return sample_problem(self.rng, self.config.max_operand)
 
-        async def collect_trajectories(self, item: Problem) -> Tuple[Optional[ScoredDataGroup], List[Any]]:
+        async def collect_trajectories(self, item: Problem) -> Tuple[ScoredDataGroup | None, List[Any]]:
             a, b = item
             ids = prompt_ids(self.tokenizer, a, b)
             _, outputs, logprobs, _ = await self.server.tokens_and_logprobs_completion(
@@ -158,7 +158,7 @@ if BaseEnv is not None:
                 temperature=self.config.temperature,
             )
             group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
-            for out, lps in zip(outputs, logprobs):
+            for out, lps in zip(outputs, logprobs, strict=False):
                 text = self.tokenizer.decode(out, skip_special_tokens=False)
                 score = score_completion(text, a, b)
                 group["tokens"].append(ids + list(out))
@@ -187,14 +187,14 @@ if BaseEnv is not None:
                                                            "max_tokens": self.config.max_answer_tokens})
             return metrics
 
-        async def wandb_log(self, wandb_metrics: Optional[Dict[str, Any]] = None) -> None:
+        async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
             wandb_metrics = dict(wandb_metrics or {})
             if self.percent_correct:
                 wandb_metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
                 self.percent_correct = []
             await super().wandb_log(wandb_metrics)
 
-        def save_checkpoint(self, step: int, data: Optional[Dict[str, Any]] = None) -> None:
+        def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
             super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -51,7 +51,7 @@ def _check(resp: httpx.Response, what: str) -> Any:
 def check_atropos_api(url: str, timeout: float = 30.0, interval: float = 0.5) -> Dict[str, Any]:
     """Poll ``GET {url}/info`` until it answers; raise :class:`AtroposAPIError` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    last: Optional[str] = None
+    last: str | None = None
     while True:
         try:
             resp = httpx.get(f"{url}/info", headers=auth_headers(), timeout=5.0)
@@ -94,7 +94,7 @@ def register_trainer(config: TrainingConfig, starting_step: int = 0) -> Dict[str
     return data
 
 
-def get_batch(url: str, client: Optional[httpx.Client] = None) -> Optional[List[Dict[str, Any]]]:
+def get_batch(url: str, client: httpx.Client | None = None) -> List[Dict[str, Any]] | None:
     """One ``GET /batch``: the list of groups, or ``None`` when no batch is ready."""
     getter = client.get if client is not None else httpx.get
     resp = getter(f"{url}/batch", headers=auth_headers(), timeout=REQUEST_TIMEOUT)
@@ -109,7 +109,7 @@ def wait_for_batch(
     url: str,
     poll_interval: float = 1.0,
     timeout: float = 0.0,
-    should_stop: Optional[Callable[[], bool]] = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> List[Dict[str, Any]]:
     """Poll ``/batch`` until a batch arrives. ``timeout`` 0 waits forever.
 

@@ -15,7 +15,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -31,8 +31,8 @@ class TrainerState:
 
     step: int
     optimizer: dict
-    scheduler: Optional[dict]
-    rng: Optional[Any] = None
+    scheduler: dict | None
+    rng: Any | None = None
 
 
 def save_model_dir(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
@@ -52,7 +52,7 @@ def save_model_dir(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
 
 
 def save_checkpoint(model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    step: int, save_path: str | Path, name: Optional[str] = None) -> Path:
+                    step: int, save_path: str | Path, name: str | None = None) -> Path:
     """Write a resumable checkpoint ``save_path/step_{step}`` (or ``name``) and return its path."""
     out = Path(save_path) / (name or f"step_{step}")
     tmp = out.with_name(out.name + ".tmp")
@@ -78,12 +78,12 @@ def save_checkpoint(model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer
     return out
 
 
-def find_latest_checkpoint(save_path: str | Path) -> Optional[Path]:
+def find_latest_checkpoint(save_path: str | Path) -> Path | None:
     """The complete ``step_N`` directory with the largest N, or ``None``."""
     root = Path(save_path)
     if not root.is_dir():
         return None
-    best: Optional[tuple[int, Path]] = None
+    best: tuple[int, Path] | None = None
     for child in root.iterdir():
         m = _STEP_RE.match(child.name)
         if m and child.is_dir() and (child / STATE_FILE).exists():

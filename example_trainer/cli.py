@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from pydantic import ValidationError
 
@@ -74,7 +74,7 @@ def _field_of(loc: Sequence[Any]) -> str:
     return _flag(str(loc[0])) if loc else "config"
 
 
-def config_from_args(argv: Optional[Sequence[str]] = None, prog: str = "atropos-grpo") -> TrainingConfig:
+def config_from_args(argv: Sequence[str] | None = None, prog: str = "atropos-grpo") -> TrainingConfig:
     """Parse ``argv`` (default ``sys.argv[1:]``) into a validated ``TrainingConfig``.
 
     Exits with status 2 and a clear message on unknown flags, missing

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 import string
-from typing import List, Literal, Optional
+from typing import List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -104,16 +104,16 @@ class TrainingConfig(BaseModel):
     )
     vllm_restart_interval: int = Field(3, ge=1, description="Sync weights to inference every N steps (and on the last step).")
     vllm_port: int = Field(9001, ge=1, le=65535, description="Port of the inference server.")
-    vllm_gpu: Optional[int] = Field(None, description="GPU index for the inference server the trainer launches.")
+    vllm_gpu: int | None = Field(None, description="GPU index for the inference server the trainer launches.")
     vllm_gpu_memory_utilization: float = Field(0.45, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     max_model_len: int = Field(4096, ge=1, description="Inference server maximum model length.")
-    vllm_config_path: Optional[str] = Field(None, description="vllm_bridge_config.json path (shared_vllm mode).")
+    vllm_config_path: str | None = Field(None, description="vllm_bridge_config.json path (shared_vllm mode).")
     single_copy: bool = Field(False, description="shared_vllm: train directly on vLLM's weights.")
     inference_backend: InferenceBackend = Field(
         "auto",
         description="Server the trainer launches in none/lora_restart mode: vllm, serve_model (atropos-serve-model) or auto (vllm if installed).",
     )
-    inference_url: Optional[str] = Field(
+    inference_url: str | None = Field(
         None, description="Base URL of the inference server (default http://localhost:{vllm_port})."
     )
     launch_inference: bool = Field(
@@ -122,14 +122,14 @@ class TrainingConfig(BaseModel):
     sync_timeout: float = Field(300.0, gt=0, description="Seconds a weight sync (reload or restart) may take before it fails.")
 
     # --- layer / LoRA selection ----------------------------------------------------------
-    train_layer_indices: Optional[List[int]] = Field(None, description="Train only these transformer layers (others frozen).")
+    train_layer_indices: List[int] | None = Field(None, description="Train only these transformer layers (others frozen).")
     lora_r: int = Field(16, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
     lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout.")
     lora_target_modules: List[str] = Field(
         default_factory=lambda: ["q_proj", "v_proj"], description="Module names LoRA adapts."
     )
-    lora_layer_indices: Optional[List[int]] = Field(None, description="Apply LoRA only to these layers.")
+    lora_layer_indices: List[int] | None = Field(None, description="Apply LoRA only to these layers.")
 
     # --- distributed (accepted for compatibility; single process here) -----------------------
     trainer_rank: int = Field(0, ge=0, description="Rank of this trainer process.")
@@ -146,20 +146,20 @@ class TrainingConfig(BaseModel):
 
     # --- logging -------------------------------------------------------------------------
     use_wandb: bool = Field(False, description="Log metrics to Weights & Biases (WANDB_MODE=offline works).")
-    wandb_project: Optional[str] = Field(None, description="W&B project.")
-    wandb_group: Optional[str] = Field(default_factory=_random_group, description="W&B group (random 8 characters if unset).")
-    log_dir: Optional[str] = Field(None, description="Directory for metrics.jsonl (default: save_path).")
+    wandb_project: str | None = Field(None, description="W&B project.")
+    wandb_group: str | None = Field(default_factory=_random_group, description="W&B group (random 8 characters if unset).")
+    log_dir: str | None = Field(None, description="Directory for metrics.jsonl (default: save_path).")
     progress: bool = Field(True, description="Show a rich progress bar.")
     debug_loading: bool = Field(False, description="Log details while loading the model.")
     benchmark: bool = Field(False, description="Log benchmark/* summary metrics at the end.")
 
     @field_validator("atropos_url", "inference_url")
     @classmethod
-    def _strip_slash(cls, v: Optional[str]) -> Optional[str]:
+    def _strip_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
 
     @model_validator(mode="after")
-    def _check_modes(self) -> "TrainingConfig":
+    def _check_modes(self) -> TrainingConfig:
         if self.weight_bridge_mode == "shared_vllm" and not os.environ.get("VLLM_ENABLE_SHARED_WEIGHTS"):
             raise ValueError(
                 "weight_bridge_mode=shared_vllm needs vLLM with VLLM_ENABLE_SHARED_WEIGHTS=1 and a CUDA GPU; "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -39,8 +39,8 @@ class Sample:
     advantages: List[float]
     temperature: float
     score: float
-    inference_logprobs: Optional[List[float]]
-    ref_logprobs: Optional[List[float]]
+    inference_logprobs: List[float] | None
+    ref_logprobs: List[float] | None
 
 
 @dataclass
@@ -52,8 +52,8 @@ class MicroBatch:
     labels: torch.Tensor
     advantages: torch.Tensor
     temperatures: torch.Tensor  # [B]
-    inference_logprobs: Optional[torch.Tensor]
-    ref_logprobs: Optional[torch.Tensor]
+    inference_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
 
     @property
     def num_label_tokens(self) -> int:
@@ -72,9 +72,9 @@ def group_advantages(scores: Sequence[float]) -> List[float]:
 
 def sequence_temperature(
     index: int,
-    overrides: Optional[Sequence[Optional[Mapping[str, Any]]]],
-    generation_params: Optional[Mapping[str, Any]],
-    group_overrides: Optional[Mapping[str, Any]],
+    overrides: Sequence[Mapping[str, Any] | None] | None,
+    generation_params: Mapping[str, Any] | None,
+    group_overrides: Mapping[str, Any] | None,
 ) -> float:
     """Temperature of sequence ``index``: overrides > generation_params > group_overrides > 1.0."""
     if overrides and index < len(overrides) and overrides[index] and overrides[index].get("temperature") is not None:
@@ -86,7 +86,7 @@ def sequence_temperature(
     return 1.0
 
 
-def _zero_advantage(index: int, overrides: Optional[Sequence[Optional[Mapping[str, Any]]]]) -> bool:
+def _zero_advantage(index: int, overrides: Sequence[Mapping[str, Any] | None] | None) -> bool:
     return bool(overrides and index < len(overrides) and overrides[index]
                 and overrides[index].get("set_advantage_to_zero"))
 
@@ -106,7 +106,7 @@ def group_to_samples(group: Mapping[str, Any]) -> List[Sample]:
     ref_lp = group.get("ref_logprobs")
     seq_adv = group_advantages(scores)
     samples: List[Sample] = []
-    for i, (toks, mask) in enumerate(zip(tokens, masks)):
+    for i, (toks, mask) in enumerate(zip(tokens, masks, strict=False)):
         if len(toks) != len(mask):
             raise ValueError(f"sequence {i}: {len(toks)} tokens but {len(mask)} mask entries")
         if len(toks) < 2:
@@ -134,7 +134,7 @@ def group_to_samples(group: Mapping[str, Any]) -> List[Sample]:
     return samples
 
 
-def _shift(values: Optional[Sequence[Sequence[float]]], i: int, n: int) -> Optional[List[float]]:
+def _shift(values: Sequence[Sequence[float]] | None, i: int, n: int) -> List[float] | None:
     if values is None or i >= len(values) or values[i] is None:
         return None
     row = [float(v) for v in values[i][1:]]
@@ -151,7 +151,7 @@ def _pad(rows: Sequence[Sequence[Any]], length: int, value: Any, dtype: torch.dt
 
 
 def collate(samples: Sequence[Sample], pad_token_id: int = 0, pad_to_multiple: int = 64,
-            max_len: Optional[int] = None) -> MicroBatch:
+            max_len: int | None = None) -> MicroBatch:
     """Pad ``samples`` into one :class:`MicroBatch`."""
     longest = max(len(s.input_ids) for s in samples)
     length = math.ceil(longest / pad_to_multiple) * pad_to_multiple
@@ -176,7 +176,7 @@ def pad_data_to_good_offset(
     batch_size: int,
     pad_token_id: int = 0,
     pad_to_multiple: int = 64,
-    max_len: Optional[int] = None,
+    max_len: int | None = None,
 ) -> List[MicroBatch]:
     """Split an API batch into padded micro-batches of at most ``batch_size`` sequences.
 

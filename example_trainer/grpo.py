@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .cli import config_from_args
 from .config import TrainingConfig
@@ -22,7 +22,7 @@ def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, print where the final model went."""
     config: TrainingConfig = config_from_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Iterable, List, Tuple
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,7 +47,7 @@ def load_model(name_or_path: str, config: TrainingConfig) -> torch.nn.Module:
     return model
 
 
-def layer_index(param_name: str) -> Optional[int]:
+def layer_index(param_name: str) -> int | None:
     """The transformer layer a parameter belongs to (``...layers.3.mlp...`` → 3)."""
     m = _LAYER_RE.search(param_name)
     return int(m.group(1)) if m else None
@@ -111,7 +111,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def setup_model(config: TrainingConfig, load_from: Optional[str] = None) -> Tuple[torch.nn.Module, Any]:
+def setup_model(config: TrainingConfig, load_from: str | None = None) -> Tuple[torch.nn.Module, Any]:
     """Model (with LoRA or layer freezing applied) and tokenizer.
 
     ``load_from`` is a checkpoint directory to resume from (full weights, or a

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Sequence
 
 import httpx
 
@@ -40,15 +40,15 @@ class Child:
     name: str
     cmd: List[str]
     log_path: Path
-    proc: Optional[subprocess.Popen] = None
+    proc: subprocess.Popen | None = None
     started_at: float = field(default_factory=time.time)
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         """Process id, once started."""
         return self.proc.pid if self.proc else None
 
-    def returncode(self) -> Optional[int]:
+    def returncode(self) -> int | None:
         """Exit status, or None while running."""
         return self.proc.poll() if self.proc else None
 
@@ -63,14 +63,14 @@ class Child:
 class ProcessGroup:
     """Starts children and guarantees they are all gone after :meth:`stop_all`."""
 
-    def __init__(self, run_dir: Path, env: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, run_dir: Path, env: Mapping[str, str] | None = None) -> None:
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.children: Dict[str, Child] = {}
 
-    def start(self, name: str, cmd: Sequence[str], extra_env: Optional[Mapping[str, str]] = None) -> Child:
+    def start(self, name: str, cmd: Sequence[str], extra_env: Mapping[str, str] | None = None) -> Child:
         """Start ``cmd`` as child ``name`` (log: ``run_dir/logs/{name}.log``)."""
         child = Child(name=name, cmd=list(cmd), log_path=self.logs / f"{name}.log")
         with child.log_path.open("ab") as out:
@@ -100,7 +100,7 @@ class ProcessGroup:
             time.sleep(0.2)
         raise RuntimeError(f"{name} not healthy at {url} within {timeout:.0f}s:\n{child.log_tail()}")
 
-    def failed(self, ignore: Sequence[str] = ()) -> Optional[Child]:
+    def failed(self, ignore: Sequence[str] = ()) -> Child | None:
         """The first child (not in ``ignore``) that has exited, if any."""
         for child in self.children.values():
             if child.name not in ignore and child.returncode() is not None:

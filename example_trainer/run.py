@@ -27,7 +27,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
+from typing import Any, Callable, Dict, List, Literal, Sequence
 
 import httpx
 import yaml
@@ -62,9 +62,9 @@ class RunConfig(BaseModel):
     """Configuration of ``atropos-grpo-run`` (YAML file and/or flags)."""
 
     model_config = ConfigDict(extra="forbid")
-    run_dir: Optional[str] = Field(None, description="Directory for logs, checkpoints and the summary (default runs/run-<time>).")
+    run_dir: str | None = Field(None, description="Directory for logs, checkpoints and the summary (default runs/run-<time>).")
     model: str = Field("tiny", description="Model directory or hub name; 'tiny' = the offline tiny model.")
-    served_model_name: Optional[str] = Field(None, description="Model name the inference server reports (default: model path).")
+    served_model_name: str | None = Field(None, description="Model name the inference server reports (default: model path).")
     api_port: int = Field(8000, ge=0, le=65535, description="run-api port (0 = any free port).")
     inference_port: int = Field(9001, ge=0, le=65535, description="Inference server port (0 = any free port).")
     inference_backend: Literal["serve_model", "vllm"] = Field("serve_model", description="Inference server: atropos-serve-model or vLLM.")
@@ -76,8 +76,8 @@ class RunConfig(BaseModel):
         "http_reload", description="Trainer weight sync mode.")
     trainer: Dict[str, Any] = Field(default_factory=dict, description="TrainingConfig fields for the trainer (snake_case keys).")
     trainer_args: List[str] = Field(default_factory=list, description="Extra atropos-grpo flags (after '--' on the command line).")
-    warmup: Optional[WarmupSection] = Field(None, description="Supervised warm-up before RL.")
-    eval: Optional[EvalSection] = Field(None, description="Evaluation before/after training.")
+    warmup: WarmupSection | None = Field(None, description="Supervised warm-up before RL.")
+    eval: EvalSection | None = Field(None, description="Evaluation before/after training.")
     cpu_threads: int = Field(0, ge=0, description="If > 0: OMP/torch CPU threads for every process (1 is fastest on a busy CPU).")
     startup_timeout: float = Field(180.0, gt=0, description="Seconds each service may take to become healthy.")
     max_wall_time: float = Field(0.0, ge=0, description="Stop everything after this many seconds (0 = no limit).")
@@ -181,7 +181,7 @@ class Launcher:
         self.api_url = f"http://127.0.0.1:{self.api_port}"
         self.inf_url = f"http://127.0.0.1:{self.inf_port}"
         self.evals: List[Dict[str, float]] = []
-        self.inference_version: Optional[int] = None
+        self.inference_version: int | None = None
         self.t0 = time.time()
 
     # -- phases
@@ -244,7 +244,7 @@ class Launcher:
                 "--openai.base_url", f"{self.inf_url}/v1", "--openai.model_name", c.served_model_name or model,
                 "--openai.server_type", "vllm", "--openai.api_key", "x", *c.env_args]
 
-    def evaluate(self, label: str, step: int, model: str) -> Optional[float]:
+    def evaluate(self, label: str, step: int, model: str) -> float | None:
         """Run the configured eval function against the inference server."""
         if self.config.eval is None:
             return None
@@ -279,7 +279,7 @@ class Launcher:
         self.write_summary(status)
         return status
 
-    def _inference_version(self) -> Optional[int]:
+    def _inference_version(self) -> int | None:
         try:
             return httpx.get(f"{self.inf_url}/health", timeout=5.0).json().get("version")
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -432,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: Optional[Sequence[str]] = None) -> RunConfig:
+def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
     """Merge the YAML file and flags into a :class:`RunConfig` (exit 2 on bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     trainer_args: List[str] = []
@@ -476,7 +476,7 @@ def _on_signal(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atropos-grpo-run``."""
     cfg = config_from_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

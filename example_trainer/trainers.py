@@ -12,7 +12,7 @@ import logging
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
@@ -64,7 +64,8 @@ class Progress:
     def __init__(self, enabled: bool, total: int, completed: int) -> None:
         self._progress = None
         if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
 
             self._progress = RichProgress(
                 TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),

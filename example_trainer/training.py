@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ class LossOutput:
     metrics: Dict[str, float]
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperatures: Optional[torch.Tensor] = None) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
     """Log-probability of each label under ``logits / temperature``; 0 where label is −100.
 
     ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``.
@@ -55,12 +55,12 @@ def compute_grpo_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
     advantages: torch.Tensor,
-    temperatures: Optional[torch.Tensor] = None,
-    inference_logprobs: Optional[torch.Tensor] = None,
+    temperatures: torch.Tensor | None = None,
+    inference_logprobs: torch.Tensor | None = None,
     clip_eps: float = 0.2,
-    ref_logprobs: Optional[torch.Tensor] = None,
+    ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-    normalizer: Optional[float] = None,
+    normalizer: float | None = None,
 ) -> LossOutput:
     """GRPO loss for one micro-batch. See the module docstring for the formula.
 

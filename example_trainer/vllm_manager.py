@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import httpx
 
@@ -39,9 +39,9 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if importlib.util.find_spec("vllm") is not None else "serve_model"
 
 
-def server_command(backend: str, model_path: str, port: int, served_model_name: Optional[str] = None,
+def server_command(backend: str, model_path: str, port: int, served_model_name: str | None = None,
                    host: str = "127.0.0.1", gpu_memory_utilization: float = 0.45,
-                   max_model_len: Optional[int] = None) -> List[str]:
+                   max_model_len: int | None = None) -> List[str]:
     """The command line that serves ``model_path`` on ``port``."""
     backend = resolve_backend(backend)
     if backend == "vllm":
@@ -66,7 +66,7 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) != 0
 
 
-def wait_healthy(url: str, timeout: float, proc: Optional[subprocess.Popen] = None) -> None:
+def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
     """Poll ``{url}/health`` until 200; raise :class:`InferenceServerError` on timeout or early exit."""
     deadline = time.monotonic() + timeout
     last = ""
@@ -85,9 +85,9 @@ def wait_healthy(url: str, timeout: float, proc: Optional[subprocess.Popen] = No
 class InferenceProcess:
     """One inference server child process, restartable on a new model path."""
 
-    def __init__(self, backend: str, port: int, served_model_name: Optional[str], log_path: Optional[Path],
-                 timeout: float, gpu_memory_utilization: float = 0.45, max_model_len: Optional[int] = None,
-                 gpu: Optional[int] = None) -> None:
+    def __init__(self, backend: str, port: int, served_model_name: str | None, log_path: Path | None,
+                 timeout: float, gpu_memory_utilization: float = 0.45, max_model_len: int | None = None,
+                 gpu: int | None = None) -> None:
         self.backend = resolve_backend(backend)
         self.port = port
         self.served_model_name = served_model_name
@@ -96,7 +96,7 @@ class InferenceProcess:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
         self.gpu = gpu
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:

@@ -22,7 +22,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 
@@ -76,8 +76,8 @@ class HttpReloadSync(WeightSync):
     def __init__(self, config: TrainingConfig, model: Any, tokenizer: Any) -> None:
         super().__init__(config, model, tokenizer)
         self.live_root = self.root / "live_weights"
-        self._previous: Optional[Path] = None
-        self.last_version: Optional[int] = None
+        self._previous: Path | None = None
+        self.last_version: int | None = None
 
     def start(self) -> None:
         try:
@@ -133,7 +133,7 @@ class RestartSync(WeightSync):
             gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_len=config.max_model_len,
             gpu=config.vllm_gpu,
         )
-        self._previous: Optional[Path] = None
+        self._previous: Path | None = None
 
     def start(self) -> None:
         if self.config.launch_inference:

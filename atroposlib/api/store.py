@@ -5,6 +5,13 @@ groups, the per-env buffers of odd-sized groups and the step counter. Its
 methods are the only way to change that state; routes call them and answer.
 With a :class:`~atroposlib.api.persistence.SqlitePersistence` every change is
 committed before the method returns (and therefore before the HTTP answer).
+
+Without persistence, groups are kept as their JSON bytes; once more than
+``pack_above_bytes`` of JSON is held, further groups are stored deflated
+(:func:`~atroposlib.api.compression.pack`, about 3.5x smaller) and inflated
+when served. Environments throttle at a few batches of queued data, so in
+normal operation nothing is packed; a backlog costs a quarter of the memory.
+The queue budget (``--max-queue-mb``) always counts JSON bytes.
 """
 
 from __future__ import annotations

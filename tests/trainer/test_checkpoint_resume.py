@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from example_trainer.checkpointing import find_latest_checkpoint, load_trainer_state, save_checkpoint
+from example_trainer.checkpointing import (
+    find_latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+)
 from example_trainer.config import TrainingConfig
 from example_trainer.trainers import GRPOTrainer
 from tests.trainer.conftest import make_batch
@@ -22,7 +26,7 @@ def test_train_step_changes_weights_and_reports_finite_loss(tiny_model_dir, tiny
     m = trainer.train_on_batch(make_batch(tiny_tokenizer, with_logprobs=True))
     assert torch.isfinite(torch.tensor(m["train/loss"]))
     assert m["train/tokens_per_second"] > 0 and m["train/num_tokens"] > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=False))
 
 
 def test_resume_restores_step_weights_and_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
@@ -38,7 +42,7 @@ def test_resume_restores_step_weights_and_optimizer(tiny_model_dir, tiny_tokeniz
 
     t2 = GRPOTrainer(cfg.model_copy(update={"resume": True}))
     assert t2.step == 2
-    for a, b in zip(t1.model.state_dict().values(), t2.model.state_dict().values()):
+    for a, b in zip(t1.model.state_dict().values(), t2.model.state_dict().values(), strict=False):
         assert torch.equal(a, b)
     s1, s2 = t1.optimizer.state_dict(), t2.optimizer.state_dict()
     assert s1["state"].keys() == s2["state"].keys()
@@ -63,4 +67,4 @@ def test_kl_reference_model_is_frozen_copy(tiny_model_dir, tiny_tokenizer, tmp_p
     ref_before = [p.clone() for p in trainer.ref_model.parameters()]
     m = trainer.train_on_batch(make_batch(tiny_tokenizer))
     assert "train/kl" in m
-    assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters(), strict=False))

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from example_trainer.run import RunConfig, clear_previous_run, config_from_args, load_function, plot_curve
+from example_trainer.run import (
+    RunConfig,
+    clear_previous_run,
+    config_from_args,
+    load_function,
+    plot_curve,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "example_trainer" / "configs" / "demo_cpu.yaml"
