@@ -203,3 +203,11 @@ def test_build_env_applies_max_n_completions():
 
     env = build_env(TrivialEnv, parse("serve", "--max_n_completions", "2"))
     assert env.server.max_n_completions == 2
+
+
+def test_testing_flag_builds_the_mock_server_harness():
+    from atroposlib.envs.cli import build_env
+    from atroposlib.envs.server_handling.server_harness import ServerHarness
+
+    env = build_env(TrivialEnv, parse("serve", "--testing"))
+    assert [type(s) for s in env.server.servers] == [ServerHarness]

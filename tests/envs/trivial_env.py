@@ -17,6 +17,8 @@ from typing import Any, List, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pydantic import Field  # noqa: E402
+
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup  # noqa: E402
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig  # noqa: E402
 
@@ -31,9 +33,9 @@ class ByteTokenizer:
 class TrivialEnvConfig(BaseEnvConfig):
     """Adds the sequence length of the fake rollouts."""
 
-    seq_len: int = 16
-    max_items: int = -1
-    id_offset: int = 0
+    seq_len: int = Field(16, description="Tokens per fake sequence.")
+    max_items: int = Field(-1, description="Stop handing out items after this many (-1 = never).")
+    id_offset: int = Field(0, description="First group id minus one (to tell runs apart).")
 
 
 class TrivialEnv(BaseEnv):
