@@ -121,3 +121,19 @@ async def test_long_request_is_restarted_on_the_new_weights(keyed, checkpoints, 
     got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
     want = direct_logprobs(new_model, prompt_ids, ids)
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+
+
+async def test_vllm_server_sends_the_key_on_generate_and_health(keyed, tiny_model_dir):
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.vllm_server import VLLMServer
+    from tests.serve_model.support import KEY
+
+    cfg = APIServerConfig(base_url=f"{keyed}/v1", model_name="tiny", api_key=KEY, timeout=60,
+                          tokenizer_name=str(tiny_model_dir), server_type="vllm")
+    server = VLLMServer(cfg)
+    try:
+        prompt, outs, lps, finish = await server.tokens_and_logprobs_completion(
+            input_ids=[5, 6, 7], n=1, max_tokens=3, temperature=1.0)
+        assert prompt == [5, 6, 7] and len(outs[0]) == len(lps[0]) >= 1
+    finally:
+        await server.close_http()

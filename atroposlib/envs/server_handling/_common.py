@@ -64,7 +64,10 @@ class HttpClientMixin:
 
         loop = asyncio.get_running_loop()
         if self._http is None or self._http_loop is not loop or self._http.is_closed:
+            # Raw-HTTP backends (/generate, /health) carry the same key as the OpenAI client does.
+            api_key = getattr(getattr(self, "config", None), "api_key", "") or ""
             self._http = httpx.AsyncClient(
+                headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
                 timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
             )
