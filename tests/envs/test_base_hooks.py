@@ -210,7 +210,7 @@ def test_wandb_off_never_imports_it_and_offline_run_gets_prefixed_keys(tmp_path)
 import asyncio, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-from test_base_hooks import make_env, group
+from tests.envs.test_base_hooks import make_env, group
 off = make_env(group_size=4)
 asyncio.run(off.handle_send_to_api(group(), do_send_to_api=False))
 asyncio.run(off.wandb_log({{"x": 1}}))

@@ -20,9 +20,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytest.importorskip("atroposlib.cli.serve_model")
-pytest.importorskip("atroposlib.envs.base")
-
 TRAINER_ARGS = ["--batch-size", "16", "--gradient-accumulation-steps", "1", "--lr", "1e-3",
                 "--optimizer", "adamw", "--vllm-restart-interval", "1", "--batch-poll-interval", "0.2",
                 "--pad-to-multiple", "8", "--checkpoint-interval", "2"]
