@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS groups (
 );
 """
 
+_IN_CHUNK = 500
+"""Rows per ``IN (...)`` statement, well below SQLite's limit on bound parameters."""
+
 
 @dataclass(frozen=True)
 class GroupRow:
@@ -98,13 +101,19 @@ class SqlitePersistence:
         conn = self._conn
         try:
             conn.execute("BEGIN")
-            bodies = []
-            for seq in seqs:
-                row = conn.execute("SELECT body FROM groups WHERE seq = ?", (seq,)).fetchone()
-                if row is None:
-                    raise sqlite3.IntegrityError(f"group {seq} is missing from the database")
-                bodies.append(bytes(row[0]))
-            conn.executemany("DELETE FROM groups WHERE seq = ?", [(s,) for s in seqs])
+            # One read and one delete per chunk of rows rather than per row.
+            found: dict[int, bytes] = {}
+            for i in range(0, len(seqs), _IN_CHUNK):
+                chunk = list(seqs[i : i + _IN_CHUNK])
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    conn.execute(f"SELECT seq, body FROM groups WHERE seq IN ({marks})", chunk)
+                )
+                conn.execute(f"DELETE FROM groups WHERE seq IN ({marks})", chunk)
+            missing = [seq for seq in seqs if seq not in found]
+            if missing:
+                raise sqlite3.IntegrityError(f"groups {missing} are missing from the database")
+            bodies = [bytes(found[seq]) for seq in seqs]
             self._set_meta(meta)
             conn.execute("COMMIT")
             return bodies

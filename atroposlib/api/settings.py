@@ -51,7 +51,11 @@ class APISettings(BaseSettings):
         default_factory=list, description="Origins allowed by CORS (repeatable); none by default."
     )
     gzip_level: int = Field(
-        1, ge=1, le=9, description="gzip level of responses of 1000 bytes or more (1 is fastest)."
+        1,
+        ge=1,
+        le=9,
+        description="gzip level of responses of 1000 bytes or more (1 is fastest; levels 1-3 "
+        "use ISA-L when the isal package is installed, higher levels zlib).",
     )
     log_level: str = Field("info", description="Log level: debug, info, warning or error.")
     access_log: bool = Field(False, description="Log every request (costs throughput).")

@@ -168,3 +168,19 @@ def test_persistence_restores_queue_buffer_envs_and_step(tmp_path):
     served = again.next_batch()
     assert [json.loads(b)["tokens"][0][0] for b in served] == [2, 9, 10]
     assert again.next_batch() is None
+
+
+def test_persistence_take_reads_in_order_across_chunks_and_is_all_or_nothing(tmp_path):
+    from atroposlib.api.errors import StorageError
+    from atroposlib.api.persistence import GroupRow
+
+    db = SqlitePersistence(tmp_path / "take.db")
+    rows = [GroupRow(seq, None, 1, False, b'{"n":%d}' % seq) for seq in range(1, 1201)]
+    db.commit(insert=rows)
+    wanted = list(range(1200, 0, -2))  # 600 rows, more than one IN chunk, reversed order
+    assert db.take(wanted, {"state": {}}) == [b'{"n":%d}' % s for s in wanted]
+    with pytest.raises(StorageError):
+        db.take([1, 5000], {"state": {}})
+    assert db.body(1) == b'{"n":1}'  # the failed take deleted nothing
+    assert [r.seq for r in db.load().groups] == list(range(1, 1201, 2))
+    db.close()

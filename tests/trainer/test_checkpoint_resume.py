@@ -68,3 +68,16 @@ def test_kl_reference_model_is_frozen_copy(tiny_model_dir, tiny_tokenizer, tmp_p
     m = trainer.train_on_batch(make_batch(tiny_tokenizer))
     assert "train/kl" in m
     assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters(), strict=False))
+
+
+def test_wandb_offline_logging_works_without_a_key(tmp_path, monkeypatch):
+    from example_trainer.trainers import MetricsWriter
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    writer = MetricsWriter(TrainingConfig(model_name="m", use_wandb=True, wandb_project="p", save_path=str(tmp_path)))
+    writer.log({"train/loss": 0.5, "grpo/mean_ratio": 1.0}, step=1)
+    writer.close()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    assert '"train/loss": 0.5' in (tmp_path / "metrics.jsonl").read_text()
