@@ -113,19 +113,25 @@ async def setup(session: aiohttp.ClientSession, base: str, group_size: int) -> i
 
 
 async def ingest(
-    session: aiohttp.ClientSession, base: str, bodies: List[bytes], n: int, concurrency: int
+    session: aiohttp.ClientSession,
+    base: str,
+    bodies: List[bytes],
+    n: int,
+    concurrency: int,
+    path: str = "/scored_data",
 ) -> float:
+    """POST ``n`` bodies to ``path`` from ``concurrency`` posters; the wall time taken."""
     counter = iter(range(n))
     headers = {"Content-Type": "application/json"}
 
     async def poster() -> None:
         for i in counter:
             async with session.post(
-                f"{base}/scored_data", data=bodies[i % len(bodies)], headers=headers
+                f"{base}{path}", data=bodies[i % len(bodies)], headers=headers
             ) as r:
                 await r.read()
                 if r.status != 200:
-                    raise RuntimeError(f"POST /scored_data answered {r.status}")
+                    raise RuntimeError(f"POST {path} answered {r.status}")
 
     t0 = time.perf_counter()
     await asyncio.gather(*(poster() for _ in range(concurrency)))
@@ -246,7 +252,17 @@ async def run(args: argparse.Namespace, base: str, pid: int) -> None:
             f"drain (gzip)         {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
             f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)"
         )
-        await ingest(s, base, bodies, args.groups, args.concurrency)
+        # Refill through /scored_data_list, lists of 8 groups (what a busy BaseEnv sends).
+        lists = [b"[" + b",".join(bodies[i : i + 8]) + b"]" for i in range(0, len(bodies), 8)]
+        scpu0 = sum(server.cpu_times()[:2])
+        secs = await ingest(
+            s, base, lists, args.groups // 8, args.concurrency, path="/scored_data_list"
+        )
+        list_cpu = sum(server.cpu_times()[:2]) - scpu0
+        print(
+            f"ingest (lists of 8)  {args.groups // 8 * 8 / secs:,.0f} groups/s "
+            f"(server CPU {list_cpu / (args.groups // 8 * 8) * 1e6:.0f} us/group)"
+        )
         scpu0 = sum(server.cpu_times()[:2])
         batches, dsecs = await drain(s, base, gzip=False)
         drain_cpu = sum(server.cpu_times()[:2]) - scpu0

@@ -273,11 +273,28 @@ class Launcher:
             self.procs.wait_healthy("trainer", f"{self.inf_url}/health", c.startup_timeout)
             self.evaluate("before", 0, model)
         status = self.monitor(model)
-        if status == 0:
+        if status == 0 and own_inference:
             self.evaluate("after", self._last_step(), model)
             self.inference_version = self._inference_version()
+        elif status == 0 and c.eval is not None:
+            self.evaluate_served_checkpoint(model)
         self.write_summary(status)
         return status
+
+    def evaluate_served_checkpoint(self, model: str) -> None:
+        """Restart modes: the trainer's server is gone, so serve its last weights briefly and evaluate."""
+        served = sorted((self.run_dir / "checkpoints" / "served_weights").glob("step_*"),
+                        key=lambda p: int(p.name.split("_")[1]))
+        if not served:
+            logger.warning("no served weights found; skipping the final eval")
+            return
+        self.procs.start("inference-eval", [sys.executable, "-m", "atroposlib.cli.serve_model", str(served[-1]),
+                                            "--host", "127.0.0.1", "--port", str(self.inf_port)])
+        try:
+            self.procs.wait_healthy("inference-eval", f"{self.inf_url}/health", self.config.startup_timeout)
+            self.evaluate("after", self._last_step(), model)
+        finally:
+            self.procs.stop("inference-eval")
 
     def _inference_version(self) -> int | None:
         try:
@@ -490,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         logger.warning("interrupted; stopping all processes")
         return 130
-    except (RuntimeError, OSError, ValueError) as exc:
+    except (RuntimeError, OSError, ValueError, httpx.HTTPError) as exc:
         logger.error("%s", exc)
         return 1
     finally:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import zlib
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from atroposlib.api.middleware import ASGIApp, Message, Receive, Scope, Send
 
@@ -172,5 +172,4 @@ class _Responder:
         level = self._owner.level
         if len(body) < _THREAD_MIN_BYTES:
             return gzip_compress(body, level)
-        run: Callable[[bytes, int], bytes] = gzip_compress
-        return await asyncio.to_thread(run, body, level)
+        return await asyncio.to_thread(gzip_compress, body, level)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any, List, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -84,12 +85,42 @@ def incoming(group: ScoredData, loc: tuple = (), raw: bytes | None = None) -> In
     return IncomingGroup(env_id=group.env_id, size=len(group.tokens), body=body)
 
 
+# Between two elements of a JSON array of objects there is only whitespace and a comma.
+_BETWEEN_OBJECTS = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
+
+
+def element_bytes(body: bytes, count: int) -> List[bytes] | None:
+    """The raw bytes of each object of ``body``, a *validated* JSON array of ``count`` objects.
+
+    Every boundary between two top-level objects matches ``}\\s*,\\s*{``; the
+    same text can also occur inside an element (nested objects, strings). So
+    when exactly ``count - 1`` matches exist they are the boundaries, and
+    otherwise the answer is None (the caller re-serialises instead).
+    """
+    if count == 0:
+        return []
+    cuts = list(_BETWEEN_OBJECTS.finditer(body))
+    if len(cuts) != count - 1:
+        return None
+    starts = [body.index(b"{")] + [m.end() - 1 for m in cuts]
+    ends = [m.start() + 1 for m in cuts] + [body.rindex(b"}") + 1]
+    return [body[a:b] for a, b in zip(starts, ends, strict=True)]
+
+
 def parse_groups(body: bytes, many: bool) -> List[IncomingGroup]:
-    """Validate one group (or a list of groups) from the posted bytes."""
+    """Validate one group (or a list of groups) from the posted bytes.
+
+    Groups are kept as their posted bytes (see :func:`incoming`); a list's
+    elements are cut out of the body by :func:`element_bytes`, and re-serialised
+    only when that is ambiguous.
+    """
     try:
         if many:
             groups = ScoredDataList.validate_json(body)
-            return [incoming(g, (i,)) for i, g in enumerate(groups)]
+            raws: Sequence[bytes | None] = element_bytes(body, len(groups)) or [None] * len(groups)
+            return [
+                incoming(g, (i,), raw) for i, (g, raw) in enumerate(zip(groups, raws, strict=True))
+            ]
         return [incoming(ScoredData.model_validate_json(body), raw=body)]
     except ValidationError as e:
         raise _invalid(e) from None

@@ -229,3 +229,24 @@ def test_linear_warmup_schedule():
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+
+
+def test_restart_mode_restarts_a_real_server_on_new_weights(tiny, tmp_path):
+    import httpx
+
+    from example_trainer.weight_sync import RestartSync
+
+    cfg, model, tok = tiny
+    port = free_port()
+    sync = RestartSync(_cfg(cfg, vllm_port=port, weight_bridge_mode="none", inference_backend="serve_model",
+                            save_path=str(tmp_path), sync_timeout=120, vllm_restart_interval=1), model, tok)
+    try:
+        sync.start()
+        first_pid = sync.server.proc.pid
+        sync.sync(1)
+        assert sync.server.proc.pid != first_pid and sync.syncs == 1
+        assert (tmp_path / "served_weights" / "step_1" / "config.json").exists()
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
+        sync.close()
+    assert sync.server.proc is None

@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 
+from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,10 +55,37 @@ def drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 
 class HttpClientMixin:
-    """Owns one ``httpx.AsyncClient`` per event loop, created on first use."""
+    """Owns the backend's HTTP clients: a lean :class:`JsonTransport` (aiohttp) used on
+    the request path, and an ``httpx.AsyncClient`` kept for compatibility; both per event
+    loop, created on first use."""
 
     _http: httpx.AsyncClient | None = None
     _http_loop: Any = None
+    _transport: JsonTransport | None = None
+
+    def api_headers(self) -> dict[str, str]:
+        """``Authorization: Bearer <api_key>`` when the config has a key, else nothing."""
+        api_key = getattr(getattr(self, "config", None), "api_key", "") or ""
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def transport(self) -> JsonTransport:
+        """The lean JSON transport (timeout: the config's ``timeout``)."""
+        if self._transport is None:
+            timeout = float(getattr(getattr(self, "config", None), "timeout", 1200) or 1200)
+            self._transport = JsonTransport(self.api_headers(), timeout=timeout)
+        return self._transport
+
+    async def fast_post_json(self, url: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` as JSON over the lean transport; HTTP errors raise
+        ``httpx.HTTPStatusError`` (as the httpx client did)."""
+        try:
+            return await self.transport().post_json(url, body)
+        except HttpStatus as e:
+            raise e.to_httpx() from None
+
+    async def probe_status(self, url: str, timeout: float) -> int:
+        """Status code of ``GET url`` over the lean transport (for health probes)."""
+        return await self.transport().get_status(url, timeout=timeout)
 
     def http_client(self, timeout: float) -> httpx.AsyncClient:
         """The shared client (recreated if the event loop changed)."""
@@ -75,7 +104,9 @@ class HttpClientMixin:
         return self._http
 
     async def close_http(self) -> None:
-        """Close the client if this loop owns it."""
+        """Close the clients if this loop owns them."""
+        if self._transport is not None:
+            await self._transport.close()
         if self._http is not None and not self._http.is_closed:
             try:
                 await self._http.aclose()

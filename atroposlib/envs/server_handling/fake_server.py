@@ -36,8 +36,6 @@ import uuid
 from collections import Counter
 from typing import Any, Union
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 logger = logging.getLogger(__name__)
@@ -177,316 +175,374 @@ def fake_top_logprobs(token: int, logprob: float, k: int) -> dict[int, float]:
     return out
 
 
-def _error(status: int, message: str, err_type: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        status_code=status,
-        content={"error": {"message": message, "type": err_type, "code": status}, "detail": message},
-    )
+Reply = tuple[int, Any]
+"""An answer: HTTP status and a JSON-serialisable body."""
 
 
-def _validation_error(exc: ValidationError) -> JSONResponse:
+def _error(status: int, message: str, err_type: str = "invalid_request_error") -> Reply:
+    return status, {"error": {"message": message, "type": err_type, "code": status}, "detail": message}
+
+
+def _validation_error(exc: ValidationError) -> Reply:
     detail = [
         {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()
     ]
     fields = ", ".join(".".join(str(p) for p in d["loc"]) or "body" for d in detail)
-    return JSONResponse(
-        status_code=422,
-        content={
-            "detail": detail,
-            "error": {"message": f"invalid fields: {fields}", "type": "invalid_request_error"},
-        },
-    )
-
-
-def create_app(settings: FakeServerSettings | None = None) -> FastAPI:
-    """Build the fake server's FastAPI app with the given settings."""
-    state = settings or FakeServerSettings()
-    counts: Counter[str] = Counter()
-    concurrency = {"in_flight": 0, "max_in_flight": 0}
-    app = FastAPI(title="atroposlib fake inference server")
-    app.state.settings = state
-
-    async def _read_json(request: Request) -> Any:
-        try:
-            return await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _BadBody(f"body is not valid JSON: {e}") from e
-
-    async def _simulate() -> None:
-        concurrency["in_flight"] += 1
-        concurrency["max_in_flight"] = max(concurrency["max_in_flight"], concurrency["in_flight"])
-        try:
-            if state.latency_ms > 0:
-                await asyncio.sleep(state.latency_ms / 1000.0)
-        finally:
-            concurrency["in_flight"] -= 1
-
-    @app.exception_handler(_BadBody)
-    async def _bad_body(_request: Request, exc: _BadBody) -> JSONResponse:
-        return _error(400, str(exc))
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "fake"}],
-        }
-
-    @app.post("/fake/config")
-    async def fake_config(request: Request) -> JSONResponse:
-        body = await _read_json(request)
-        if not isinstance(body, dict):
-            return _error(422, "body must be a JSON object")
-        try:
-            merged = FakeServerSettings(**{**state.model_dump(), **body})
-        except ValidationError as e:
-            return _validation_error(e)
-        for key in FakeServerSettings.model_fields:
-            setattr(state, key, getattr(merged, key))
-        return JSONResponse(state.model_dump())
-
-    @app.get("/fake/stats")
-    async def fake_stats() -> dict[str, Any]:
-        return {"requests": dict(counts), **concurrency}
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> JSONResponse:
-        try:
-            req = ChatRequest.model_validate(await _read_json(request))
-        except ValidationError as e:
-            return _validation_error(e)
-        await _simulate()
-        prompt_ids = fake_tokenize(render_messages(req.messages))
-        max_tokens = req.max_completion_tokens or req.max_tokens or 16
-        seed = state.seed if req.seed is None else req.seed
-        n = 1 if state.ignore_n else req.n
-        choices, completion_tokens = [], 0
-        for i in range(n):
-            ids, lps, finish = fake_generate(prompt_ids, i, seed, max_tokens)
-            completion_tokens += len(ids)
-            choice: dict[str, Any] = {
-                "index": i,
-                "message": {"role": "assistant", "content": fake_detokenize(ids)},
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-            if req.logprobs:
-                k = req.top_logprobs or 0
-                choice["logprobs"] = {
-                    "content": [
-                        {
-                            "token": chr(t),
-                            "logprob": lp,
-                            "bytes": [t],
-                            "top_logprobs": [
-                                {"token": chr(a), "logprob": v, "bytes": [a]}
-                                for a, v in fake_top_logprobs(t, lp, k).items()
-                            ][:k],
-                        }
-                        for t, lp in zip(ids, lps, strict=False)
-                    ]
-                }
-            choices.append(choice)
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": req.model or state.model_name,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": len(prompt_ids),
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": len(prompt_ids) + completion_tokens,
-                },
-            }
-        )
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
-        try:
-            req = CompletionRequest.model_validate(await _read_json(request))
-        except ValidationError as e:
-            return _validation_error(e)
-        await _simulate()
-        if isinstance(req.prompt, str):
-            prompts = [fake_tokenize(req.prompt)]
-        elif req.prompt and isinstance(req.prompt[0], int):
-            prompts = [list(req.prompt)]  # type: ignore[arg-type]
-        else:
-            prompts = [fake_tokenize(p) for p in req.prompt]  # type: ignore[arg-type]
-        if not prompts or not prompts[0]:
-            return _error(422, "prompt must not be empty")
-        seed = state.seed if req.seed is None else req.seed
-        n = 1 if state.ignore_n else req.n
-        choices, prompt_tokens, completion_tokens = [], 0, 0
-        for p_idx, prompt_ids in enumerate(prompts):
-            prompt_tokens += len(prompt_ids)
-            for i in range(n):
-                ids, lps, finish = fake_generate(prompt_ids, i, seed, req.max_tokens or 16)
-                completion_tokens += len(ids)
-                text = fake_detokenize(ids)
-                logprobs = None
-                if req.logprobs is not None:
-                    logprobs = {
-                        "tokens": [chr(t) for t in ids],
-                        "token_logprobs": lps,
-                        "top_logprobs": [
-                            {chr(a): v for a, v in fake_top_logprobs(t, lp, req.logprobs).items()}
-                            for t, lp in zip(ids, lps, strict=False)
-                        ],
-                        "text_offset": list(range(len(ids))),
-                    }
-                if req.echo:
-                    text = fake_detokenize(prompt_ids) + text
-                choices.append(
-                    {"index": p_idx * n + i, "text": text, "logprobs": logprobs, "finish_reason": finish}
-                )
-        return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": req.model or state.model_name,
-                "choices": choices,
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
-        )
-
-    async def generate(request: Request) -> JSONResponse:
-        body = await _read_json(request)
-        if not isinstance(body, dict):
-            return _error(422, "body must be a JSON object")
-        try:
-            if "prompts" in body:
-                return await _trl_generate(TrlGenerateRequest.model_validate(body))
-            if "input_ids" in body or "sampling_params" in body or "text" in body:
-                return await _sglang_generate(SGLangGenerateRequest.model_validate(body))
-            return await _vllm_generate(VLLMGenerateRequest.model_validate(body))
-        except ValidationError as e:
-            return _validation_error(e)
-
-    async def _vllm_generate(req: VLLMGenerateRequest) -> JSONResponse:
-        await _simulate()
-        if isinstance(req.prompt, str):
-            prompt_ids = fake_tokenize(req.prompt)
-            if not prompt_ids:
-                return _error(422, "prompt must not be empty")
-        else:
-            prompt_ids = req.prompt.prompt_token_ids
-        seed = state.seed if req.seed is None else req.seed
-        out: dict[str, Any] = {"text": [], "token_ids": [], "finish_reasons": []}
-        if req.logprobs is not None:
-            out["logprobs"] = []
-        for i in range(req.n):
-            ids, lps, finish = fake_generate(prompt_ids, i, seed, req.max_tokens)
-            out["text"].append(fake_detokenize(ids))
-            out["token_ids"].append(ids)
-            out["finish_reasons"].append(finish)
-            if req.logprobs is not None:
-                out["logprobs"].append(
-                    [
-                        [{str(a): v} for a, v in fake_top_logprobs(t, lp, req.logprobs).items()]
-                        for t, lp in zip(ids, lps, strict=False)
-                    ]
-                )
-        if req.prompt_logprobs is not None:
-            k = max(req.prompt_logprobs, 1)
-            rng = random.Random(seed)
-            pl: list[dict[str, float] | None] = [None]
-            for tok in prompt_ids[1:]:
-                lp = -round(rng.random() * 3.0, 6)
-                pl.append({str(a): v for a, v in fake_top_logprobs(tok, lp, k).items()})
-            out["prompt_logprobs"] = pl
-        out["prompt_token_ids"] = prompt_ids
-        return JSONResponse(out)
-
-    async def _sglang_generate(req: SGLangGenerateRequest) -> JSONResponse:
-        if req.input_ids:
-            prompt_ids = req.input_ids
-        elif req.text:
-            prompt_ids = fake_tokenize(req.text)
-        else:
-            return _error(422, "one of input_ids or text is required")
-        sp = req.sampling_params
-        try:
-            max_tokens = int(sp.get("max_new_tokens", sp.get("max_tokens", 16)))
-            n = int(sp.get("n", 1))
-            seed = int(sp.get("seed", state.seed))
-        except (TypeError, ValueError):
-            return _error(422, "sampling_params.max_new_tokens, n and seed must be integers")
-        if not (1 <= max_tokens <= MAX_TOKENS) or not (1 <= n <= MAX_N):
-            return _error(422, "sampling_params.max_new_tokens or sampling_params.n out of range")
-        await _simulate()
-        results = []
-        for i in range(n):
-            ids, lps, finish = fake_generate(prompt_ids, i, seed, max_tokens)
-            meta: dict[str, Any] = {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(ids),
-                "finish_reason": {"type": finish} if finish == "stop" else {"type": "length", "length": max_tokens},
-            }
-            if req.return_logprob:
-                meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=False)]
-                if req.logprob_start_len == 0 and req.top_logprobs_num:
-                    rng = random.Random(seed)
-                    rows: list[list[list[Any]] | None] = [None]
-                    for tok in prompt_ids[1:]:
-                        lp = -round(rng.random() * 3.0, 6)
-                        top = fake_top_logprobs(tok, lp, req.top_logprobs_num)
-                        rows.append([[v, a, None] for a, v in top.items()])
-                    meta["input_top_logprobs"] = rows
-            results.append({"text": fake_detokenize(ids), "output_ids": ids, "meta_info": meta})
-        return JSONResponse(results[0] if n == 1 else results)
-
-    async def _trl_generate(req: TrlGenerateRequest) -> JSONResponse:
-        await _simulate()
-        seed = state.seed if req.seed is None else req.seed
-        completion_ids = []
-        for prompt in req.prompts:
-            prompt_ids = fake_tokenize(prompt)
-            for i in range(req.n):
-                completion_ids.append(fake_generate(prompt_ids, i, seed, req.max_tokens)[0])
-        return JSONResponse({"completion_ids": completion_ids})
-
-    app.add_api_route("/generate", generate, methods=["POST"])
-    app.add_api_route("/generate/", generate, methods=["POST"])
-    app.add_middleware(_FailureAndCounting, settings=state, counts=counts)
-    return app
-
-
-class _FailureAndCounting:
-    """Pure ASGI middleware: count requests per path and inject ``fail_status``."""
-
-    def __init__(self, app: Any, settings: FakeServerSettings, counts: Counter[str]):
-        self.app = app
-        self.settings = settings
-        self.counts = counts
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            if not path.startswith("/fake/"):
-                self.counts[path] += 1
-                if self.settings.fail_status is not None:
-                    response = _error(
-                        self.settings.fail_status, "fake server failure injected", "server_error"
-                    )
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+    return 422, {
+        "detail": detail,
+        "error": {"message": f"invalid fields: {fields}", "type": "invalid_request_error"},
+    }
 
 
 class _BadBody(Exception):
     """The request body could not be parsed."""
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _BadBody(f"body is not valid JSON: {e}") from e
+
+
+def chat_payload(req: ChatRequest, state: FakeServerSettings) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` answer for a validated request."""
+    prompt_ids = fake_tokenize(render_messages(req.messages))
+    max_tokens = req.max_completion_tokens or req.max_tokens or 16
+    seed = state.seed if req.seed is None else req.seed
+    n = 1 if state.ignore_n else req.n
+    choices, completion_tokens = [], 0
+    for i in range(n):
+        ids, lps, finish = fake_generate(prompt_ids, i, seed, max_tokens)
+        completion_tokens += len(ids)
+        choice: dict[str, Any] = {
+            "index": i,
+            "message": {"role": "assistant", "content": fake_detokenize(ids)},
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        if req.logprobs:
+            k = req.top_logprobs or 0
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": chr(t),
+                        "logprob": lp,
+                        "bytes": [t],
+                        "top_logprobs": [
+                            {"token": chr(a), "logprob": v, "bytes": [a]}
+                            for a, v in fake_top_logprobs(t, lp, k).items()
+                        ][:k],
+                    }
+                    for t, lp in zip(ids, lps, strict=False)
+                ]
+            }
+        choices.append(choice)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model or state.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        },
+    }
+
+
+def completion_payload(req: CompletionRequest, state: FakeServerSettings) -> Reply:
+    """The ``/v1/completions`` answer for a validated request."""
+    if isinstance(req.prompt, str):
+        prompts = [fake_tokenize(req.prompt)]
+    elif req.prompt and isinstance(req.prompt[0], int):
+        prompts = [list(req.prompt)]  # type: ignore[arg-type]
+    else:
+        prompts = [fake_tokenize(p) for p in req.prompt]  # type: ignore[arg-type]
+    if not prompts or not prompts[0]:
+        return _error(422, "prompt must not be empty")
+    seed = state.seed if req.seed is None else req.seed
+    n = 1 if state.ignore_n else req.n
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for p_idx, prompt_ids in enumerate(prompts):
+        prompt_tokens += len(prompt_ids)
+        for i in range(n):
+            ids, lps, finish = fake_generate(prompt_ids, i, seed, req.max_tokens or 16)
+            completion_tokens += len(ids)
+            text = fake_detokenize(ids)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = {
+                    "tokens": [chr(t) for t in ids],
+                    "token_logprobs": lps,
+                    "top_logprobs": [
+                        {chr(a): v for a, v in fake_top_logprobs(t, lp, req.logprobs).items()}
+                        for t, lp in zip(ids, lps, strict=False)
+                    ],
+                    "text_offset": list(range(len(ids))),
+                }
+            if req.echo:
+                text = fake_detokenize(prompt_ids) + text
+            choices.append(
+                {"index": p_idx * n + i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            )
+    return 200, {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.model or state.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def vllm_payload(req: VLLMGenerateRequest, state: FakeServerSettings) -> Reply:
+    """The vLLM-style ``/generate`` answer for a validated request."""
+    if isinstance(req.prompt, str):
+        prompt_ids = fake_tokenize(req.prompt)
+        if not prompt_ids:
+            return _error(422, "prompt must not be empty")
+    else:
+        prompt_ids = req.prompt.prompt_token_ids
+    seed = state.seed if req.seed is None else req.seed
+    out: dict[str, Any] = {"text": [], "token_ids": [], "finish_reasons": []}
+    if req.logprobs is not None:
+        out["logprobs"] = []
+    for i in range(req.n):
+        ids, lps, finish = fake_generate(prompt_ids, i, seed, req.max_tokens)
+        out["text"].append(fake_detokenize(ids))
+        out["token_ids"].append(ids)
+        out["finish_reasons"].append(finish)
+        if req.logprobs is not None:
+            out["logprobs"].append(
+                [
+                    [{str(a): v} for a, v in fake_top_logprobs(t, lp, req.logprobs).items()]
+                    for t, lp in zip(ids, lps, strict=False)
+                ]
+            )
+    if req.prompt_logprobs is not None:
+        k = max(req.prompt_logprobs, 1)
+        rng = random.Random(seed)
+        pl: list[dict[str, float] | None] = [None]
+        for tok in prompt_ids[1:]:
+            lp = -round(rng.random() * 3.0, 6)
+            pl.append({str(a): v for a, v in fake_top_logprobs(tok, lp, k).items()})
+        out["prompt_logprobs"] = pl
+    out["prompt_token_ids"] = prompt_ids
+    return 200, out
+
+
+def sglang_check(req: SGLangGenerateRequest, state: FakeServerSettings) -> Reply | None:
+    """An error answer when the SGLang request's prompt or sampling parameters are bad."""
+    if not req.input_ids and not req.text:
+        return _error(422, "one of input_ids or text is required")
+    sp = req.sampling_params
+    try:
+        max_tokens = int(sp.get("max_new_tokens", sp.get("max_tokens", 16)))
+        n = int(sp.get("n", 1))
+        int(sp.get("seed", state.seed))
+    except (TypeError, ValueError):
+        return _error(422, "sampling_params.max_new_tokens, n and seed must be integers")
+    if not (1 <= max_tokens <= MAX_TOKENS) or not (1 <= n <= MAX_N):
+        return _error(422, "sampling_params.max_new_tokens or sampling_params.n out of range")
+    return None
+
+
+def sglang_payload(req: SGLangGenerateRequest, state: FakeServerSettings) -> Reply:
+    """The SGLang-style ``/generate`` answer for a request that passed :func:`sglang_check`."""
+    prompt_ids = req.input_ids or fake_tokenize(req.text or "")
+    sp = req.sampling_params
+    max_tokens = int(sp.get("max_new_tokens", sp.get("max_tokens", 16)))
+    n = int(sp.get("n", 1))
+    seed = int(sp.get("seed", state.seed))
+    results = []
+    for i in range(n):
+        ids, lps, finish = fake_generate(prompt_ids, i, seed, max_tokens)
+        meta: dict[str, Any] = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(ids),
+            "finish_reason": {"type": finish} if finish == "stop" else {"type": "length", "length": max_tokens},
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=False)]
+            if req.logprob_start_len == 0 and req.top_logprobs_num:
+                rng = random.Random(seed)
+                rows: list[list[list[Any]] | None] = [None]
+                for tok in prompt_ids[1:]:
+                    lp = -round(rng.random() * 3.0, 6)
+                    top = fake_top_logprobs(tok, lp, req.top_logprobs_num)
+                    rows.append([[v, a, None] for a, v in top.items()])
+                meta["input_top_logprobs"] = rows
+        results.append({"text": fake_detokenize(ids), "output_ids": ids, "meta_info": meta})
+    return 200, results[0] if n == 1 else results
+
+
+def trl_payload(req: TrlGenerateRequest, state: FakeServerSettings) -> Reply:
+    """The TRL-style ``/generate/`` answer for a validated request."""
+    seed = state.seed if req.seed is None else req.seed
+    completion_ids = []
+    for prompt in req.prompts:
+        prompt_ids = fake_tokenize(prompt)
+        for i in range(req.n):
+            completion_ids.append(fake_generate(prompt_ids, i, seed, req.max_tokens)[0])
+    return 200, {"completion_ids": completion_ids}
+
+
+class FakeBackend:
+    """The fake server's behaviour, independent of the HTTP server that carries it.
+
+    ``await backend.handle(method, path, body)`` → ``(status, json_body)``. Counts
+    requests per path, injects ``fail_status``, adds the configured latency to every
+    generation request and tracks peak concurrency.
+    """
+
+    def __init__(self, settings: FakeServerSettings | None = None):
+        self.state = settings or FakeServerSettings()
+        self.counts: Counter[str] = Counter()
+        self.concurrency = {"in_flight": 0, "max_in_flight": 0}
+
+    async def _simulate(self) -> None:
+        c = self.concurrency
+        c["in_flight"] += 1
+        if c["in_flight"] > c["max_in_flight"]:
+            c["max_in_flight"] = c["in_flight"]
+        try:
+            if self.state.latency_ms > 0:
+                await asyncio.sleep(self.state.latency_ms / 1000.0)
+        finally:
+            c["in_flight"] -= 1
+
+    async def handle(self, method: str, path: str, body: bytes) -> Reply:
+        """Answer one request (``path`` without the query string)."""
+        if not path.startswith("/fake/"):
+            self.counts[path] += 1
+            if self.state.fail_status is not None:
+                return _error(self.state.fail_status, "fake server failure injected", "server_error")
+        try:
+            return await self._route(method, path, body)
+        except _BadBody as e:
+            return _error(400, str(e))
+        except ValidationError as e:
+            return _validation_error(e)
+
+    async def _route(self, method: str, path: str, body: bytes) -> Reply:
+        state = self.state
+        if method == "GET":
+            if path == "/health":
+                return 200, {"status": "ok"}
+            if path == "/v1/models":
+                return 200, {
+                    "object": "list",
+                    "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "fake"}],
+                }
+            if path == "/fake/stats":
+                return 200, {"requests": dict(self.counts), **self.concurrency}
+        elif method == "POST":
+            if path == "/v1/chat/completions":
+                req = ChatRequest.model_validate(_parse_json(body))
+                await self._simulate()
+                return 200, chat_payload(req, state)
+            if path == "/v1/completions":
+                creq = CompletionRequest.model_validate(_parse_json(body))
+                await self._simulate()
+                return completion_payload(creq, state)
+            if path in ("/generate", "/generate/"):
+                return await self._generate(_parse_json(body))
+            if path == "/fake/config":
+                return self._configure(_parse_json(body))
+        known = {"/health", "/v1/models", "/fake/stats", "/v1/chat/completions", "/v1/completions",
+                 "/generate", "/generate/", "/fake/config"}
+        if path in known:
+            return _error(405, f"method {method} not allowed on {path}")
+        return _error(404, f"no route {path}")
+
+    async def _generate(self, body: Any) -> Reply:
+        if not isinstance(body, dict):
+            return _error(422, "body must be a JSON object")
+        if "prompts" in body:
+            treq = TrlGenerateRequest.model_validate(body)
+            await self._simulate()
+            return trl_payload(treq, self.state)
+        if "input_ids" in body or "sampling_params" in body or "text" in body:
+            sreq = SGLangGenerateRequest.model_validate(body)
+            bad = sglang_check(sreq, self.state)
+            if bad is not None:
+                return bad
+            await self._simulate()
+            return sglang_payload(sreq, self.state)
+        vreq = VLLMGenerateRequest.model_validate(body)
+        await self._simulate()
+        return vllm_payload(vreq, self.state)
+
+    def _configure(self, body: Any) -> Reply:
+        if not isinstance(body, dict):
+            return _error(422, "body must be a JSON object")
+        merged = FakeServerSettings(**{**self.state.model_dump(), **body})
+        for key in FakeServerSettings.model_fields:
+            setattr(self.state, key, getattr(merged, key))
+        return 200, self.state.model_dump()
+
+
+def encode_json(content: Any) -> bytes:
+    """Compact JSON bytes (orjson when available)."""
+    try:
+        import orjson
+
+        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+    except ImportError:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
+class FakeASGIApp:
+    """A minimal ASGI app around :class:`FakeBackend` (for uvicorn or an in-thread server)."""
+
+    def __init__(self, backend: FakeBackend):
+        self.backend = backend
+
+    @property
+    def settings(self) -> FakeServerSettings:
+        """The live settings (changed by ``POST /fake/config``)."""
+        return self.backend.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        status, content = await self.backend.handle(scope["method"], scope["path"], b"".join(chunks))
+        payload = encode_json(content)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+
+def create_app(settings: FakeServerSettings | None = None) -> FakeASGIApp:
+    """The fake server as an ASGI app with the given settings."""
+    return FakeASGIApp(FakeBackend(settings))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -498,12 +554,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-name", default="fake")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ignore-n", action="store_true", help="Answer one choice whatever n is.")
+    parser.add_argument(
+        "--lean",
+        action="store_true",
+        help="Serve over a minimal asyncio HTTP/1.1 keep-alive server instead of uvicorn "
+        "(same answers; far less CPU per request, for benchmarks).",
+    )
     args = parser.parse_args(argv)
-    import uvicorn
-
     settings = FakeServerSettings(
         latency_ms=args.latency_ms, model_name=args.model_name, seed=args.seed, ignore_n=args.ignore_n
     )
+    if args.lean:
+        from atroposlib.envs.server_handling.lean_http import serve_forever
+
+        asyncio.run(serve_forever(FakeBackend(settings).handle, args.host, args.port))
+        return
+    import uvicorn
+
     uvicorn.run(
         create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False
     )

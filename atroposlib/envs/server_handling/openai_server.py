@@ -8,16 +8,65 @@ import os
 from typing import Any, Union
 
 import openai
+import pydantic
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
 
 from atroposlib.envs.server_handling._common import HttpClientMixin
+from atroposlib.envs.server_handling._transport import HttpStatus
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
     ReasoningConfig,
     ServerBaseline,
+    is_official_openai,
 )
 
 logger = logging.getLogger(__name__)
+
+_SDK_ONLY_KWARGS = ("stream", "extra_headers", "extra_query", "timeout")
+"""Request options only the ``openai`` client handles (streaming, per-call headers...)."""
+
+SDK_ENV_VAR = "ATROPOS_OPENAI_SDK"
+"""Set to 1 to send every OpenAI-protocol request through the official ``openai`` client."""
+
+
+def lean_request_body(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON body the ``openai`` client would send for ``kwargs``, or None when the
+    request needs the client itself (streaming, per-call headers, query or timeout).
+
+    Omitted values (``openai.NOT_GIVEN`` / ``omit``) are dropped and ``extra_body`` is
+    merged into the top level, as the client does.
+    """
+    for key in _SDK_ONLY_KWARGS:
+        value = kwargs.get(key)
+        if value is not None and value is not False and not _omitted(value):
+            return None
+    body = {k: v for k, v in kwargs.items() if k not in _SDK_ONLY_KWARGS and not _omitted(v)}
+    extra = body.pop("extra_body", None)
+    if isinstance(extra, dict):
+        body.update(extra)
+    elif extra is not None and not _omitted(extra):
+        return None
+    return body
+
+
+def _omitted(value: Any) -> bool:
+    return isinstance(value, (openai.NotGiven, getattr(openai, "Omit", openai.NotGiven)))
+
+
+def build_response(cls: Any, data: Any) -> Any:
+    """``cls`` (``ChatCompletion`` / ``Completion``) from a decoded answer.
+
+    Validation is the fast path; an answer that does not validate (a server leaving out
+    a field) is built leniently, as the ``openai`` client does.
+    """
+    try:
+        return cls.model_validate(data)
+    except pydantic.ValidationError:
+        if not isinstance(data, dict):
+            raise
+        return cls.construct(**data)
 
 
 def merge_choices(responses: list[Any]) -> Any:
@@ -52,12 +101,14 @@ class OpenAIServer(HttpClientMixin, APIServer):
             timeout=config.timeout,
             max_retries=0,  # retries and failover are ours
         )
+        # The lean transport sends the same key the client would (OPENAI_API_KEY / "EMPTY").
+        self._sdk_auth = {"Authorization": f"Bearer {api_key}"}
 
     async def _probe_health(self) -> bool:
-        client = self.http_client(min(5.0, float(self.config.timeout)))
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-        response = await client.get(f"{str(self.config.base_url).rstrip('/')}/models", headers=headers)
-        return response.status_code < 500
+        status = await self.probe_status(
+            f"{str(self.config.base_url).rstrip('/')}/models", min(5.0, float(self.config.timeout))
+        )
+        return status < 500
 
     async def _n_requests(self, create: Any, kwargs: dict[str, Any]) -> Any:
         n = int(kwargs.get("n") or 1)
@@ -81,11 +132,52 @@ class OpenAIServer(HttpClientMixin, APIServer):
             return merge_choices([response, *more])
         raise ValueError(f"server {self.name} returned {got} choices for n={n}")
 
+    def _use_lean_transport(self) -> bool:
+        # api.openai.com keeps the official client (its headers, retries of 5xx bodies...).
+        return not is_official_openai(self.config.base_url) and os.environ.get(SDK_ENV_VAR, "") not in (
+            "1",
+            "true",
+        )
+
+    async def _lean_create(self, path: str, cls: Any, sdk_create: Any, **kwargs: Any) -> Any:
+        """POST ``{base_url}/{path}`` over the lean transport; falls back to ``sdk_create``
+        for requests it does not cover. HTTP errors raise the ``openai`` exception the
+        client would have raised (``openai.BadRequestError``...)."""
+        body = lean_request_body(kwargs) if self._use_lean_transport() else None
+        if body is None:
+            return await sdk_create(**kwargs)
+        url = f"{str(self.config.base_url).rstrip('/')}/{path}"
+        try:
+            data = await self.transport().post_json(url, body, headers=self._sdk_auth)
+        except TypeError:  # not JSON-encodable as is (e.g. pydantic objects): let the SDK do it
+            return await sdk_create(**kwargs)
+        except HttpStatus as e:
+            raise self._sdk_status_error(e) from None
+        return build_response(cls, data)
+
+    def _sdk_status_error(self, e: HttpStatus) -> Exception:
+        """The ``openai.APIStatusError`` subclass the official client raises for ``e``."""
+        try:  # recent openai releases ship their own httpx fork
+            import httpx2 as httpx_mod  # type: ignore[import-not-found]
+        except ImportError:
+            import httpx as httpx_mod
+        request = httpx_mod.Request(e.method, e.url)
+        response = httpx_mod.Response(e.status, headers=e.headers, content=e.body, request=request)
+        return self.openai._make_status_error_from_response(response)
+
+    async def _chat_create(self, **kwargs: Any) -> Any:
+        return await self._lean_create(
+            "chat/completions", ChatCompletion, self.openai.chat.completions.create, **kwargs
+        )
+
+    async def _completion_create(self, **kwargs: Any) -> Any:
+        return await self._lean_create("completions", Completion, self.openai.completions.create, **kwargs)
+
     async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
-        return await self._n_requests(self.openai.chat.completions.create, kwargs)
+        return await self._n_requests(self._chat_create, kwargs)
 
     async def _completion_wrapper(self, **kwargs: Any) -> Any:
-        return await self._n_requests(self.openai.completions.create, kwargs)
+        return await self._n_requests(self._completion_create, kwargs)
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
         raise NotImplementedError(

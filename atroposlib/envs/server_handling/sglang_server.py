@@ -13,7 +13,6 @@ from atroposlib.envs.server_handling._common import (
     drop_none,
     generate_sampling_kwargs,
     load_tokenizer,
-    post_json,
     root_url,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
@@ -79,8 +78,7 @@ class SGLangServer(OpenAIServer):
             "return_logprob": True,
             "return_text_in_logprobs": False,
         }
-        client = self.http_client(float(self.config.timeout))
-        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
         items = data if isinstance(data, list) else [data]
         tokens, logprobs, finishes = [], [], []
         for item in items:
@@ -102,8 +100,7 @@ class SGLangServer(OpenAIServer):
             "top_logprobs_num": top_k,
             "return_text_in_logprobs": False,
         }
-        client = self.http_client(float(self.config.timeout))
-        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
         meta = (data[0] if isinstance(data, list) else data).get("meta_info") or {}
         rows = meta.get("input_top_logprobs") or []
         ids_out, lps_out = [], []

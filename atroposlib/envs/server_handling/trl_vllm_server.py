@@ -14,7 +14,7 @@ from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
-from atroposlib.envs.server_handling._common import HttpClientMixin, load_tokenizer, post_json
+from atroposlib.envs.server_handling._common import HttpClientMixin, load_tokenizer
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -67,9 +67,8 @@ class TrlVllmServer(HttpClientMixin, APIServer):
         if kwargs.get("max_completion_tokens") is not None:
             body["max_tokens"] = kwargs["max_completion_tokens"]
         body["prompts"] = [prompt]
-        client = self.http_client(float(self.config.timeout))
         url = f"{str(self.config.base_url).rstrip('/')}/generate/"
-        data = await post_json(client, url, body)
+        data = await self.fast_post_json(url, body)
         return data["completion_ids"]
 
     def _finish(self, ids: list[int]) -> str:

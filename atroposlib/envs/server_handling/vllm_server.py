@@ -16,7 +16,6 @@ from atroposlib.envs.server_handling._common import (
     drop_none,
     generate_sampling_kwargs,
     load_tokenizer,
-    post_json,
     root_url,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
@@ -110,9 +109,10 @@ class VLLMServer(OpenAIServer):
         self._tokenizer = value
 
     async def _probe_health(self) -> bool:
-        client = self.http_client(min(5.0, float(self.config.timeout)))
-        response = await client.get(f"{root_url(self.config.base_url)}/health")
-        return response.status_code == 200
+        status = await self.probe_status(
+            f"{root_url(self.config.base_url)}/health", min(5.0, float(self.config.timeout))
+        )
+        return status == 200
 
     def _prompt_ids(self, kwargs: dict[str, Any]) -> list[int]:
         input_ids = kwargs.pop("input_ids", None)
@@ -150,8 +150,7 @@ class VLLMServer(OpenAIServer):
             "prompt": {"prompt_token_ids": prompt_ids},
             "logprobs": 0,
         }
-        client = self.http_client(float(self.config.timeout))
-        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
         token_ids = data.get("token_ids") or [None] * len(data.get("logprobs", []))
         output_tokens, output_logprobs = [], []
         for seq_ids, seq_lps in zip(token_ids, data.get("logprobs", []), strict=False):
@@ -173,8 +172,7 @@ class VLLMServer(OpenAIServer):
             "top_p": 1.0,
             "max_tokens": 1,
         }
-        client = self.http_client(float(self.config.timeout))
-        data = await post_json(client, f"{root_url(self.config.base_url)}/generate", body)
+        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
         prompt_lps = data.get("prompt_logprobs") or []
         if prompt_lps and isinstance(prompt_lps[0], list) and len(prompt_lps) == 1:
             prompt_lps = prompt_lps[0]  # one list per prompt

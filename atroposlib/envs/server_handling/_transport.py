@@ -1,0 +1,124 @@
+"""A lean JSON-over-HTTP transport for the inference backends (aiohttp + orjson).
+
+The official ``openai`` client (and httpx under it) costs several milliseconds of CPU
+per request; an environment sending a request per rollout spends most of its CPU
+there. This transport keeps one ``aiohttp.ClientSession`` per event loop (keep-alive
+connections, no per-request client set-up), encodes and decodes JSON with ``orjson``
+and enforces a timeout on every call.
+
+Errors keep the shapes the retry logic expects: transport failures surface as
+``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` (both "unavailable" for
+:func:`~atroposlib.envs.server_handling.errors.is_transport_error`), and HTTP error
+answers raise :class:`HttpStatus` carrying the status, headers and body so a backend
+can turn them into the exception type its callers know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+
+logger = logging.getLogger(__name__)
+
+_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
+class HttpStatus(Exception):
+    """An HTTP answer with status >= 400 (``body`` is the raw response body)."""
+
+    def __init__(self, method: str, url: str, status: int, headers: dict[str, str], body: bytes):
+        self.method = method
+        self.url = url
+        self.status = status
+        self.headers = headers
+        self.body = body
+        super().__init__(f"{method} {url} answered HTTP {status}: {body[:500]!r}")
+
+    def to_httpx(self) -> Exception:
+        """The equivalent ``httpx.HTTPStatusError`` (what the httpx-based code raised)."""
+        import httpx
+
+        request = httpx.Request(self.method, self.url)
+        response = httpx.Response(self.status, headers=self.headers, content=self.body, request=request)
+        return httpx.HTTPStatusError(str(self), request=request, response=response)
+
+
+class JsonTransport:
+    """Owns one ``aiohttp.ClientSession`` per event loop, created on first use.
+
+    ``headers`` are sent with every request (e.g. ``Authorization: Bearer ...``);
+    ``timeout`` bounds each call (connect, send, wait and read together).
+
+        transport = JsonTransport({"Authorization": "Bearer k"}, timeout=30)
+        data = await transport.post_json("http://127.0.0.1:8000/generate", {"prompt": ...})
+        await transport.close()
+    """
+
+    def __init__(self, headers: dict[str, str] | None = None, timeout: float = 1200.0):
+        self.headers = {**_JSON_HEADERS, **(headers or {})}
+        self.timeout = float(timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        """The shared session of the running loop (recreated when the loop changed)."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout, connect=min(10.0, self.timeout)),
+                skip_auto_headers=("User-Agent",),
+                auto_decompress=True,
+            )
+            self._loop = loop
+        return self._session
+
+    async def post_json(
+        self,
+        url: str,
+        body: Any,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """POST ``body`` as JSON; the decoded JSON answer, or :class:`HttpStatus` for >= 400.
+
+        Raises ``TypeError`` when ``body`` cannot be encoded (before anything is sent).
+        """
+        payload = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        kwargs: dict[str, Any] = {"data": payload}
+        if headers:
+            kwargs["headers"] = headers
+        if timeout is not None:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
+        async with self.session().post(url, **kwargs) as response:
+            raw = await response.read()
+            if response.status >= 400:
+                raise HttpStatus("POST", url, response.status, dict(response.headers), raw)
+        return orjson.loads(raw)
+
+    async def get_status(self, url: str, timeout: float | None = None) -> int:
+        """GET ``url`` and return the status code (the body is read and dropped)."""
+        t = self.timeout if timeout is None else timeout
+        client_timeout = aiohttp.ClientTimeout(total=t, connect=min(10.0, t))
+        async with self.session().get(url, timeout=client_timeout) as response:
+            await response.read()
+            return response.status
+
+    async def close(self) -> None:
+        """Close the session if the running loop owns it (a session of a dead loop is dropped)."""
+        session, self._session = self._session, None
+        if session is None or session.closed:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            await session.close()
+        self._loop = None
