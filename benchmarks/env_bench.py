@@ -12,6 +12,12 @@ ratio, and the env process's CPU time per group.
     python benchmarks/env_bench.py --workers 64 --seconds 20 --latency-ms 50
     python benchmarks/env_bench.py --server-type vllm    # token-level rollouts via /generate
     python benchmarks/env_bench.py --server-type none    # env runtime + API only
+    python benchmarks/env_bench.py --fake-server uvicorn # the fake server under uvicorn
+
+The env's OpenAI-protocol and ``/generate`` requests go through the server layer's lean
+aiohttp transport (set ``ATROPOS_OPENAI_SDK=1`` to force the official ``openai`` client).
+CPU per group is also printed for the fake inference server and the API, to show
+which process limits the rate on a small machine.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ class BenchEnv(BaseEnv):
 
 
 def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_dir: Path,
-             server_type: str) -> dict:
+             server_type: str, fake_mode: str) -> dict:
     import httpx
     import psutil
 
@@ -86,7 +92,8 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
     procs = []
     try:
         fake = start_process([sys.executable, "-m", "atroposlib.envs.server_handling.fake_server",
-                              "--port", str(infer_port), "--latency-ms", str(latency_ms)],
+                              "--port", str(infer_port), "--latency-ms", str(latency_ms),
+                              *(["--lean"] if fake_mode == "lean" else [])],
                              log_path=log_dir / "fake.log")
         api = start_process([sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(api_port),
                              "--log-level", "warning"], log_path=log_dir / "api.log")
@@ -117,15 +124,22 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
                 raise RuntimeError("env did not start; see " + str(log_dir / "env.log"))
             time.sleep(0.2)
         time.sleep(warmup)
-        ps = psutil.Process(env.pid)
-        q0, c0, t0 = queued(), sum(ps.cpu_times()[:2]), time.monotonic()
+        watched = {"env": psutil.Process(env.pid), "infer": psutil.Process(fake.pid),
+                   "api": psutil.Process(api.pid)}
+
+        def cpu() -> dict:
+            return {k: sum(p.cpu_times()[:2]) for k, p in watched.items()}
+
+        q0, c0, t0 = queued(), cpu(), time.monotonic()
         time.sleep(seconds)
-        q1, c1, t1 = queued(), sum(ps.cpu_times()[:2]), time.monotonic()
+        q1, c1, t1 = queued(), cpu(), time.monotonic()
         groups = q1 - q0
         rate = groups / (t1 - t0)
         ideal = workers / (latency_ms / 1000)
+        per_group = {k: 1000 * (c1[k] - c0[k]) / max(1, groups) for k in watched}
         return {"workers": workers, "groups": groups, "groups_per_s": rate, "ideal": ideal,
-                "ratio": rate / ideal, "cpu_ms_per_group": 1000 * (c1 - c0) / max(1, groups)}
+                "ratio": rate / ideal, "cpu_ms_per_group": per_group["env"],
+                "infer_cpu_ms_per_group": per_group["infer"], "api_cpu_ms_per_group": per_group["api"]}
     finally:
         for proc in reversed(procs):
             stop_process(proc)
@@ -149,16 +163,24 @@ def main(argv: List[str] | None = None) -> None:
                         "vllm: tokens_and_logprobs_completion() through /generate; "
                         "none: no inference call, the rollout just sleeps the latency "
                         "(measures the env runtime and API path alone)")
+    parser.add_argument("--fake-server", choices=["lean", "uvicorn"], default="lean",
+                        help="lean: the fake server on its minimal asyncio HTTP server (so the stand-in "
+                        "is not the bottleneck); uvicorn: the same app under uvicorn")
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} cores")
-    print(f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17}")
+    print(f"server type: {args.server_type}, fake server: {args.fake_server}, latency {args.latency_ms} ms")
+    print(f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17} "
+          f"{'infer CPU ms/grp':>17} {'api CPU ms/grp':>15}")
     for workers in args.workers:
-        r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir, args.server_type)
+        r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir, args.server_type,
+                     args.fake_server)
         print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
-              f"{r['cpu_ms_per_group']:>17.2f}", flush=True)
+              f"{r['cpu_ms_per_group']:>17.2f} {r['infer_cpu_ms_per_group']:>17.2f} "
+              f"{r['api_cpu_ms_per_group']:>15.2f}", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -104,6 +104,27 @@ def greedy_eval(base_url: str, tokenizer: Any, problems: Sequence[Problem] | Non
     return correct / max(len(problems) * samples, 1)
 
 
+def local_greedy_eval(model: Any, tokenizer: Any, max_operand: int = 9, max_tokens: int = 4) -> float:
+    """Greedy accuracy of an in-process HF ``model`` on every problem (used to stop the warm-up)."""
+    import torch
+
+    problems = all_problems(max_operand)
+    prompts = [prompt_ids(tokenizer, a, b) for a, b in problems]
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id or 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                             pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
+    if was_training:
+        model.train()
+    texts = [tokenizer.decode(row[width:], skip_special_tokens=False) for row in out]
+    return sum(score_completion(t, a, b) for t, (a, b) in zip(texts, problems, strict=True)) / len(problems)
+
+
 # --- the environment -----------------------------------------------------------------------
 
 try:  # the env class needs atroposlib's BaseEnv; the pure helpers above do not

@@ -48,6 +48,9 @@ class WarmupSection(BaseModel):
     lr: float = Field(3e-3, gt=0, description="Learning rate.")
     batch_size: int = Field(32, ge=1, description="Examples per step.")
     seed: int = Field(0, description="Seed of the examples and the training order.")
+    score_function: str | None = Field(None, description="'path/to/env.py:function' called as fn(model, tokenizer) → score, to stop early.")
+    stop_at_score: float | None = Field(None, ge=0, le=1, description="Stop the warm-up once score_function reaches this.")
+    check_every: int = Field(10, ge=1, description="Steps between score checks.")
 
 
 class EvalSection(BaseModel):
@@ -195,7 +198,9 @@ class Launcher:
             examples = load_function(w.examples)(w.n_examples, w.seed)
             logger.info("supervised warm-up: %d steps on %d examples", w.steps, len(examples))
             cache = Path(".cache") / f"warmup-{Path(model).name}-{w.steps}"
-            model = sft_warmup(model, examples, cache, steps=w.steps, lr=w.lr, batch_size=w.batch_size, seed=w.seed)
+            score_fn = load_function(w.score_function) if w.score_function else None
+            model = sft_warmup(model, examples, cache, steps=w.steps, lr=w.lr, batch_size=w.batch_size, seed=w.seed,
+                               score_fn=score_fn, stop_at_score=w.stop_at_score, check_every=w.check_every)
         return str(Path(model).resolve()) if Path(model).exists() else model
 
     def start_services(self, model: str) -> None:

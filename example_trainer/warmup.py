@@ -16,7 +16,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -46,13 +46,19 @@ def _cache_key(model_dir: str, examples: Sequence[Example], steps: int, lr: floa
 
 
 def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path, steps: int = 200,
-               lr: float = 3e-3, batch_size: int = 32, seed: int = 0) -> str:
-    """Fine-tune ``model_dir`` on ``examples`` for ``steps`` steps; return the output directory.
+               lr: float = 3e-3, batch_size: int = 32, seed: int = 0,
+               score_fn: Optional[Callable[[Any, Any], float]] = None, stop_at_score: Optional[float] = None,
+               check_every: int = 10) -> str:
+    """Fine-tune ``model_dir`` on ``examples`` for at most ``steps`` steps; return the output directory.
 
+    With ``score_fn(model, tokenizer)`` and ``stop_at_score``, training stops as soon
+    as the score reaches ``stop_at_score`` (checked every ``check_every`` steps), so
+    RL starts from a policy that sometimes, but not usually, succeeds.
     Skips the work when ``out_dir`` already holds the result for the same inputs.
     """
     out = Path(out_dir)
-    key = _cache_key(model_dir, examples, steps, lr, batch_size, seed)
+    key = _cache_key(model_dir, examples, steps, lr, batch_size, seed) + (
+        f"-stop{stop_at_score}-every{check_every}" if stop_at_score is not None else "")
     marker = out / MARKER
     if marker.exists() and json.loads(marker.read_text()).get("key") == key:
         logger.info("warm-up cached at %s", out)
@@ -66,7 +72,9 @@ def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path,
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     pad = tokenizer.pad_token_id or 0
     loss_val = float("nan")
-    for _ in range(steps):
+    score: Optional[float] = None
+    done = 0
+    for step in range(steps):
         chunk = rng.sample(encoded, min(batch_size, len(encoded)))
         length = max(len(t) for t, _ in chunk)
         ids = torch.full((len(chunk), length), pad, dtype=torch.long)
@@ -81,14 +89,20 @@ def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path,
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_val = float(loss.detach())
+        done = step + 1
+        if score_fn is not None and stop_at_score is not None and done % check_every == 0:
+            score = float(score_fn(model, tokenizer))
+            logger.info("warm-up step %d: score %.3f", done, score)
+            if score >= stop_at_score:
+                break
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / MARKER).write_text(json.dumps({"key": key, "steps": steps, "final_loss": loss_val}))
+    (tmp / MARKER).write_text(json.dumps({"key": key, "steps": done, "final_loss": loss_val, "score": score}))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    logger.info("warm-up done: %d steps, final loss %.3f → %s", steps, loss_val, out)
+    logger.info("warm-up done: %d steps, final loss %.3f → %s", done, loss_val, out)
     return str(out)

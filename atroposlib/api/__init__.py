@@ -14,13 +14,10 @@ from atroposlib.api.store import RolloutStore
 
 __all__ = ["APISettings", "RolloutStore", "app", "create_app"]
 
-_app: Any = None
-
 
 def __getattr__(name: str) -> Any:
-    global _app
-    if name == "app":
-        if _app is None:
-            _app = create_app(APISettings())
-        return _app
+    if name == "app":  # one lazily built instance, shared with ``atroposlib.api.server.app``
+        from atroposlib.api import server
+
+        return server.app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -250,3 +250,16 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
         """Forget queue, envs and registration."""
         store.reset()
         return PlainTextResponse("Reset successful")
+
+
+_app: FastAPI | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``app`` (the original's module-level FastAPI app), built on first access from ``ATROPOS_*``."""
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app(APISettings())
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
