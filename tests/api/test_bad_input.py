@@ -217,10 +217,12 @@ def test_unusable_persist_path_exits_with_a_clear_error(tmp_path, caplog: pytest
 
 def test_uvicorn_import_string_app_reads_atropos_env(monkeypatch: pytest.MonkeyPatch):
     import atroposlib.api as api_pkg
+    import atroposlib.api.server as server_mod
 
     monkeypatch.setenv("ATROPOS_MAX_QUEUE_MB", "3")
-    monkeypatch.setattr(api_pkg, "_app", None)
+    monkeypatch.setattr(server_mod, "_app", None)
     app = api_pkg.app
+    assert app is server_mod.app
     assert app.title == "AtroposLib API"
     assert app.atropos_store.max_queue_bytes == 3 * 2**20
-    monkeypatch.setattr(api_pkg, "_app", None)
+    monkeypatch.setattr(server_mod, "_app", None)
