@@ -16,7 +16,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,7 +47,7 @@ def _cache_key(model_dir: str, examples: Sequence[Example], steps: int, lr: floa
 
 def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path, steps: int = 200,
                lr: float = 3e-3, batch_size: int = 32, seed: int = 0,
-               score_fn: Optional[Callable[[Any, Any], float]] = None, stop_at_score: Optional[float] = None,
+               score_fn: Callable[[Any, Any], float] | None = None, stop_at_score: float | None = None,
                check_every: int = 10) -> str:
     """Fine-tune ``model_dir`` on ``examples`` for at most ``steps`` steps; return the output directory.
 
@@ -72,7 +72,7 @@ def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path,
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     pad = tokenizer.pad_token_id or 0
     loss_val = float("nan")
-    score: Optional[float] = None
+    score: float | None = None
     done = 0
     for step in range(steps):
         chunk = rng.sample(encoded, min(batch_size, len(encoded)))

@@ -55,3 +55,15 @@ def test_prompt_ids_end_with_assistant_generation_prompt(tiny_model_dir):
     text = tok.decode(ids)
     assert "3+4=" in text and text.rstrip().endswith("assistant")
     assert problem_messages(3, 4) == [{"role": "user", "content": "3+4="}]
+
+
+def test_local_greedy_eval_scores_an_in_process_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from environments.arithmetic_server import local_greedy_eval
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    model.train()
+    score = local_greedy_eval(model, tok, max_operand=3)
+    assert 0.0 <= score <= 1.0 and model.training  # training mode restored

@@ -2,9 +2,11 @@
 
 The official ``openai`` client (and httpx under it) costs several milliseconds of CPU
 per request; an environment sending a request per rollout spends most of its CPU
-there. This transport keeps one ``aiohttp.ClientSession`` per event loop (keep-alive
-connections, no per-request client set-up), encodes and decodes JSON with ``orjson``
-and enforces a timeout on every call.
+there. This transport sends plain-``http`` calls (local inference servers) through
+:class:`~atroposlib.envs.server_handling._rawhttp.RawHttpClient` (pooled keep-alive
+connections on asyncio protocols, tens of microseconds per call) and ``https`` calls
+through one ``aiohttp.ClientSession`` per event loop; JSON is encoded and decoded with
+``orjson``, and every call has a timeout.
 
 Errors keep the shapes the retry logic expects: transport failures surface as
 ``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` (both "unavailable" for
@@ -19,8 +21,12 @@ import asyncio
 import logging
 from typing import Any
 
+from urllib.parse import urlsplit
+
 import aiohttp
 import orjson
+
+from atroposlib.envs.server_handling._rawhttp import RawHttpClient
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +69,30 @@ class JsonTransport:
         self.timeout = float(timeout)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._raw: RawHttpClient | None = None
+        self._targets: dict[str, tuple[str, int, str] | None] = {}
+
+    def _plain_target(self, url: str) -> tuple[str, int, str] | None:
+        """``(host, port, path?query)`` for a plain-``http`` URL, None for anything else."""
+        target = self._targets.get(url, False)
+        if target is False:
+            parts = urlsplit(url)
+            if parts.scheme == "http" and parts.hostname:
+                path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+                target = (host, parts.port or 80, path)
+            else:
+                target = None
+            if len(self._targets) < 1024:
+                self._targets[url] = target
+        return target  # type: ignore[return-value]
+
+    def raw_client(self) -> RawHttpClient:
+        """The keep-alive client of the running loop (recreated when the loop changed)."""
+        loop = asyncio.get_running_loop()
+        if self._raw is None or self._raw.loop is not loop:
+            self._raw = RawHttpClient()
+        return self._raw
 
     def session(self) -> aiohttp.ClientSession:
         """The shared session of the running loop (recreated when the loop changed)."""
@@ -91,6 +121,16 @@ class JsonTransport:
         Raises ``TypeError`` when ``body`` cannot be encoded (before anything is sent).
         """
         payload = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        target = self._plain_target(url)
+        if target is not None:
+            host, port, path = target
+            send_headers = {**self.headers, **headers} if headers else self.headers
+            status, resp_headers, raw = await self.raw_client().request(
+                "POST", host, port, path, send_headers, payload, self.timeout if timeout is None else timeout
+            )
+            if status >= 400:
+                raise HttpStatus("POST", url, status, resp_headers, raw)
+            return orjson.loads(raw)
         kwargs: dict[str, Any] = {"data": payload}
         if headers:
             kwargs["headers"] = headers
@@ -105,6 +145,11 @@ class JsonTransport:
     async def get_status(self, url: str, timeout: float | None = None) -> int:
         """GET ``url`` and return the status code (the body is read and dropped)."""
         t = self.timeout if timeout is None else timeout
+        target = self._plain_target(url)
+        if target is not None:
+            host, port, path = target
+            status, _, _ = await self.raw_client().request("GET", host, port, path, self.headers, b"", t)
+            return status
         client_timeout = aiohttp.ClientTimeout(total=t, connect=min(10.0, t))
         async with self.session().get(url, timeout=client_timeout) as response:
             await response.read()
@@ -112,6 +157,9 @@ class JsonTransport:
 
     async def close(self) -> None:
         """Close the session if the running loop owns it (a session of a dead loop is dropped)."""
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         session, self._session = self._session, None
         if session is None or session.closed:
             return
