@@ -82,7 +82,7 @@ class BenchEnv(BaseEnv):
 
 
 def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_dir: Path,
-             server_type: str, fake_mode: str) -> dict:
+             server_type: str, fake_mode: str, profile: str | None = None) -> dict:
     import httpx
     import psutil
 
@@ -112,6 +112,7 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
                              "--openai.server_type", "openai" if server_type == "none" else server_type],
                             log_path=log_dir / "env.log",
                             env={"ATROPOS_OUTBOX_DIR": str(log_dir / "outbox"),
+                                 **({"ENV_BENCH_PROFILE": str(profile)} if profile else {}),
                                  "ENV_BENCH_SLEEP_MS": str(latency_ms) if server_type == "none" else "0"})
         procs.append(env)
 
@@ -150,7 +151,19 @@ def main(argv: List[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["env"]:
         sys.argv = [sys.argv[0], *argv[1:]]
-        BenchEnv.cli()
+        profile_path = os.environ.get("ENV_BENCH_PROFILE")
+        if not profile_path:
+            BenchEnv.cli()
+            return
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            BenchEnv.cli()
+        finally:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64])
@@ -166,6 +179,8 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--fake-server", choices=["lean", "uvicorn"], default="lean",
                         help="lean: the fake server on its minimal asyncio HTTP server (so the stand-in "
                         "is not the bottleneck); uvicorn: the same app under uvicorn")
+    parser.add_argument("--profile", default=None,
+                        help="write a cProfile of the env process to PATH.<workers> (pstats format)")
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     log_dir = Path(args.log_dir)
@@ -176,7 +191,7 @@ def main(argv: List[str] | None = None) -> None:
           f"{'infer CPU ms/grp':>17} {'api CPU ms/grp':>15}")
     for workers in args.workers:
         r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir, args.server_type,
-                     args.fake_server)
+                     args.fake_server, f"{args.profile}.{workers}" if args.profile else None)
         print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
               f"{r['cpu_ms_per_group']:>17.2f} {r['infer_cpu_ms_per_group']:>17.2f} "
               f"{r['api_cpu_ms_per_group']:>15.2f}", flush=True)

@@ -250,3 +250,40 @@ def test_restart_mode_restarts_a_real_server_on_new_weights(tiny, tmp_path):
     finally:
         sync.close()
     assert sync.server.proc is None
+
+
+def test_lora_restart_serves_the_merged_adapter_from_a_restarted_server(tiny_model_dir, tmp_path):
+    import httpx
+    from safetensors import safe_open
+
+    from example_trainer.weight_sync import RestartSync, make_weight_sync
+
+    port = free_port()
+    cfg = TrainingConfig(model_name=str(tiny_model_dir), device="cpu", progress=False, save_path=str(tmp_path),
+                         weight_bridge_mode="lora_restart", lora_r=4, lora_alpha=8, vllm_port=port,
+                         inference_backend="serve_model", sync_timeout=120, vllm_restart_interval=1)
+    model, tok = setup_model(cfg)
+    with torch.no_grad():  # a trained adapter: make the merged weights differ from the base
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.01)
+    sync = make_weight_sync(cfg, model, tok)
+    assert isinstance(sync, RestartSync)
+    try:
+        sync.start()
+        first_pid = sync.server.proc.pid
+        sync.sync(1)
+        assert sync.server.proc.pid != first_pid
+        served = tmp_path / "served_weights" / "step_1"
+        assert not (served / "adapter_config.json").exists()
+        with safe_open(str(served / "model.safetensors"), "pt") as f:
+            keys = list(f.keys())
+            assert keys and not any("lora_" in k for k in keys)
+            merged = merged_copy(model).state_dict()
+            key = next(k for k in keys if k.endswith("q_proj.weight"))
+            assert torch.allclose(f.get_tensor(key), merged[key])
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10)
+        assert models.status_code == 200
+    finally:
+        sync.close()
+    assert sync.server.proc is None
