@@ -49,32 +49,39 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
     raise TimeoutError(url)
 
 
-async def _run_level(client: openai.AsyncOpenAI, model: str, concurrency: int, rounds: int,
-                     new_tokens: int) -> tuple[int, float]:
+async def _run_level(
+    client: openai.AsyncOpenAI, model: str, concurrency: int, rounds: int, new_tokens: int
+) -> tuple[int, float]:
     async def one(i: int) -> int:
         r = await client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": f"{QUESTION} ({i})"}],
-            max_tokens=new_tokens, temperature=1.0, extra_body={"ignore_eos": True})
+            model=model,
+            messages=[{"role": "user", "content": f"{QUESTION} ({i})"}],
+            max_tokens=new_tokens,
+            temperature=1.0,
+            extra_body={"ignore_eos": True},
+        )
         return r.usage.completion_tokens
 
     start = time.perf_counter()
     tokens = 0
     for r in range(rounds):
-        tokens += sum(await asyncio.gather(*(one(r * concurrency + i)
-                                             for i in range(concurrency))))
+        tokens += sum(await asyncio.gather(*(one(r * concurrency + i) for i in range(concurrency))))
     return tokens, time.perf_counter() - start
 
 
 async def _bench(url: str, model: str, levels: list[int], rounds: int, new_tokens: int) -> None:
-    async with openai.AsyncOpenAI(base_url=url, api_key="bench", timeout=600,
-                                  max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=url, api_key="bench", timeout=600, max_retries=0
+    ) as client:
         await _run_level(client, model, 2, 1, 8)  # warm-up
         rates = {}
         for level in levels:
             tokens, secs = await _run_level(client, model, level, rounds, new_tokens)
             rates[level] = tokens / secs
-            print(f"concurrency {level:>3}: {tokens:>6} tokens in {secs:7.2f} s = "
-                  f"{rates[level]:8.1f} tokens/s")
+            print(
+                f"concurrency {level:>3}: {tokens:>6} tokens in {secs:7.2f} s = "
+                f"{rates[level]:8.1f} tokens/s"
+            )
         for level in levels:
             if 1 in rates and level != 1:
                 target = " (target >= 4x)" if level == 16 else ""
@@ -102,17 +109,31 @@ def main() -> None:
             model = ensure_tiny_model()
         port = _free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "atroposlib.cli.serve_model", model, "--port", str(port),
-             "--device", args.device, "--log-level", "warning"], cwd=ROOT,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.cli.serve_model",
+                model,
+                "--port",
+                str(port),
+                "--device",
+                args.device,
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}/v1"
     try:
         if proc is not None:
             _wait(url[: -len("/v1")] + "/health", proc)
         if model is None:
             model = httpx.get(f"{url}/models", timeout=10).json()["data"][0]["id"]
-        print(f"model {model} at {url}, {args.new_tokens} new tokens per request, "
-              f"{args.rounds} rounds per level")
+        print(
+            f"model {model} at {url}, {args.new_tokens} new tokens per request, "
+            f"{args.rounds} rounds per level"
+        )
         asyncio.run(_bench(url, model, args.concurrency, args.rounds, args.new_tokens))
     finally:
         if proc is not None:

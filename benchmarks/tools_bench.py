@@ -33,8 +33,11 @@ def write_rollouts(path: Path, n_groups: int, seed: int = 0) -> None:
                 [
                     {"role": "system", "content": "You are a careful math tutor. " * 20},
                     {"role": "user", "content": f"question {g}: " + "what is x? " * 30},
-                    {"role": "assistant",
-                     "content": " ".join(rng.choice(words) for _ in range(300)) + "\n```py\nx=1\n```"},
+                    {
+                        "role": "assistant",
+                        "content": " ".join(rng.choice(words) for _ in range(300))
+                        + "\n```py\nx=1\n```",
+                    },
                 ]
                 for _ in range(GROUP_SIZE)
             ]
@@ -42,7 +45,8 @@ def write_rollouts(path: Path, n_groups: int, seed: int = 0) -> None:
                 "tokens": tokens,
                 "masks": [[-100] * PROMPT_LEN + t[PROMPT_LEN:] for t in tokens],
                 "scores": [rng.choice([1.0, -1.0]) for _ in range(GROUP_SIZE)],
-                "inference_logprobs": [[1.0] * PROMPT_LEN + [-0.5] * (SEQ_LEN - PROMPT_LEN)] * GROUP_SIZE,
+                "inference_logprobs": [[1.0] * PROMPT_LEN + [-0.5] * (SEQ_LEN - PROMPT_LEN)]
+                * GROUP_SIZE,
                 "messages": messages,
             }
             f.write(json.dumps(row) + "\n")
@@ -66,8 +70,10 @@ def main() -> None:
         index.filter(query=f"question {args.groups - 1}")
         t_query = time.perf_counter() - t0
         print(f"input: {args.groups} groups x {GROUP_SIZE} x {SEQ_LEN} tokens = {mb:.0f} MB jsonl")
-        print(f"generate_html: {t_html:.2f} s ({args.groups / t_html:.0f} groups/s), "
-              f"html {Path(html_path).stat().st_size / 1e6:.1f} MB")
+        print(
+            f"generate_html: {t_html:.2f} s ({args.groups / t_html:.0f} groups/s), "
+            f"html {Path(html_path).stat().st_size / 1e6:.1f} MB"
+        )
         print(f"view-run --file index: {t_index:.2f} s ({mb / t_index:.0f} MB/s)")
         print(f"text search over all groups: {t_query:.2f} s")
 

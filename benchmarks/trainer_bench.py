@@ -33,7 +33,9 @@ from example_trainer.data import pad_data_to_good_offset  # noqa: E402
 from example_trainer.trainers import GRPOTrainer  # noqa: E402
 
 
-def synthetic_batch(n_seqs: int, length: int, vocab: int, group_size: int = 8, seed: int = 0) -> list:
+def synthetic_batch(
+    n_seqs: int, length: int, vocab: int, group_size: int = 8, seed: int = 0
+) -> list:
     """Groups of random token sequences with a 25% prompt and random scores."""
     rng = random.Random(seed)
     groups = []
@@ -46,7 +48,9 @@ def synthetic_batch(n_seqs: int, length: int, vocab: int, group_size: int = 8, s
             masks.append([-100] * len(prompt) + comp)
             scores.append(rng.random())
             lps.append([1.0] * len(prompt) + [-rng.uniform(0.5, 5) for _ in comp])
-        groups.append({"tokens": tokens, "masks": masks, "scores": scores, "inference_logprobs": lps})
+        groups.append(
+            {"tokens": tokens, "masks": masks, "scores": scores, "inference_logprobs": lps}
+        )
     return groups
 
 
@@ -56,13 +60,23 @@ def _sync(device: str) -> None:
 
 
 def bench_step(model_dir: str, args: argparse.Namespace) -> None:
-    cfg = TrainingConfig(model_name=model_dir, device=args.device, optimizer="adamw", lr=1e-5,
-                         batch_size=args.micro, gradient_accumulation_steps=max(1, args.seqs // args.micro),
-                         save_path=tempfile.mkdtemp(), progress=False, pad_to_multiple=64)
+    cfg = TrainingConfig(
+        model_name=model_dir,
+        device=args.device,
+        optimizer="adamw",
+        lr=1e-5,
+        batch_size=args.micro,
+        gradient_accumulation_steps=max(1, args.seqs // args.micro),
+        save_path=tempfile.mkdtemp(),
+        progress=False,
+        pad_to_multiple=64,
+    )
     trainer = GRPOTrainer(cfg)
     vocab = trainer.model.config.vocab_size
     batch = synthetic_batch(args.seqs, args.len, vocab)
-    micro = pad_data_to_good_offset(batch, cfg.batch_size, trainer.pad_id, cfg.pad_to_multiple, cfg.seq_len)
+    micro = pad_data_to_good_offset(
+        batch, cfg.batch_size, trainer.pad_id, cfg.pad_to_multiple, cfg.seq_len
+    )
     n_tokens = sum(int(mb.attention_mask.sum()) for mb in micro)
 
     bare_model = trainer.model  # same weights and layout; separate optimizer
@@ -71,11 +85,15 @@ def bench_step(model_dir: str, args: argparse.Namespace) -> None:
     def bare_step() -> None:
         for mb in micro:
             labels = mb.labels.to(args.device)
-            out = bare_model(input_ids=mb.input_ids.to(args.device),
-                             attention_mask=mb.attention_mask.to(args.device), use_cache=False)
+            out = bare_model(
+                input_ids=mb.input_ids.to(args.device),
+                attention_mask=mb.attention_mask.to(args.device),
+                use_cache=False,
+            )
             logits = out.logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1),
-                                                     ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100
+            )
             (loss / len(micro)).backward()
         bare_opt.step()
         bare_opt.zero_grad(set_to_none=True)
@@ -96,9 +114,13 @@ def bench_step(model_dir: str, args: argparse.Namespace) -> None:
             times[name].append(time.perf_counter() - t)
     results = {name: n_tokens / min(ts) for name, ts in times.items()}
     ratio = results["trainer"] / results["bare_hf"]
-    print(f"step throughput ({args.seqs} seqs x {args.len} tokens, micro {args.micro}, {args.device}):")
+    print(
+        f"step throughput ({args.seqs} seqs x {args.len} tokens, micro {args.micro}, {args.device}):"
+    )
     print(f"  bare HF fwd+bwd+AdamW : {results['bare_hf']:10.0f} tokens/s")
-    print(f"  GRPO trainer step     : {results['trainer']:10.0f} tokens/s  ({ratio:.2f}x bare; target >= 0.9x)")
+    print(
+        f"  GRPO trainer step     : {results['trainer']:10.0f} tokens/s  ({ratio:.2f}x bare; target >= 0.9x)"
+    )
 
 
 def bench_sync(model_dir: str, args: argparse.Namespace) -> None:
@@ -106,15 +128,33 @@ def bench_sync(model_dir: str, args: argparse.Namespace) -> None:
     from tests.helpers.procs import free_port, running_process
 
     port = free_port()
-    base = dict(model_name=model_dir, device="cpu", save_path=tempfile.mkdtemp(), progress=False,
-                vllm_port=port, inference_url=f"http://127.0.0.1:{port}", inference_backend="serve_model")
+    base = dict(
+        model_name=model_dir,
+        device="cpu",
+        save_path=tempfile.mkdtemp(),
+        progress=False,
+        vllm_port=port,
+        inference_url=f"http://127.0.0.1:{port}",
+        inference_backend="serve_model",
+    )
     trainer = GRPOTrainer(TrainingConfig(**base, weight_bridge_mode="http_reload"))
-    cmd = [sys.executable, "-m", "atroposlib.cli.serve_model", model_dir, "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "atroposlib.cli.serve_model",
+        model_dir,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180):
         sync = HttpReloadSync(trainer.config, trainer.model, trainer.tokenizer)
         sync.start()
         reload_times = [sync.sync(i + 1) for i in range(args.repeats)]
-    restart = RestartSync(TrainingConfig(**base, weight_bridge_mode="none"), trainer.model, trainer.tokenizer)
+    restart = RestartSync(
+        TrainingConfig(**base, weight_bridge_mode="none"), trainer.model, trainer.tokenizer
+    )
     try:
         restart.start()
         restart_times = [restart.sync(i + 1) for i in range(max(2, args.repeats // 2))]
@@ -123,11 +163,15 @@ def bench_sync(model_dir: str, args: argparse.Namespace) -> None:
     r, n = statistics.median(reload_times), statistics.median(restart_times)
     print(f"weight sync ({sum(p.numel() for p in trainer.model.parameters()) / 1e6:.2f}M params):")
     print(f"  http_reload (save + POST /update_weights): {r * 1000:8.0f} ms median")
-    print(f"  none (save + restart atropos-serve-model): {n * 1000:8.0f} ms median  ({n / r:.0f}x slower)")
+    print(
+        f"  none (save + restart atropos-serve-model): {n * 1000:8.0f} ms median  ({n / r:.0f}x slower)"
+    )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--seqs", type=int, default=32)
@@ -142,9 +186,15 @@ def main() -> None:
 
     model_dir = str(ROOT / ".cache" / f"bench-model-{args.hidden}x{args.layers}")
     if not (Path(model_dir) / "config.json").exists():
-        build_tiny_model(model_dir, seed=0, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=max(4, args.hidden // 64),
-                         num_key_value_heads=max(2, args.hidden // 128))
+        build_tiny_model(
+            model_dir,
+            seed=0,
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=max(4, args.hidden // 64),
+            num_key_value_heads=max(2, args.hidden // 128),
+        )
     bench_step(model_dir, args)
     if not args.skip_sync:
         bench_sync(ensure_tiny_model(), args)

@@ -34,6 +34,7 @@ Problem = Tuple[int, int]
 
 # --- the task, as pure functions ------------------------------------------------------------
 
+
 def problem_messages(a: int, b: int) -> List[Dict[str, str]]:
     """The chat prompt for ``a + b``."""
     return [{"role": "user", "content": f"{a}+{b}="}]
@@ -62,23 +63,37 @@ def sample_problem(rng: random.Random, max_operand: int = 9) -> Problem:
     return rng.randint(0, max_operand), rng.randint(0, max_operand)
 
 
-def sft_examples(n: int, seed: int = 0, max_operand: int = 9) -> List[Tuple[List[Dict[str, str]], str]]:
+def sft_examples(
+    n: int, seed: int = 0, max_operand: int = 9
+) -> List[Tuple[List[Dict[str, str]], str]]:
     """``n`` (prompt messages, answer) pairs for a supervised format warm-up."""
     rng = random.Random(seed)
-    return [(problem_messages(a, b), answer_text(a, b))
-            for a, b in (sample_problem(rng, max_operand) for _ in range(n))]
+    return [
+        (problem_messages(a, b), answer_text(a, b))
+        for a, b in (sample_problem(rng, max_operand) for _ in range(n))
+    ]
 
 
 def prompt_ids(tokenizer: Any, a: int, b: int) -> List[int]:
     """Token ids of the chat prompt with the generation prompt appended."""
-    ids = tokenizer.apply_chat_template(problem_messages(a, b), tokenize=True, add_generation_prompt=True,
-                                        return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        problem_messages(a, b), tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     return list(ids)
 
 
-def greedy_eval(base_url: str, tokenizer: Any, problems: Sequence[Problem] | None = None,
-                temperature: float = 0.0, max_tokens: int = 4, samples: int = 1,
-                timeout: float = 120.0, chunk: int = 128, seed: int = 1234, limit: int = 0) -> float:
+def greedy_eval(
+    base_url: str,
+    tokenizer: Any,
+    problems: Sequence[Problem] | None = None,
+    temperature: float = 0.0,
+    max_tokens: int = 4,
+    samples: int = 1,
+    timeout: float = 120.0,
+    chunk: int = 128,
+    seed: int = 1234,
+    limit: int = 0,
+) -> float:
     """Fraction of ``problems`` answered correctly by the server at ``base_url`` (with or without ``/v1``).
 
     Sends the prompts' token ids in batched ``POST /v1/completions`` requests
@@ -92,19 +107,28 @@ def greedy_eval(base_url: str, tokenizer: Any, problems: Sequence[Problem] | Non
     correct = 0.0
     with httpx.Client(timeout=timeout) as client:
         for start in range(0, len(problems), chunk):
-            part = problems[start: start + chunk]
-            body = {"prompt": [prompt_ids(tokenizer, a, b) for a, b in part], "n": samples,
-                    "max_tokens": max_tokens, "temperature": temperature, "seed": seed + start}
+            part = problems[start : start + chunk]
+            body = {
+                "prompt": [prompt_ids(tokenizer, a, b) for a, b in part],
+                "n": samples,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": seed + start,
+            }
             resp = client.post(f"{root}/v1/completions", json=body)
             if resp.status_code != 200:
-                raise RuntimeError(f"eval request failed: HTTP {resp.status_code}: {resp.text[:300]}")
+                raise RuntimeError(
+                    f"eval request failed: HTTP {resp.status_code}: {resp.text[:300]}"
+                )
             for choice in resp.json()["choices"]:
                 a, b = part[int(choice["index"]) // samples]
                 correct += score_completion(choice.get("text") or "", a, b)
     return correct / max(len(problems) * samples, 1)
 
 
-def local_greedy_eval(model: Any, tokenizer: Any, max_operand: int = 9, max_tokens: int = 4) -> float:
+def local_greedy_eval(
+    model: Any, tokenizer: Any, max_operand: int = 9, max_tokens: int = 4
+) -> float:
     """Greedy accuracy of an in-process HF ``model`` on every problem (used to stop the warm-up)."""
     import torch
 
@@ -117,12 +141,20 @@ def local_greedy_eval(model: Any, tokenizer: Any, max_operand: int = 9, max_toke
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                             pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     if was_training:
         model.train()
     texts = [tokenizer.decode(row[width:], skip_special_tokens=False) for row in out]
-    return sum(score_completion(t, a, b) for t, (a, b) in zip(texts, problems, strict=True)) / len(problems)
+    return sum(score_completion(t, a, b) for t, (a, b) in zip(texts, problems, strict=True)) / len(
+        problems
+    )
 
 
 # --- the environment -----------------------------------------------------------------------
@@ -140,9 +172,13 @@ if BaseEnv is not None:
 
         max_operand: int = Field(default=9, ge=1, description="Largest operand of a + b.")
         max_answer_tokens: int = Field(default=4, ge=1, description="max_tokens of each rollout.")
-        temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of rollouts.")
+        temperature: float = Field(
+            default=1.0, gt=0, description="Sampling temperature of rollouts."
+        )
         seed: int = Field(default=0, description="Seed of the problem generator.")
-        eval_temperature: float = Field(default=0.0, ge=0, description="Temperature of evaluation (0 = greedy).")
+        eval_temperature: float = Field(
+            default=0.0, ge=0, description="Temperature of evaluation (0 = greedy)."
+        )
 
     class ArithmeticEnv(BaseEnv):
         """Single-step ``a + b`` with an exact-match reward."""
@@ -153,12 +189,23 @@ if BaseEnv is not None:
         @classmethod
         def config_init(cls) -> Tuple[ArithmeticEnvConfig, List[APIServerConfig]]:
             env = ArithmeticEnvConfig(
-                group_size=8, batch_size=-1, max_token_length=64, steps_per_eval=0, total_steps=1000,
-                use_wandb=False, wandb_name="arithmetic", max_batches_offpolicy=1,
+                group_size=8,
+                batch_size=-1,
+                max_token_length=64,
+                steps_per_eval=0,
+                total_steps=1000,
+                use_wandb=False,
+                wandb_name="arithmetic",
+                max_batches_offpolicy=1,
                 tokenizer_name="none",
             )
-            server = APIServerConfig(model_name="default", base_url="http://localhost:9001/v1",
-                                     api_key="x", server_type="vllm", num_requests_for_eval=64)
+            server = APIServerConfig(
+                model_name="default",
+                base_url="http://localhost:9001/v1",
+                api_key="x",
+                server_type="vllm",
+                num_requests_for_eval=64,
+            )
             return env, [server]
 
         async def setup(self) -> None:
@@ -171,11 +218,15 @@ if BaseEnv is not None:
             self.iter += 1
             return sample_problem(self.rng, self.config.max_operand)
 
-        async def collect_trajectories(self, item: Problem) -> Tuple[ScoredDataGroup | None, List[Any]]:
+        async def collect_trajectories(
+            self, item: Problem
+        ) -> Tuple[ScoredDataGroup | None, List[Any]]:
             a, b = item
             ids = prompt_ids(self.tokenizer, a, b)
             _, outputs, logprobs, _ = await self.server.tokens_and_logprobs_completion(
-                input_ids=ids, n=self.config.group_size, max_tokens=self.config.max_answer_tokens,
+                input_ids=ids,
+                n=self.config.group_size,
+                max_tokens=self.config.max_answer_tokens,
                 temperature=self.config.temperature,
             )
             group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
@@ -195,23 +246,36 @@ if BaseEnv is not None:
             async def one(problem: Problem) -> float:
                 a, b = problem
                 _, outs, _, _ = await self.server.tokens_and_logprobs_completion(
-                    input_ids=prompt_ids(self.tokenizer, a, b), n=1, split="eval",
-                    max_tokens=self.config.max_answer_tokens, temperature=self.config.eval_temperature,
+                    input_ids=prompt_ids(self.tokenizer, a, b),
+                    n=1,
+                    split="eval",
+                    max_tokens=self.config.max_answer_tokens,
+                    temperature=self.config.eval_temperature,
                 )
-                return score_completion(self.tokenizer.decode(outs[0], skip_special_tokens=False), a, b)
+                return score_completion(
+                    self.tokenizer.decode(outs[0], skip_special_tokens=False), a, b
+                )
 
             scores = await asyncio.gather(*(one(p) for p in self.eval_problems))
             metrics = {"eval/percent_correct": sum(scores) / max(len(scores), 1)}
-            await self.evaluate_log(metrics=metrics, task_name="arithmetic_eval", start_time=start,
-                                    end_time=time.time(),
-                                    generation_parameters={"temperature": self.config.eval_temperature,
-                                                           "max_tokens": self.config.max_answer_tokens})
+            await self.evaluate_log(
+                metrics=metrics,
+                task_name="arithmetic_eval",
+                start_time=start,
+                end_time=time.time(),
+                generation_parameters={
+                    "temperature": self.config.eval_temperature,
+                    "max_tokens": self.config.max_answer_tokens,
+                },
+            )
             return metrics
 
         async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
             wandb_metrics = dict(wandb_metrics or {})
             if self.percent_correct:
-                wandb_metrics["train/percent_correct"] = sum(self.percent_correct) / len(self.percent_correct)
+                wandb_metrics["train/percent_correct"] = sum(self.percent_correct) / len(
+                    self.percent_correct
+                )
                 self.percent_correct = []
             await super().wandb_log(wandb_metrics)
 

@@ -48,9 +48,13 @@ class BlackjackConfig(BaseEnvConfig):
 
     max_turns: int = Field(5, ge=1, description="Turns before the player is made to stick.")
     max_tokens_per_turn: int = Field(256, ge=1, description="Generation budget of one turn.")
-    invalid_action_reward: float = Field(-1.0, description="Score of a game ended by an unreadable action.")
+    invalid_action_reward: float = Field(
+        -1.0, description="Score of a game ended by an unreadable action."
+    )
     on_invalid_action: Literal["end", "hit", "stick"] = Field(
-        "end", description="What an unreadable action does: end the game, or play hit/stick and go on.")
+        "end",
+        description="What an unreadable action does: end the game, or play hit/stick and go on.",
+    )
     seed: int = Field(0, description="First deal's seed; item i plays seed + i.")
     eval_episodes: int = Field(32, ge=0, description="Games played by evaluate().")
     eval_seed: int = Field(1_000_000, description="First seed of the evaluation games.")
@@ -74,10 +78,15 @@ def parse_action(text: str) -> int | None:
 ChatFn = Callable[[List[Dict[str, str]], int], Awaitable[str]]
 
 
-async def play_blackjack(chat: ChatFn, seed: int, max_turns: int, max_tokens_per_turn: int,
-                         invalid_action_reward: float,
-                         budget_left: Callable[[], int] | None = None,
-                         on_invalid_action: str = "end") -> Dict[str, Any]:
+async def play_blackjack(
+    chat: ChatFn,
+    seed: int,
+    max_turns: int,
+    max_tokens_per_turn: int,
+    invalid_action_reward: float,
+    budget_left: Callable[[], int] | None = None,
+    on_invalid_action: str = "end",
+) -> Dict[str, Any]:
     """Play one game; ``chat(messages, max_tokens)`` returns the model's reply.
 
     ``budget_left()`` (tokens still available in the sequence) makes the player stick
@@ -88,7 +97,10 @@ async def play_blackjack(chat: ChatFn, seed: int, max_turns: int, max_tokens_per
     game = gym.make("Blackjack-v1")
     try:
         observation, _ = game.reset(seed=seed)
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": describe(observation)}]
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": describe(observation)},
+        ]
         for turn in range(1, max_turns + 1):
             if budget_left is not None and budget_left() < max_tokens_per_turn:
                 break
@@ -98,19 +110,34 @@ async def play_blackjack(chat: ChatFn, seed: int, max_turns: int, max_tokens_per
             if action is None:
                 invalid += 1
                 if on_invalid_action == "end":
-                    return {"reward": invalid_action_reward, "outcome": "invalid_action", "messages": messages,
-                            "turns": turn, "invalid_actions": invalid}
+                    return {
+                        "reward": invalid_action_reward,
+                        "outcome": "invalid_action",
+                        "messages": messages,
+                        "turns": turn,
+                        "invalid_actions": invalid,
+                    }
                 action = HIT if on_invalid_action == "hit" else STICK
             observation, reward, terminated, truncated, _ = game.step(action)
             if terminated or truncated:
-                return {"reward": float(reward), "outcome": _outcome(reward), "messages": messages, "turns": turn,
-                        "invalid_actions": invalid}
+                return {
+                    "reward": float(reward),
+                    "outcome": _outcome(reward),
+                    "messages": messages,
+                    "turns": turn,
+                    "invalid_actions": invalid,
+                }
             messages.append({"role": "user", "content": describe(observation)})
         _, reward, _, _, _ = game.step(STICK)  # out of turns or tokens: the player stands
         if messages[-1]["role"] == "user":
             messages.pop()  # the unanswered observation is not part of the trajectory
-        return {"reward": float(reward), "outcome": _outcome(reward), "messages": messages,
-                "turns": sum(1 for m in messages if m["role"] == "assistant"), "invalid_actions": invalid}
+        return {
+            "reward": float(reward),
+            "outcome": _outcome(reward),
+            "messages": messages,
+            "turns": sum(1 for m in messages if m["role"] == "assistant"),
+            "invalid_actions": invalid,
+        }
     finally:
         game.close()
 
@@ -125,7 +152,13 @@ class BlackjackEnv(BaseEnv):
     name = "blackjack"
     env_config_cls = BlackjackConfig
 
-    def __init__(self, config: BlackjackConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+    def __init__(
+        self,
+        config: BlackjackConfig,
+        server_configs: Any,
+        slurm: bool = False,
+        testing: bool = False,
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: BlackjackConfig = config
         self.iter = 0
@@ -136,8 +169,15 @@ class BlackjackEnv(BaseEnv):
     def config_init(cls) -> Tuple[BlackjackConfig, APIServerConfig]:
         model = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
         return (
-            BlackjackConfig(tokenizer_name=model, group_size=8, batch_size=16, max_token_length=4096,
-                            steps_per_eval=100, total_steps=1000, wandb_name="blackjack"),
+            BlackjackConfig(
+                tokenizer_name=model,
+                group_size=8,
+                batch_size=16,
+                max_token_length=4096,
+                steps_per_eval=100,
+                total_steps=1000,
+                wandb_name="blackjack",
+            ),
             APIServerConfig(model_name=model, base_url="http://localhost:9001/v1", api_key="x"),
         )
 
@@ -156,6 +196,7 @@ class BlackjackEnv(BaseEnv):
         """One game through ManagedServer; adds the game's single token sequence."""
         cfg = self.config
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+
             def longest() -> Any:
                 nodes = managed.get_state()["nodes"]
                 return max(nodes, key=lambda n: len(n.tokens)) if nodes else None
@@ -165,22 +206,37 @@ class BlackjackEnv(BaseEnv):
                 return cfg.max_token_length - (len(node.tokens) if node is not None else 0)
 
             async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
-                out = await managed.chat_completion(messages=messages, n=1, max_tokens=max_tokens, temperature=1.0)
+                out = await managed.chat_completion(
+                    messages=messages, n=1, max_tokens=max_tokens, temperature=1.0
+                )
                 return out.choices[0].message.content or ""
 
-            game = await play_blackjack(chat, seed, cfg.max_turns, cfg.max_tokens_per_turn,
-                                        cfg.invalid_action_reward, budget_left, cfg.on_invalid_action)
+            game = await play_blackjack(
+                chat,
+                seed,
+                cfg.max_turns,
+                cfg.max_tokens_per_turn,
+                cfg.invalid_action_reward,
+                budget_left,
+                cfg.on_invalid_action,
+            )
             nodes = managed.get_state()["nodes"]
         if not nodes:
             return None
         if len(nodes) > 1:
-            logger.warning("blackjack: a game produced %d sequences; keeping the longest", len(nodes))
+            logger.warning(
+                "blackjack: a game produced %d sequences; keeping the longest", len(nodes)
+            )
         node = max(nodes, key=lambda n: len(n.tokens))
-        game.update(tokens=list(node.tokens), masks=list(node.masked_tokens), logprobs=list(node.logprobs))
+        game.update(
+            tokens=list(node.tokens), masks=list(node.masked_tokens), logprobs=list(node.logprobs)
+        )
         return game
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
-        games = await asyncio.gather(*(self.play_tracked(item["seed"]) for _ in range(self.config.group_size)))
+        games = await asyncio.gather(
+            *(self.play_tracked(item["seed"]) for _ in range(self.config.group_size))
+        )
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for game in games:
             if game is None:
@@ -191,7 +247,9 @@ class BlackjackEnv(BaseEnv):
             group["inference_logprobs"].append(game["logprobs"])
             group["messages"].append(game["messages"])
             group["scores"].append(game["reward"])
-        if not group["tokens"] or (self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1):
+        if not group["tokens"] or (
+            self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1
+        ):
             return None, []
         return group, []
 
@@ -201,15 +259,26 @@ class BlackjackEnv(BaseEnv):
         sem = asyncio.Semaphore(max(1, cfg.max_eval_workers))
 
         async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
-            out = await self.server.chat_completion(messages=messages, n=1, max_tokens=max_tokens,
-                                                    temperature=cfg.eval_temperature, split="eval")
+            out = await self.server.chat_completion(
+                messages=messages,
+                n=1,
+                max_tokens=max_tokens,
+                temperature=cfg.eval_temperature,
+                split="eval",
+            )
             return out.choices[0].message.content or ""
 
         async def one(seed: int) -> Dict[str, Any] | None:
             async with sem:
                 try:
-                    return await play_blackjack(chat, seed, cfg.max_turns, cfg.max_tokens_per_turn,
-                                                cfg.invalid_action_reward, on_invalid_action=cfg.on_invalid_action)
+                    return await play_blackjack(
+                        chat,
+                        seed,
+                        cfg.max_turns,
+                        cfg.max_tokens_per_turn,
+                        cfg.invalid_action_reward,
+                        on_invalid_action=cfg.on_invalid_action,
+                    )
                 except Exception:  # counted in eval/failed_games
                     logger.exception("blackjack eval game failed")
                     return None
@@ -224,10 +293,20 @@ class BlackjackEnv(BaseEnv):
             "eval/failed_games": float(len(results) - len(games)),
         }
         self.eval_metrics = metrics
-        samples = [{"messages": g["messages"], "score": g["reward"], "outcome": g["outcome"]} for g in games]
-        await self.evaluate_log(metrics=metrics, samples=samples, start_time=start, end_time=time.time(),
-                                generation_parameters={"temperature": cfg.eval_temperature,
-                                                       "max_tokens": cfg.max_tokens_per_turn})
+        samples = [
+            {"messages": g["messages"], "score": g["reward"], "outcome": g["outcome"]}
+            for g in games
+        ]
+        await self.evaluate_log(
+            metrics=metrics,
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={
+                "temperature": cfg.eval_temperature,
+                "max_tokens": cfg.max_tokens_per_turn,
+            },
+        )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})

@@ -55,14 +55,21 @@ DEFAULT_MODEL = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
 class GSM8kConfig(BaseEnvConfig):
     """GSM8K settings on top of :class:`BaseEnvConfig`."""
 
-    dataset_name: str = Field("gsm8k", description="Hugging Face dataset to load when no data_path is set.")
+    dataset_name: str = Field(
+        "gsm8k", description="Hugging Face dataset to load when no data_path is set."
+    )
     dataset_config: str | None = Field(
-        "main", description="Configuration of the Hugging Face dataset (None for a local dataset directory).")
+        "main",
+        description="Configuration of the Hugging Face dataset (None for a local dataset directory).",
+    )
     data_path: str | None = Field(
-        None, description="Local jsonl for training (rows with 'question' and 'answer' ending in '#### N'); "
-        "overrides the Hugging Face dataset.")
+        None,
+        description="Local jsonl for training (rows with 'question' and 'answer' ending in '#### N'); "
+        "overrides the Hugging Face dataset.",
+    )
     eval_data_path: str | None = Field(
-        None, description="Local jsonl for evaluation; defaults to data_path when that is set.")
+        None, description="Local jsonl for evaluation; defaults to data_path when that is set."
+    )
     shuffle_seed: int = Field(42, description="Seed for shuffling the train and test splits.")
     train_temperature: float = Field(1.0, description="Sampling temperature of training rollouts.")
     eval_temperature: float = Field(0.6, description="Sampling temperature of evaluation.")
@@ -98,7 +105,9 @@ class GSM8kEnv(BaseEnv):
     name = "gsm8k"
     env_config_cls = GSM8kConfig
 
-    def __init__(self, config: GSM8kConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+    def __init__(
+        self, config: GSM8kConfig, server_configs: Any, slurm: bool = False, testing: bool = False
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: GSM8kConfig = config
         self.iter = 0
@@ -131,7 +140,9 @@ class GSM8kEnv(BaseEnv):
         )
         return env_config, server_config
 
-    def _items(self, rows: List[Dict[str, Any]], skips: SkipCounter | None = None) -> List[Dict[str, str]]:
+    def _items(
+        self, rows: List[Dict[str, Any]], skips: SkipCounter | None = None
+    ) -> List[Dict[str, str]]:
         skips = skips or self.skips
         items = []
         for row in rows:
@@ -143,21 +154,45 @@ class GSM8kEnv(BaseEnv):
             if "#" not in row["answer"] or not gold_from_answer(row["answer"]):
                 skips.skip("no_final_answer", row["answer"][-60:])
                 continue
-            items.append({"question": row["question"], "gold_answer": gold_from_answer(row["answer"])})
+            items.append(
+                {"question": row["question"], "gold_answer": gold_from_answer(row["answer"])}
+            )
         return items
 
     async def setup(self) -> None:
         cfg = self.config
         eval_path = cfg.eval_data_path or cfg.data_path
-        self.train = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, "train", cfg.data_path,
-                                           self.skips, cfg.shuffle_seed))
-        self.test = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, "test", eval_path,
-                                          self.eval_skips, cfg.shuffle_seed), self.eval_skips)
+        self.train = self._items(
+            load_rows(
+                cfg.dataset_name,
+                cfg.dataset_config,
+                "train",
+                cfg.data_path,
+                self.skips,
+                cfg.shuffle_seed,
+            )
+        )
+        self.test = self._items(
+            load_rows(
+                cfg.dataset_name,
+                cfg.dataset_config,
+                "test",
+                eval_path,
+                self.eval_skips,
+                cfg.shuffle_seed,
+            ),
+            self.eval_skips,
+        )
         if cfg.max_eval_items >= 0:
             self.test = self.test[: cfg.max_eval_items]
         if not self.train:
             raise ValueError(f"gsm8k: no usable training rows ({self.skips.summary()})")
-        logger.info("gsm8k: %d train, %d test items; %s", len(self.train), len(self.test), self.skips.summary())
+        logger.info(
+            "gsm8k: %d train, %d test items; %s",
+            len(self.train),
+            len(self.test),
+            self.skips.summary(),
+        )
         self.iter = 0
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
@@ -169,24 +204,35 @@ class GSM8kEnv(BaseEnv):
         return item
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["question"]}]
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": item["question"]},
+        ]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             completion = await managed.chat_completion(
-                messages=messages, n=self.config.group_size,
-                max_tokens=self.config.max_token_length, temperature=self.config.train_temperature,
+                messages=messages,
+                n=self.config.group_size,
+                max_tokens=self.config.max_token_length,
+                temperature=self.config.train_temperature,
             )
             nodes = managed.get_state()["nodes"]
         rollouts = []
         for choice, node in zip(completion.choices, nodes, strict=False):
-            rollouts.append({
-                "messages": messages + [{"role": "assistant", "content": choice.message.content or ""}],
-                "finish_reason": choice.finish_reason,
-                "tokens": list(node.tokens), "masks": list(node.masked_tokens),
-                "logprobs": list(node.logprobs),
-            })
+            rollouts.append(
+                {
+                    "messages": messages
+                    + [{"role": "assistant", "content": choice.message.content or ""}],
+                    "finish_reason": choice.finish_reason,
+                    "tokens": list(node.tokens),
+                    "masks": list(node.masked_tokens),
+                    "logprobs": list(node.logprobs),
+                }
+            )
         return await self.score(rollouts, item["gold_answer"]), []
 
-    async def score(self, rollouts: List[Dict[str, Any]], gold_answer: str) -> ScoredDataGroup | None:
+    async def score(
+        self, rollouts: List[Dict[str, Any]], gold_answer: str
+    ) -> ScoredDataGroup | None:
         """Score rollouts against the gold; None when the group should be dropped."""
         gold_parsed = parse_gold(gold_answer)
         if len(gold_parsed) == 0:
@@ -209,18 +255,25 @@ class GSM8kEnv(BaseEnv):
             return None
         self.percent_correct_buffer.extend(max(s, 0.0) for s in group["scores"])
         if all(s == 1.0 for s in group["scores"]):
-            group["scores"] = length_penalty_scores([len(t) for t in group["tokens"]],
-                                                    self.config.max_token_length)
+            group["scores"] = length_penalty_scores(
+                [len(t) for t in group["tokens"]], self.config.max_token_length
+            )
         if self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
             return None
         return group
 
     async def rollout_and_score_eval(self, item: Dict[str, str]) -> Dict[str, Any]:
         """One greedy-ish answer to a test question, scored like training."""
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["question"]}]
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": item["question"]},
+        ]
         completion = await self.server.chat_completion(
-            messages=messages, n=1, max_tokens=self.config.max_token_length,
-            temperature=self.config.eval_temperature, split="eval",
+            messages=messages,
+            n=1,
+            max_tokens=self.config.max_token_length,
+            temperature=self.config.eval_temperature,
+            split="eval",
         )
         choice = completion.choices[0]
         text = choice.message.content or ""
@@ -229,10 +282,12 @@ class GSM8kEnv(BaseEnv):
         score = score_response(text, gold_parsed) if gold_parsed else -1.0
         return {
             "messages": messages + [{"role": "assistant", "content": text}],
-            "question": item["question"], "gold_answer": item["gold_answer"],
+            "question": item["question"],
+            "gold_answer": item["gold_answer"],
             "gold_parsed": str(gold_parsed[0]) if gold_parsed else None,
             "model_parsed": str(model_parsed[0]) if model_parsed else None,
-            "score": 1 if score > 0 else 0, "correct": score > 0,
+            "score": 1 if score > 0 else 0,
+            "correct": score > 0,
             "finish_reason": choice.finish_reason,
             "response_after_think": answer_after_think(text),
         }
@@ -256,15 +311,21 @@ class GSM8kEnv(BaseEnv):
         self.eval_metrics.append(("eval/percent_correct", percent))
         await self.evaluate_log(
             metrics={"eval/percent_correct": percent, "eval/failed_requests": failed},
-            samples=samples, start_time=start, end_time=time.time(),
-            generation_parameters={"temperature": self.config.eval_temperature,
-                                   "max_tokens": self.config.max_token_length},
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={
+                "temperature": self.config.eval_temperature,
+                "max_tokens": self.config.max_token_length,
+            },
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)
+            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
+                self.percent_correct_buffer
+            )
         self.percent_correct_buffer = []
         for key, value in self.eval_metrics:
             metrics[key] = value

@@ -43,13 +43,21 @@ _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*\(?([A-Z])\)?(?![A-Za-z])", re.IGN
 class MCQAConfig(BaseEnvConfig):
     """Multiple-choice QA settings on top of :class:`BaseEnvConfig`."""
 
-    dataset_name: str = Field("cais/mmlu", description="Hugging Face dataset when no data_path is set.")
+    dataset_name: str = Field(
+        "cais/mmlu", description="Hugging Face dataset when no data_path is set."
+    )
     dataset_config: str | None = Field(
-        "all", description="Configuration of the Hugging Face dataset (None for a local dataset directory).")
+        "all",
+        description="Configuration of the Hugging Face dataset (None for a local dataset directory).",
+    )
     train_split: str = Field("auxiliary_train", description="Split used for training items.")
     eval_split: str = Field("test", description="Split used for evaluation.")
-    data_path: str | None = Field(None, description="Local training jsonl (question, choices, answer).")
-    eval_data_path: str | None = Field(None, description="Local evaluation jsonl; defaults to data_path.")
+    data_path: str | None = Field(
+        None, description="Local training jsonl (question, choices, answer)."
+    )
+    eval_data_path: str | None = Field(
+        None, description="Local evaluation jsonl; defaults to data_path."
+    )
     shuffle_seed: int = Field(42, description="Seed for shuffling the data.")
     eval_temperature: float = Field(0.0, description="Sampling temperature of evaluation.")
     max_eval_items: int = Field(-1, description="Evaluate at most this many items (-1 = all).")
@@ -81,7 +89,9 @@ def extract_letter(text: str, n_choices: int) -> str | None:
     """The answered letter after ``</think>``: ``\\boxed{X}`` or "answer is X"; None when
     missing, out of range, or when different letters are given."""
     tail = text.split("</think>")[-1]
-    found = [m.upper() for m in _BOXED.findall(tail)] or [m.upper() for m in _ANSWER_IS.findall(tail)]
+    found = [m.upper() for m in _BOXED.findall(tail)] or [
+        m.upper() for m in _ANSWER_IS.findall(tail)
+    ]
     valid = {letter for letter in found if letter in LETTERS[:n_choices]}
     if len(valid) != 1 or len(set(found)) != 1:
         return None
@@ -99,7 +109,9 @@ class MCQAThinkingEnv(BaseEnv):
     name = "mcqa"
     env_config_cls = MCQAConfig
 
-    def __init__(self, config: MCQAConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+    def __init__(
+        self, config: MCQAConfig, server_configs: Any, slurm: bool = False, testing: bool = False
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: MCQAConfig = config
         self.iter = 0
@@ -114,13 +126,26 @@ class MCQAThinkingEnv(BaseEnv):
     def config_init(cls) -> Tuple[MCQAConfig, APIServerConfig]:
         model = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
         return (
-            MCQAConfig(tokenizer_name=model, group_size=8, batch_size=16, max_token_length=2048,
-                       steps_per_eval=100, total_steps=1000, wandb_name="mcqa"),
-            APIServerConfig(model_name=model, base_url="http://localhost:9001/v1", api_key="x",
-                            num_requests_for_eval=256),
+            MCQAConfig(
+                tokenizer_name=model,
+                group_size=8,
+                batch_size=16,
+                max_token_length=2048,
+                steps_per_eval=100,
+                total_steps=1000,
+                wandb_name="mcqa",
+            ),
+            APIServerConfig(
+                model_name=model,
+                base_url="http://localhost:9001/v1",
+                api_key="x",
+                num_requests_for_eval=256,
+            ),
         )
 
-    def _items(self, rows: List[Dict[str, Any]], skips: SkipCounter | None = None) -> List[Dict[str, Any]]:
+    def _items(
+        self, rows: List[Dict[str, Any]], skips: SkipCounter | None = None
+    ) -> List[Dict[str, Any]]:
         skips = skips or self.skips
         items = []
         for row in rows:
@@ -134,22 +159,48 @@ class MCQAThinkingEnv(BaseEnv):
             if gold is None:
                 skips.skip("bad_answer", repr(row.get("answer")))
                 continue
-            items.append({"prompt": format_question(str(row["question"]), choices), "gold": gold,
-                          "n_choices": len(choices)})
+            items.append(
+                {
+                    "prompt": format_question(str(row["question"]), choices),
+                    "gold": gold,
+                    "n_choices": len(choices),
+                }
+            )
         return items
 
     async def setup(self) -> None:
         cfg = self.config
-        self.train = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, cfg.train_split,
-                                           cfg.data_path, self.skips, cfg.shuffle_seed))
-        self.test = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, cfg.eval_split,
-                                          cfg.eval_data_path or cfg.data_path, self.eval_skips, cfg.shuffle_seed),
-                                 self.eval_skips)
+        self.train = self._items(
+            load_rows(
+                cfg.dataset_name,
+                cfg.dataset_config,
+                cfg.train_split,
+                cfg.data_path,
+                self.skips,
+                cfg.shuffle_seed,
+            )
+        )
+        self.test = self._items(
+            load_rows(
+                cfg.dataset_name,
+                cfg.dataset_config,
+                cfg.eval_split,
+                cfg.eval_data_path or cfg.data_path,
+                self.eval_skips,
+                cfg.shuffle_seed,
+            ),
+            self.eval_skips,
+        )
         if cfg.max_eval_items >= 0:
             self.test = self.test[: cfg.max_eval_items]
         if not self.train:
             raise ValueError(f"mcqa: no usable training rows ({self.skips.summary()})")
-        logger.info("mcqa: %d train, %d test items; %s", len(self.train), len(self.test), self.skips.summary())
+        logger.info(
+            "mcqa: %d train, %d test items; %s",
+            len(self.train),
+            len(self.test),
+            self.skips.summary(),
+        )
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
@@ -160,10 +211,17 @@ class MCQAThinkingEnv(BaseEnv):
         return item
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["prompt"]}]
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": item["prompt"]},
+        ]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
-                                                       max_tokens=self.config.max_token_length, temperature=1.0)
+            completion = await managed.chat_completion(
+                messages=messages,
+                n=self.config.group_size,
+                max_tokens=self.config.max_token_length,
+                temperature=1.0,
+            )
             nodes = managed.get_state()["nodes"]
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for choice, node in zip(completion.choices, nodes, strict=False):
@@ -174,7 +232,9 @@ class MCQAThinkingEnv(BaseEnv):
             group["messages"].append(messages + [{"role": "assistant", "content": text}])
             group["scores"].append(score_letter(text, item["gold"], item["n_choices"]))
         self.percent_correct_buffer.extend(max(s, 0.0) for s in group["scores"])
-        if not group["tokens"] or (self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1):
+        if not group["tokens"] or (
+            self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1
+        ):
             return None, []
         return group, []
 
@@ -183,33 +243,54 @@ class MCQAThinkingEnv(BaseEnv):
         sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
 
         async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
-            messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": item["prompt"]}]
+            messages = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": item["prompt"]},
+            ]
             async with sem:
                 try:
-                    out = await self.server.chat_completion(messages=messages, n=1, split="eval",
-                                                            max_tokens=self.config.max_token_length,
-                                                            temperature=self.config.eval_temperature)
+                    out = await self.server.chat_completion(
+                        messages=messages,
+                        n=1,
+                        split="eval",
+                        max_tokens=self.config.max_token_length,
+                        temperature=self.config.eval_temperature,
+                    )
                 except Exception:  # counted in eval/failed_requests
                     logger.exception("mcqa eval request failed")
                     return None
             text = out.choices[0].message.content or ""
             predicted = extract_letter(text, item["n_choices"])
-            return {"messages": messages + [{"role": "assistant", "content": text}], "gold_answer": item["gold"],
-                    "model_answer": predicted, "correct": predicted == item["gold"],
-                    "score": 1 if predicted == item["gold"] else 0, "finish_reason": out.choices[0].finish_reason}
+            return {
+                "messages": messages + [{"role": "assistant", "content": text}],
+                "gold_answer": item["gold"],
+                "model_answer": predicted,
+                "correct": predicted == item["gold"],
+                "score": 1 if predicted == item["gold"] else 0,
+                "finish_reason": out.choices[0].finish_reason,
+            }
 
         results = await asyncio.gather(*(one(item) for item in self.test))
         samples = [r for r in results if r is not None]
         accuracy = sum(s["score"] for s in samples) / len(samples) if samples else 0.0
         self.eval_metrics = {"eval/accuracy": accuracy}
-        await self.evaluate_log(metrics={"eval/accuracy": accuracy, "eval/failed_requests": len(results) - len(samples)},
-                                samples=samples, start_time=start, end_time=time.time(),
-                                generation_parameters={"temperature": self.config.eval_temperature})
+        await self.evaluate_log(
+            metrics={
+                "eval/accuracy": accuracy,
+                "eval/failed_requests": len(results) - len(samples),
+            },
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={"temperature": self.config.eval_temperature},
+        )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)
+            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
+                self.percent_correct_buffer
+            )
         self.percent_correct_buffer = []
         metrics.update(self.eval_metrics)
         self.eval_metrics = {}

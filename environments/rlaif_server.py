@@ -104,7 +104,11 @@ def prompt_from_row(row: Dict[str, Any]) -> str | None:
     conversation = row.get("conversation")
     if isinstance(conversation, list):
         for turn in conversation:
-            if isinstance(turn, dict) and turn.get("role") == "user" and isinstance(turn.get("content"), str):
+            if (
+                isinstance(turn, dict)
+                and turn.get("role") == "user"
+                and isinstance(turn.get("content"), str)
+            ):
                 return turn["content"] if turn["content"].strip() else None
     return None
 
@@ -112,16 +116,23 @@ def prompt_from_row(row: Dict[str, Any]) -> str | None:
 class RLAIFConfig(BaseEnvConfig):
     """RLAIF settings on top of :class:`BaseEnvConfig`."""
 
-    dataset_name: str = Field("allenai/WildChat", description="Hugging Face dataset when no data_path is set.")
+    dataset_name: str = Field(
+        "allenai/WildChat", description="Hugging Face dataset when no data_path is set."
+    )
     data_path: str | None = Field(None, description="Local jsonl of {prompt} (or WildChat) rows.")
     shuffle_seed: int = Field(42, description="Seed for shuffling prompts and A/B order.")
     eval_holdout: int = Field(16, ge=0, description="Prompts held out for evaluation.")
     judge_criterion: str = Field(
         "Which response is more helpful, honest and warm, while staying concise?",
-        description="What the judge prefers: the behaviour being shaped.")
-    judge_base_url: str | None = Field(None, description="OpenAI-compatible judge URL; None = the policy servers.")
+        description="What the judge prefers: the behaviour being shaped.",
+    )
+    judge_base_url: str | None = Field(
+        None, description="OpenAI-compatible judge URL; None = the policy servers."
+    )
     judge_model_name: str = Field("default", description="Judge model name.")
-    judge_api_key: str | None = Field(None, description="Judge API key (default: env OPENAI_API_KEY, else 'x').")
+    judge_api_key: str | None = Field(
+        None, description="Judge API key (default: env OPENAI_API_KEY, else 'x')."
+    )
     judge_max_tokens: int = Field(512, ge=1, description="Judge reply budget.")
     judge_temperature: float = Field(0.0, description="Judge sampling temperature.")
     max_prompt_chars: int = Field(4000, ge=1, description="Prompts longer than this are skipped.")
@@ -133,7 +144,9 @@ class RLAIFEnv(BaseEnv):
     name = "rlaif"
     env_config_cls = RLAIFConfig
 
-    def __init__(self, config: RLAIFConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+    def __init__(
+        self, config: RLAIFConfig, server_configs: Any, slurm: bool = False, testing: bool = False
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: RLAIFConfig = config
         self.iter = 0
@@ -149,15 +162,24 @@ class RLAIFEnv(BaseEnv):
     def config_init(cls) -> Tuple[RLAIFConfig, APIServerConfig]:
         model = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
         return (
-            RLAIFConfig(tokenizer_name=model, group_size=4, batch_size=16, max_token_length=2048,
-                        steps_per_eval=100, total_steps=1000, wandb_name="rlaif"),
+            RLAIFConfig(
+                tokenizer_name=model,
+                group_size=4,
+                batch_size=16,
+                max_token_length=2048,
+                steps_per_eval=100,
+                total_steps=1000,
+                wandb_name="rlaif",
+            ),
             APIServerConfig(model_name=model, base_url="http://localhost:9001/v1", api_key="x"),
         )
 
     async def setup(self) -> None:
         cfg = self.config
         prompts = []
-        for row in load_rows(cfg.dataset_name, None, "train", cfg.data_path, self.skips, cfg.shuffle_seed):
+        for row in load_rows(
+            cfg.dataset_name, None, "train", cfg.data_path, self.skips, cfg.shuffle_seed
+        ):
             prompt = prompt_from_row(row)
             if prompt is None:
                 self.skips.skip("missing_prompt", repr(row)[:120])
@@ -173,12 +195,25 @@ class RLAIFEnv(BaseEnv):
             from atroposlib.envs.server_handling.server_manager import ServerManager
 
             api_key = cfg.judge_api_key or os.environ.get("OPENAI_API_KEY") or "x"
-            self.judge = ServerManager([APIServerConfig(base_url=cfg.judge_base_url, model_name=cfg.judge_model_name,
-                                                        api_key=api_key, server_type="openai")])
+            self.judge = ServerManager(
+                [
+                    APIServerConfig(
+                        base_url=cfg.judge_base_url,
+                        model_name=cfg.judge_model_name,
+                        api_key=api_key,
+                        server_type="openai",
+                    )
+                ]
+            )
         else:
             logger.warning("rlaif: no judge_base_url; the policy servers judge their own answers")
             self.judge = self.server
-        logger.info("rlaif: %d train, %d eval prompts; %s", len(self.train), len(self.test), self.skips.summary())
+        logger.info(
+            "rlaif: %d train, %d eval prompts; %s",
+            len(self.train),
+            len(self.test),
+            self.skips.summary(),
+        )
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
@@ -190,11 +225,18 @@ class RLAIFEnv(BaseEnv):
 
     async def ask_judge(self, prompt: str, first: str, second: str) -> str | None:
         """The judge's verdict ("A", "B", "tie") on ``first`` (A) vs ``second`` (B)."""
-        content = JUDGE_TEMPLATE.format(criterion=self.config.judge_criterion, prompt=prompt,
-                                        a=strip_thinking(first), b=strip_thinking(second))
-        out = await self.judge.chat_completion(messages=[{"role": "user", "content": content}], n=1,
-                                               max_tokens=self.config.judge_max_tokens,
-                                               temperature=self.config.judge_temperature)
+        content = JUDGE_TEMPLATE.format(
+            criterion=self.config.judge_criterion,
+            prompt=prompt,
+            a=strip_thinking(first),
+            b=strip_thinking(second),
+        )
+        out = await self.judge.chat_completion(
+            messages=[{"role": "user", "content": content}],
+            n=1,
+            max_tokens=self.config.judge_max_tokens,
+            temperature=self.config.judge_temperature,
+        )
         verdict = parse_verdict(out.choices[0].message.content or "")
         if verdict is None:
             self.unparsed_verdicts += 1
@@ -202,6 +244,7 @@ class RLAIFEnv(BaseEnv):
 
     async def judge_group(self, prompt: str, answers: List[str]) -> List[float]:
         """Pairwise preference scores for ``answers``."""
+
         async def compare(i: int, j: int) -> Tuple[int, int, int | None]:
             swap = self.rng.random() < 0.5
             a, b = (j, i) if swap else (i, j)
@@ -215,17 +258,25 @@ class RLAIFEnv(BaseEnv):
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = [{"role": "user", "content": item["prompt"]}]
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
-                                                       max_tokens=self.config.max_token_length, temperature=1.0)
+            completion = await managed.chat_completion(
+                messages=messages,
+                n=self.config.group_size,
+                max_tokens=self.config.max_token_length,
+                temperature=1.0,
+            )
             nodes = managed.get_state()["nodes"]
         answers = [choice.message.content or "" for choice in completion.choices][: len(nodes)]
         scores = await self.judge_group(item["prompt"], answers)
-        group = ScoredDataGroup(tokens=[list(n.tokens) for n in nodes[: len(answers)]],
-                                masks=[list(n.masked_tokens) for n in nodes[: len(answers)]],
-                                inference_logprobs=[list(n.logprobs) for n in nodes[: len(answers)]],
-                                messages=[messages + [{"role": "assistant", "content": a}] for a in answers],
-                                scores=scores)
-        if not group["tokens"] or (self.config.ensure_scores_are_not_same and len(set(scores)) == 1):
+        group = ScoredDataGroup(
+            tokens=[list(n.tokens) for n in nodes[: len(answers)]],
+            masks=[list(n.masked_tokens) for n in nodes[: len(answers)]],
+            inference_logprobs=[list(n.logprobs) for n in nodes[: len(answers)]],
+            messages=[messages + [{"role": "assistant", "content": a}] for a in answers],
+            scores=scores,
+        )
+        if not group["tokens"] or (
+            self.config.ensure_scores_are_not_same and len(set(scores)) == 1
+        ):
             return None, []
         return group, []
 
@@ -236,30 +287,52 @@ class RLAIFEnv(BaseEnv):
         async def one(prompt: str) -> Dict[str, Any] | None:
             async with sem:
                 try:
-                    out = await self.server.chat_completion(messages=[{"role": "user", "content": prompt}], n=1,
-                                                            max_tokens=self.config.max_token_length,
-                                                            temperature=0.0, split="eval")
+                    out = await self.server.chat_completion(
+                        messages=[{"role": "user", "content": prompt}],
+                        n=1,
+                        max_tokens=self.config.max_token_length,
+                        temperature=0.0,
+                        split="eval",
+                    )
                     answer = out.choices[0].message.content or ""
-                    rating_prompt = EVAL_TEMPLATE.format(criterion=self.config.judge_criterion, prompt=prompt,
-                                                         answer=strip_thinking(answer))
+                    rating_prompt = EVAL_TEMPLATE.format(
+                        criterion=self.config.judge_criterion,
+                        prompt=prompt,
+                        answer=strip_thinking(answer),
+                    )
                     judged = await self.judge.chat_completion(
-                        messages=[{"role": "user", "content": rating_prompt}], n=1,
-                        max_tokens=self.config.judge_max_tokens, temperature=self.config.judge_temperature)
+                        messages=[{"role": "user", "content": rating_prompt}],
+                        n=1,
+                        max_tokens=self.config.judge_max_tokens,
+                        temperature=self.config.judge_temperature,
+                    )
                 except Exception:  # counted in eval/failed_requests
                     logger.exception("rlaif eval request failed")
                     return None
-            return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
-                    "score": parse_rating(judged.choices[0].message.content or "")}
+            return {
+                "messages": [
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": answer},
+                ],
+                "score": parse_rating(judged.choices[0].message.content or ""),
+            }
 
         results = await asyncio.gather(*(one(p) for p in self.test))
         samples = [r for r in results if r is not None]
         rated = [s["score"] for s in samples if s["score"] is not None]
-        metrics = {"eval/mean_rating": sum(rated) / len(rated) if rated else 0.0,
-                   "eval/unrated_fraction": 1 - len(rated) / len(samples) if samples else 0.0,
-                   "eval/failed_requests": float(len(results) - len(samples))}
+        metrics = {
+            "eval/mean_rating": sum(rated) / len(rated) if rated else 0.0,
+            "eval/unrated_fraction": 1 - len(rated) / len(samples) if samples else 0.0,
+            "eval/failed_requests": float(len(results) - len(samples)),
+        }
         self.eval_metrics = metrics
-        await self.evaluate_log(metrics=metrics, samples=samples, start_time=start, end_time=time.time(),
-                                generation_parameters={"temperature": 0.0})
+        await self.evaluate_log(
+            metrics=metrics,
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={"temperature": 0.0},
+        )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})

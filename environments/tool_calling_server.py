@@ -42,7 +42,7 @@ TOOL_PROMPT = (
     "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
     "Don't make assumptions about what values to plug into functions.\n<tools>\n{tools}\n</tools>\n"
     "For each function call return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
     "<args-dict>}}\n</tool_call>"
 )
 
@@ -94,7 +94,9 @@ def parse_tool_calls(text: str) -> Tuple[List[Dict[str, Any]], int]:
 
 def canonical_call(call: Dict[str, Any]) -> str:
     """A call as sorted-key JSON, for order-insensitive comparison."""
-    return json.dumps({"name": call["name"], "arguments": _normalise(call.get("arguments") or {})}, sort_keys=True)
+    return json.dumps(
+        {"name": call["name"], "arguments": _normalise(call.get("arguments") or {})}, sort_keys=True
+    )
 
 
 def score_tool_calls(text: str, expected: List[Dict[str, Any]]) -> float:
@@ -130,23 +132,39 @@ def item_from_row(row: Dict[str, Any]) -> Tuple[Dict[str, Any] | None, str]:
     if not isinstance(tools, list) or not tools:
         return None, "missing_tools"
     if not isinstance(expected, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments", {}), dict)
-            for c in expected):
+        isinstance(c, dict)
+        and isinstance(c.get("name"), str)
+        and isinstance(c.get("arguments", {}), dict)
+        for c in expected
+    ):
         return None, "bad_expected_calls"
     system = TOOL_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
-    return {"system": system, "query": query,
-            "expected": [{"name": c["name"], "arguments": _normalise(c.get("arguments", {}))} for c in expected]}, ""
+    return {
+        "system": system,
+        "query": query,
+        "expected": [
+            {"name": c["name"], "arguments": _normalise(c.get("arguments", {}))} for c in expected
+        ],
+    }, ""
 
 
 class ToolCallingConfig(BaseEnvConfig):
     """Function-calling settings on top of :class:`BaseEnvConfig`."""
 
-    dataset_name: str = Field("NousResearch/hermes-function-calling-v1",
-                              description="Hugging Face dataset when no data_path is set.")
-    dataset_config: str | None = Field("func_calling_singleturn", description="Dataset configuration.")
+    dataset_name: str = Field(
+        "NousResearch/hermes-function-calling-v1",
+        description="Hugging Face dataset when no data_path is set.",
+    )
+    dataset_config: str | None = Field(
+        "func_calling_singleturn", description="Dataset configuration."
+    )
     data_path: str | None = Field(None, description="Local jsonl (either supported schema).")
-    eval_data_path: str | None = Field(None, description="Local evaluation jsonl; else a held-out slice.")
-    eval_holdout: int = Field(50, ge=0, description="Items held out for evaluation when no eval_data_path.")
+    eval_data_path: str | None = Field(
+        None, description="Local evaluation jsonl; else a held-out slice."
+    )
+    eval_holdout: int = Field(
+        50, ge=0, description="Items held out for evaluation when no eval_data_path."
+    )
     shuffle_seed: int = Field(42, description="Seed for shuffling the data.")
     eval_temperature: float = Field(0.0, description="Sampling temperature of evaluation.")
 
@@ -157,7 +175,13 @@ class SingleToolCallingEnv(BaseEnv):
     name = "tool_calling"
     env_config_cls = ToolCallingConfig
 
-    def __init__(self, config: ToolCallingConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+    def __init__(
+        self,
+        config: ToolCallingConfig,
+        server_configs: Any,
+        slurm: bool = False,
+        testing: bool = False,
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: ToolCallingConfig = config
         self.iter = 0
@@ -171,8 +195,15 @@ class SingleToolCallingEnv(BaseEnv):
     def config_init(cls) -> Tuple[ToolCallingConfig, APIServerConfig]:
         model = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
         return (
-            ToolCallingConfig(tokenizer_name=model, group_size=8, batch_size=16, max_token_length=2048,
-                              steps_per_eval=100, total_steps=1000, wandb_name="tool_calling"),
+            ToolCallingConfig(
+                tokenizer_name=model,
+                group_size=8,
+                batch_size=16,
+                max_token_length=2048,
+                steps_per_eval=100,
+                total_steps=1000,
+                wandb_name="tool_calling",
+            ),
             APIServerConfig(model_name=model, base_url="http://localhost:9001/v1", api_key="x"),
         )
 
@@ -188,16 +219,32 @@ class SingleToolCallingEnv(BaseEnv):
 
     async def setup(self) -> None:
         cfg = self.config
-        items = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, "train", cfg.data_path,
-                                      self.skips, cfg.shuffle_seed))
+        items = self._items(
+            load_rows(
+                cfg.dataset_name,
+                cfg.dataset_config,
+                "train",
+                cfg.data_path,
+                self.skips,
+                cfg.shuffle_seed,
+            )
+        )
         if cfg.eval_data_path:
-            self.train, self.test = items, self._items(load_rows(None, None, "test", cfg.eval_data_path, self.skips))
+            self.train, self.test = (
+                items,
+                self._items(load_rows(None, None, "test", cfg.eval_data_path, self.skips)),
+            )
         else:
             holdout = min(cfg.eval_holdout, len(items) // 2)
             self.train, self.test = items[holdout:], items[:holdout]
         if not self.train:
             raise ValueError(f"tool_calling: no usable training rows ({self.skips.summary()})")
-        logger.info("tool_calling: %d train, %d test items; %s", len(self.train), len(self.test), self.skips.summary())
+        logger.info(
+            "tool_calling: %d train, %d test items; %s",
+            len(self.train),
+            len(self.test),
+            self.skips.summary(),
+        )
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
@@ -210,13 +257,20 @@ class SingleToolCallingEnv(BaseEnv):
     @staticmethod
     def messages_for(item: Dict[str, Any]) -> List[Dict[str, str]]:
         """System prompt with the tools, then the request."""
-        return [{"role": "system", "content": item["system"]}, {"role": "user", "content": item["query"]}]
+        return [
+            {"role": "system", "content": item["system"]},
+            {"role": "user", "content": item["query"]},
+        ]
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = self.messages_for(item)
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
-                                                       max_tokens=self.config.max_token_length, temperature=1.0)
+            completion = await managed.chat_completion(
+                messages=messages,
+                n=self.config.group_size,
+                max_tokens=self.config.max_token_length,
+                temperature=1.0,
+            )
             nodes = managed.get_state()["nodes"]
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for choice, node in zip(completion.choices, nodes, strict=False):
@@ -227,7 +281,9 @@ class SingleToolCallingEnv(BaseEnv):
             group["messages"].append(messages + [{"role": "assistant", "content": text}])
             group["scores"].append(score_tool_calls(text, item["expected"]))
         self.percent_correct_buffer.extend(max(s, 0.0) for s in group["scores"])
-        if not group["tokens"] or (self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1):
+        if not group["tokens"] or (
+            self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1
+        ):
             return None, []
         return group, []
 
@@ -238,30 +294,46 @@ class SingleToolCallingEnv(BaseEnv):
         async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
             async with sem:
                 try:
-                    out = await self.server.chat_completion(messages=self.messages_for(item), n=1, split="eval",
-                                                            max_tokens=self.config.max_token_length,
-                                                            temperature=self.config.eval_temperature)
+                    out = await self.server.chat_completion(
+                        messages=self.messages_for(item),
+                        n=1,
+                        split="eval",
+                        max_tokens=self.config.max_token_length,
+                        temperature=self.config.eval_temperature,
+                    )
                 except Exception:  # counted in eval/failed_requests
                     logger.exception("tool_calling eval request failed")
                     return None
             text = out.choices[0].message.content or ""
             score = score_tool_calls(text, item["expected"])
-            return {"messages": self.messages_for(item) + [{"role": "assistant", "content": text}],
-                    "gold_answer": item["expected"], "score": score, "correct": score > 0}
+            return {
+                "messages": self.messages_for(item) + [{"role": "assistant", "content": text}],
+                "gold_answer": item["expected"],
+                "score": score,
+                "correct": score > 0,
+            }
 
         results = await asyncio.gather(*(one(item) for item in self.test))
         samples = [r for r in results if r is not None]
         accuracy = sum(s["correct"] for s in samples) / len(samples) if samples else 0.0
         self.eval_metrics = {"eval/percent_correct": accuracy}
-        await self.evaluate_log(metrics={"eval/percent_correct": accuracy,
-                                         "eval/failed_requests": len(results) - len(samples)},
-                                samples=samples, start_time=start, end_time=time.time(),
-                                generation_parameters={"temperature": self.config.eval_temperature})
+        await self.evaluate_log(
+            metrics={
+                "eval/percent_correct": accuracy,
+                "eval/failed_requests": len(results) - len(samples),
+            },
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={"temperature": self.config.eval_temperature},
+        )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)
+            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
+                self.percent_correct_buffer
+            )
         self.percent_correct_buffer = []
         metrics.update(self.eval_metrics)
         self.eval_metrics = {}

@@ -54,8 +54,11 @@ CALCULATOR_TOOL = {
     "function": {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression with + - * / ** and parentheses.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
     },
 }
 SYSTEM_PROMPT = TOOL_PROMPT.format(tools=json.dumps(CALCULATOR_TOOL)) + (
@@ -63,8 +66,15 @@ SYSTEM_PROMPT = TOOL_PROMPT.format(tools=json.dumps(CALCULATOR_TOOL)) + (
     "give the final answer as \\boxed{number}."
 )
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def safe_eval(expression: str) -> float:
@@ -73,10 +83,15 @@ def safe_eval(expression: str) -> float:
     Raises:
         ValueError: on anything else, a huge power or a division by zero.
     """
+
     def walk(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return walk(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             left, right = walk(node.left), walk(node.right)
@@ -123,10 +138,16 @@ def final_number(text: str) -> float | None:
         return None
 
 
-def score_episode(final_text: str | None, answer: float, malformed_calls: int, penalty: float) -> float:
+def score_episode(
+    final_text: str | None, answer: float, malformed_calls: int, penalty: float
+) -> float:
     """+1/-1 for the final answer minus ``penalty`` per malformed call, in [-1, 1]."""
     value = final_number(final_text) if final_text is not None else None
-    base = 1.0 if value is not None and math.isclose(value, answer, rel_tol=1e-6, abs_tol=1e-6) else -1.0
+    base = (
+        1.0
+        if value is not None and math.isclose(value, answer, rel_tol=1e-6, abs_tol=1e-6)
+        else -1.0
+    )
     return max(-1.0, min(1.0, base - penalty * malformed_calls))
 
 
@@ -141,8 +162,9 @@ def make_task(rng: random.Random) -> Dict[str, Any]:
 ChatFn = Callable[[List[Dict[str, str]], int], Awaitable[str]]
 
 
-async def run_episode(chat: ChatFn, question: str, max_turns: int, max_tokens_per_turn: int,
-                      max_calls_per_turn: int) -> Dict[str, Any]:
+async def run_episode(
+    chat: ChatFn, question: str, max_turns: int, max_tokens_per_turn: int, max_calls_per_turn: int
+) -> Dict[str, Any]:
     """Talk until the model answers without a tool call (or turns run out)."""
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
     malformed = 0
@@ -159,18 +181,29 @@ async def run_episode(chat: ChatFn, question: str, max_turns: int, max_tokens_pe
         for call in calls[:max_calls_per_turn]:
             tool_calls += 1
             messages.append({"role": "tool", "content": run_tool(call)})
-    return {"messages": messages, "final_text": final_text, "malformed_calls": malformed, "tool_calls": tool_calls}
+    return {
+        "messages": messages,
+        "final_text": final_text,
+        "malformed_calls": malformed,
+        "tool_calls": tool_calls,
+    }
 
 
 class MultiTurnToolUseConfig(BaseEnvConfig):
     """Multi-turn tool-use settings on top of :class:`BaseEnvConfig`."""
 
-    data_path: str | None = Field(None, description="Local jsonl of {question, answer}; else generated tasks.")
+    data_path: str | None = Field(
+        None, description="Local jsonl of {question, answer}; else generated tasks."
+    )
     seed: int = Field(0, description="Seed of generated tasks.")
     max_turns: int = Field(4, ge=1, description="Model turns per episode.")
     max_tokens_per_turn: int = Field(256, ge=1, description="Generation budget of one turn.")
-    max_calls_per_turn: int = Field(4, ge=1, description="Tool calls executed per turn (extra ones are ignored).")
-    malformed_call_penalty: float = Field(0.2, ge=0, description="Score subtracted per malformed tool call.")
+    max_calls_per_turn: int = Field(
+        4, ge=1, description="Tool calls executed per turn (extra ones are ignored)."
+    )
+    malformed_call_penalty: float = Field(
+        0.2, ge=0, description="Score subtracted per malformed tool call."
+    )
     eval_episodes: int = Field(32, ge=0, description="Episodes run by evaluate().")
     eval_temperature: float = Field(0.0, description="Sampling temperature of evaluation.")
 
@@ -181,8 +214,13 @@ class MultiTurnToolUseEnv(BaseEnv):
     name = "multiturn_tool_use"
     env_config_cls = MultiTurnToolUseConfig
 
-    def __init__(self, config: MultiTurnToolUseConfig, server_configs: Any, slurm: bool = False,
-                 testing: bool = False):
+    def __init__(
+        self,
+        config: MultiTurnToolUseConfig,
+        server_configs: Any,
+        slurm: bool = False,
+        testing: bool = False,
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: MultiTurnToolUseConfig = config
         self.iter = 0
@@ -195,8 +233,15 @@ class MultiTurnToolUseEnv(BaseEnv):
     def config_init(cls) -> Tuple[MultiTurnToolUseConfig, APIServerConfig]:
         model = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
         return (
-            MultiTurnToolUseConfig(tokenizer_name=model, group_size=8, batch_size=16, max_token_length=4096,
-                                   steps_per_eval=100, total_steps=1000, wandb_name="multiturn_tool_use"),
+            MultiTurnToolUseConfig(
+                tokenizer_name=model,
+                group_size=8,
+                batch_size=16,
+                max_token_length=4096,
+                steps_per_eval=100,
+                total_steps=1000,
+                wandb_name="multiturn_tool_use",
+            ),
             APIServerConfig(model_name=model, base_url="http://localhost:9001/v1", api_key="x"),
         )
 
@@ -206,7 +251,9 @@ class MultiTurnToolUseEnv(BaseEnv):
                 if not self.skips.require(row, "question", "answer"):
                     continue
                 try:
-                    self.rows.append({"question": str(row["question"]), "answer": float(row["answer"])})
+                    self.rows.append(
+                        {"question": str(row["question"]), "answer": float(row["answer"])}
+                    )
                 except (TypeError, ValueError):
                     self.skips.skip("answer_not_a_number", repr(row["answer"]))
             if not self.rows:
@@ -229,25 +276,44 @@ class MultiTurnToolUseEnv(BaseEnv):
     async def episode_tracked(self, item: Dict[str, Any]) -> Dict[str, Any] | None:
         cfg = self.config
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+
             async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
-                out = await managed.chat_completion(messages=messages, n=1, max_tokens=max_tokens, temperature=1.0)
+                out = await managed.chat_completion(
+                    messages=messages, n=1, max_tokens=max_tokens, temperature=1.0
+                )
                 return out.choices[0].message.content or ""
 
-            episode = await run_episode(chat, item["question"], cfg.max_turns, cfg.max_tokens_per_turn,
-                                        cfg.max_calls_per_turn)
+            episode = await run_episode(
+                chat,
+                item["question"],
+                cfg.max_turns,
+                cfg.max_tokens_per_turn,
+                cfg.max_calls_per_turn,
+            )
             nodes = managed.get_state()["nodes"]
         if not nodes:
             return None
         if len(nodes) > 1:
-            logger.warning("multiturn_tool_use: an episode produced %d sequences; keeping the longest", len(nodes))
+            logger.warning(
+                "multiturn_tool_use: an episode produced %d sequences; keeping the longest",
+                len(nodes),
+            )
         node = max(nodes, key=lambda n: len(n.tokens))
-        episode["score"] = score_episode(episode["final_text"], item["answer"], episode["malformed_calls"],
-                                         cfg.malformed_call_penalty)
-        episode.update(tokens=list(node.tokens), masks=list(node.masked_tokens), logprobs=list(node.logprobs))
+        episode["score"] = score_episode(
+            episode["final_text"],
+            item["answer"],
+            episode["malformed_calls"],
+            cfg.malformed_call_penalty,
+        )
+        episode.update(
+            tokens=list(node.tokens), masks=list(node.masked_tokens), logprobs=list(node.logprobs)
+        )
         return episode
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
-        episodes = await asyncio.gather(*(self.episode_tracked(item) for _ in range(self.config.group_size)))
+        episodes = await asyncio.gather(
+            *(self.episode_tracked(item) for _ in range(self.config.group_size))
+        )
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
         for episode in episodes:
             if episode is None:
@@ -258,7 +324,9 @@ class MultiTurnToolUseEnv(BaseEnv):
             group["messages"].append(episode["messages"])
             group["scores"].append(episode["score"])
             self.percent_correct_buffer.append(1.0 if episode["score"] > 0 else 0.0)
-        if not group["tokens"] or (self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1):
+        if not group["tokens"] or (
+            self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1
+        ):
             return None, []
         return group, []
 
@@ -268,40 +336,70 @@ class MultiTurnToolUseEnv(BaseEnv):
         sem = asyncio.Semaphore(max(1, cfg.max_eval_workers))
 
         async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
-            out = await self.server.chat_completion(messages=messages, n=1, max_tokens=max_tokens,
-                                                    temperature=cfg.eval_temperature, split="eval")
+            out = await self.server.chat_completion(
+                messages=messages,
+                n=1,
+                max_tokens=max_tokens,
+                temperature=cfg.eval_temperature,
+                split="eval",
+            )
             return out.choices[0].message.content or ""
 
         async def one(index: int) -> Dict[str, Any] | None:
             item = self.task(10_000_000 + index) if not self.rows else self.task(index)
             async with sem:
                 try:
-                    episode = await run_episode(chat, item["question"], cfg.max_turns, cfg.max_tokens_per_turn,
-                                                cfg.max_calls_per_turn)
+                    episode = await run_episode(
+                        chat,
+                        item["question"],
+                        cfg.max_turns,
+                        cfg.max_tokens_per_turn,
+                        cfg.max_calls_per_turn,
+                    )
                 except Exception:  # counted in eval/failed_episodes
                     logger.exception("multiturn_tool_use eval episode failed")
                     return None
-            score = score_episode(episode["final_text"], item["answer"], episode["malformed_calls"],
-                                  cfg.malformed_call_penalty)
-            return {"messages": episode["messages"], "gold_answer": item["answer"], "score": score,
-                    "correct": score > 0, "tool_calls": episode["tool_calls"]}
+            score = score_episode(
+                episode["final_text"],
+                item["answer"],
+                episode["malformed_calls"],
+                cfg.malformed_call_penalty,
+            )
+            return {
+                "messages": episode["messages"],
+                "gold_answer": item["answer"],
+                "score": score,
+                "correct": score > 0,
+                "tool_calls": episode["tool_calls"],
+            }
 
         n_eval = cfg.eval_episodes if not self.rows else min(cfg.eval_episodes, len(self.rows))
         results = await asyncio.gather(*(one(i) for i in range(n_eval)))
         samples = [r for r in results if r is not None]
         n = max(1, len(samples))
-        metrics = {"eval/percent_correct": sum(s["correct"] for s in samples) / n,
-                   "eval/mean_tool_calls": sum(s["tool_calls"] for s in samples) / n,
-                   "eval/failed_episodes": float(len(results) - len(samples))}
+        metrics = {
+            "eval/percent_correct": sum(s["correct"] for s in samples) / n,
+            "eval/mean_tool_calls": sum(s["tool_calls"] for s in samples) / n,
+            "eval/failed_episodes": float(len(results) - len(samples)),
+        }
         self.eval_metrics = metrics
-        await self.evaluate_log(metrics=metrics, samples=samples, start_time=start, end_time=time.time(),
-                                generation_parameters={"temperature": cfg.eval_temperature,
-                                                       "max_tokens": cfg.max_tokens_per_turn})
+        await self.evaluate_log(
+            metrics=metrics,
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={
+                "temperature": cfg.eval_temperature,
+                "max_tokens": cfg.max_tokens_per_turn,
+            },
+        )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})
         if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(self.percent_correct_buffer)
+            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
+                self.percent_correct_buffer
+            )
         self.percent_correct_buffer = []
         metrics.update(self.eval_metrics)
         self.eval_metrics = {}

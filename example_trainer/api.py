@@ -59,7 +59,9 @@ def check_atropos_api(url: str, timeout: float = 30.0, interval: float = 0.5) ->
         except (httpx.HTTPError, AtroposAPIError) as exc:
             last = str(exc)
         if time.monotonic() >= deadline:
-            raise AtroposAPIError(f"rollout API at {url} not reachable after {timeout:.0f}s ({last})")
+            raise AtroposAPIError(
+                f"rollout API at {url} not reachable after {timeout:.0f}s ({last})"
+            )
         time.sleep(interval)
 
 
@@ -71,7 +73,9 @@ def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict
         "batch_size": config.api_batch_size,
         "max_token_len": config.seq_len,
         "checkpoint_dir": config.save_path,
-        "save_checkpoint_interval": config.checkpoint_interval if config.checkpoint_interval > 0 else config.training_steps,
+        "save_checkpoint_interval": config.checkpoint_interval
+        if config.checkpoint_interval > 0
+        else config.training_steps,
         "starting_step": starting_step,
         "num_steps": config.training_steps,
     }
@@ -85,8 +89,12 @@ def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict
 )
 def register_trainer(config: TrainingConfig, starting_step: int = 0) -> Dict[str, Any]:
     """``POST /register``; returns the JSON answer (with ``uuid``)."""
-    resp = httpx.post(f"{config.atropos_url}/register", json=registration_payload(config, starting_step),
-                      headers=auth_headers(), timeout=REQUEST_TIMEOUT)
+    resp = httpx.post(
+        f"{config.atropos_url}/register",
+        json=registration_payload(config, starting_step),
+        headers=auth_headers(),
+        timeout=REQUEST_TIMEOUT,
+    )
     data = _check(resp, "POST /register")
     if not isinstance(data, dict) or "uuid" not in data:
         raise AtroposAPIError(f"POST /register: no uuid in response {data!r}")

@@ -51,8 +51,15 @@ def save_model_dir(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
     return out
 
 
-def save_checkpoint(model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    step: int, save_path: str | Path, name: str | None = None) -> Path:
+def save_checkpoint(
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    step: int,
+    save_path: str | Path,
+    name: str | None = None,
+) -> Path:
     """Write a resumable checkpoint ``save_path/step_{step}`` (or ``name``) and return its path."""
     out = Path(save_path) / (name or f"step_{step}")
     tmp = out.with_name(out.name + ".tmp")
@@ -96,5 +103,9 @@ def find_latest_checkpoint(save_path: str | Path) -> Path | None:
 def load_trainer_state(checkpoint_dir: str | Path) -> TrainerState:
     """Read ``trainer_state.pt`` of a checkpoint."""
     data = torch.load(Path(checkpoint_dir) / STATE_FILE, map_location="cpu", weights_only=False)
-    return TrainerState(step=int(data["step"]), optimizer=data["optimizer"],
-                        scheduler=data.get("scheduler"), rng=data.get("rng"))
+    return TrainerState(
+        step=int(data["step"]),
+        optimizer=data["optimizer"],
+        scheduler=data.get("scheduler"),
+        rng=data.get("rng"),
+    )

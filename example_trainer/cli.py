@@ -33,7 +33,10 @@ def _flag(name: str) -> str:
 
 
 def _unwrap_optional(annotation: Any) -> Any:
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if typing.get_origin(annotation) in (
+        typing.Union,
+        getattr(__import__("types"), "UnionType", None),
+    ):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) == 1:
             return args[0]
@@ -74,7 +77,9 @@ def _field_of(loc: Sequence[Any]) -> str:
     return _flag(str(loc[0])) if loc else "config"
 
 
-def config_from_args(argv: Sequence[str] | None = None, prog: str = "atropos-grpo") -> TrainingConfig:
+def config_from_args(
+    argv: Sequence[str] | None = None, prog: str = "atropos-grpo"
+) -> TrainingConfig:
     """Parse ``argv`` (default ``sys.argv[1:]``) into a validated ``TrainingConfig``.
 
     Exits with status 2 and a clear message on unknown flags, missing

@@ -55,13 +55,22 @@ class TrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # --- model and optimisation -------------------------------------------------------
-    model_name: str = Field(..., description="HF model name or local directory of the policy to train.")
+    model_name: str = Field(
+        ..., description="HF model name or local directory of the policy to train."
+    )
     lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
-    training_steps: int = Field(10, ge=1, description="Number of optimizer steps (one API batch each).")
-    batch_size: int = Field(2, ge=1, description="Micro-batch size (sequences per forward/backward).")
-    seq_len: int = Field(2048, ge=2, description="Maximum sequence length; registered as max_token_len.")
+    training_steps: int = Field(
+        10, ge=1, description="Number of optimizer steps (one API batch each)."
+    )
+    batch_size: int = Field(
+        2, ge=1, description="Micro-batch size (sequences per forward/backward)."
+    )
+    seq_len: int = Field(
+        2048, ge=2, description="Maximum sequence length; registered as max_token_len."
+    )
     gradient_accumulation_steps: int = Field(
-        32, ge=1,
+        32,
+        ge=1,
         description="Micro-batches per optimizer step; the API batch is batch_size * this many sequences.",
     )
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup steps.")
@@ -73,25 +82,40 @@ class TrainingConfig(BaseModel):
     adafactor_relative_step: bool = Field(False, description="Adafactor relative_step.")
     clip_eps: float = Field(0.2, ge=0, description="PPO clip range for the importance ratio.")
     kl_coef: float = Field(
-        0.0, ge=0,
+        0.0,
+        ge=0,
         description="Weight of a KL penalty towards a frozen copy of the starting policy (0 = off, as in the original).",
     )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     gradient_checkpointing: bool = Field(
         False, description="Enable gradient checkpointing (saves memory on big models, costs time)."
     )
-    device: str = Field(default_factory=_default_device, description="Torch device (cuda, cpu, cuda:1...).")
-    dtype: str = Field("bfloat16", description="Model dtype on GPU (bfloat16|float16|float32); CPU always uses float32.")
+    device: str = Field(
+        default_factory=_default_device, description="Torch device (cuda, cpu, cuda:1...)."
+    )
+    dtype: str = Field(
+        "bfloat16",
+        description="Model dtype on GPU (bfloat16|float16|float32); CPU always uses float32.",
+    )
     seed: int = Field(0, description="Random seed for torch.")
-    torch_threads: int = Field(0, ge=0, description="torch intra-op CPU threads (0 = torch's default).")
-    pad_to_multiple: int = Field(64, ge=1, description="Pad micro-batch sequence length to a multiple of this.")
+    torch_threads: int = Field(
+        0, ge=0, description="torch intra-op CPU threads (0 = torch's default)."
+    )
+    pad_to_multiple: int = Field(
+        64, ge=1, description="Pad micro-batch sequence length to a multiple of this."
+    )
 
     # --- checkpoints ----------------------------------------------------------------
-    save_path: str = Field("trained_model_checkpoints", description="Directory for step_N checkpoints and final_model.")
+    save_path: str = Field(
+        "trained_model_checkpoints", description="Directory for step_N checkpoints and final_model."
+    )
     checkpoint_interval: int = Field(
         3, description="Save a resumable checkpoint every N steps (<=0: only the final model)."
     )
-    resume: bool = Field(False, description="Continue from the newest save_path/step_N checkpoint (optimizer and step included).")
+    resume: bool = Field(
+        False,
+        description="Continue from the newest save_path/step_N checkpoint (optimizer and step included).",
+    )
 
     # --- inference server / weight sync ------------------------------------------------
     weight_bridge_mode: WeightBridgeMode = Field(
@@ -102,12 +126,20 @@ class TrainingConfig(BaseModel):
             "lora_restart (restart the server with the merged adapter), shared_vllm (CUDA IPC; needs vLLM)."
         ),
     )
-    vllm_restart_interval: int = Field(3, ge=1, description="Sync weights to inference every N steps (and on the last step).")
+    vllm_restart_interval: int = Field(
+        3, ge=1, description="Sync weights to inference every N steps (and on the last step)."
+    )
     vllm_port: int = Field(9001, ge=1, le=65535, description="Port of the inference server.")
-    vllm_gpu: int | None = Field(None, description="GPU index for the inference server the trainer launches.")
-    vllm_gpu_memory_utilization: float = Field(0.45, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    vllm_gpu: int | None = Field(
+        None, description="GPU index for the inference server the trainer launches."
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.45, gt=0, le=1, description="vLLM --gpu-memory-utilization."
+    )
     max_model_len: int = Field(4096, ge=1, description="Inference server maximum model length.")
-    vllm_config_path: str | None = Field(None, description="vllm_bridge_config.json path (shared_vllm mode).")
+    vllm_config_path: str | None = Field(
+        None, description="vllm_bridge_config.json path (shared_vllm mode)."
+    )
     single_copy: bool = Field(False, description="shared_vllm: train directly on vLLM's weights.")
     inference_backend: InferenceBackend = Field(
         "auto",
@@ -117,38 +149,61 @@ class TrainingConfig(BaseModel):
         None, description="Base URL of the inference server (default http://localhost:{vllm_port})."
     )
     launch_inference: bool = Field(
-        True, description="In none/lora_restart mode, launch the inference server at start (false: one is already running and is restarted by us only after the first sync)."
+        True,
+        description="In none/lora_restart mode, launch the inference server at start (false: one is already running and is restarted by us only after the first sync).",
     )
-    sync_timeout: float = Field(300.0, gt=0, description="Seconds a weight sync (reload or restart) may take before it fails.")
+    sync_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a weight sync (reload or restart) may take before it fails.",
+    )
 
     # --- layer / LoRA selection ----------------------------------------------------------
-    train_layer_indices: List[int] | None = Field(None, description="Train only these transformer layers (others frozen).")
+    train_layer_indices: List[int] | None = Field(
+        None, description="Train only these transformer layers (others frozen)."
+    )
     lora_r: int = Field(16, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(32, ge=1, description="LoRA alpha.")
     lora_dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout.")
     lora_target_modules: List[str] = Field(
         default_factory=lambda: ["q_proj", "v_proj"], description="Module names LoRA adapts."
     )
-    lora_layer_indices: List[int] | None = Field(None, description="Apply LoRA only to these layers.")
+    lora_layer_indices: List[int] | None = Field(
+        None, description="Apply LoRA only to these layers."
+    )
 
     # --- distributed (accepted for compatibility; single process here) -----------------------
     trainer_rank: int = Field(0, ge=0, description="Rank of this trainer process.")
     world_size: int = Field(1, ge=1, description="Number of trainer processes.")
     init_method: str = Field("env://", description="torch.distributed init method.")
-    num_inference_nodes: int = Field(0, ge=0, description="Number of inference nodes (informational).")
+    num_inference_nodes: int = Field(
+        0, ge=0, description="Number of inference nodes (informational)."
+    )
 
     # --- API ---------------------------------------------------------------------------
-    atropos_url: str = Field("http://localhost:8000", description="Base URL of the rollout API (run-api).")
-    batch_poll_interval: float = Field(1.0, gt=0, description="Seconds between GET /batch polls while no batch is ready.")
+    atropos_url: str = Field(
+        "http://localhost:8000", description="Base URL of the rollout API (run-api)."
+    )
+    batch_poll_interval: float = Field(
+        1.0, gt=0, description="Seconds between GET /batch polls while no batch is ready."
+    )
     batch_wait_timeout: float = Field(
-        0.0, ge=0, description="Give up if no batch arrives for this many seconds (0 = wait forever)."
+        0.0,
+        ge=0,
+        description="Give up if no batch arrives for this many seconds (0 = wait forever).",
     )
 
     # --- logging -------------------------------------------------------------------------
-    use_wandb: bool = Field(False, description="Log metrics to Weights & Biases (WANDB_MODE=offline works).")
+    use_wandb: bool = Field(
+        False, description="Log metrics to Weights & Biases (WANDB_MODE=offline works)."
+    )
     wandb_project: str | None = Field(None, description="W&B project.")
-    wandb_group: str | None = Field(default_factory=_random_group, description="W&B group (random 8 characters if unset).")
-    log_dir: str | None = Field(None, description="Directory for metrics.jsonl (default: save_path).")
+    wandb_group: str | None = Field(
+        default_factory=_random_group, description="W&B group (random 8 characters if unset)."
+    )
+    log_dir: str | None = Field(
+        None, description="Directory for metrics.jsonl (default: save_path)."
+    )
     progress: bool = Field(True, description="Show a rich progress bar.")
     debug_loading: bool = Field(False, description="Log details while loading the model.")
     benchmark: bool = Field(False, description="Log benchmark/* summary metrics at the end.")
@@ -160,7 +215,9 @@ class TrainingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_modes(self) -> TrainingConfig:
-        if self.weight_bridge_mode == "shared_vllm" and not os.environ.get("VLLM_ENABLE_SHARED_WEIGHTS"):
+        if self.weight_bridge_mode == "shared_vllm" and not os.environ.get(
+            "VLLM_ENABLE_SHARED_WEIGHTS"
+        ):
             raise ValueError(
                 "weight_bridge_mode=shared_vllm needs vLLM with VLLM_ENABLE_SHARED_WEIGHTS=1 and a CUDA GPU; "
                 "use http_reload (atropos-serve-model) or none instead"

@@ -77,7 +77,12 @@ def sequence_temperature(
     group_overrides: Mapping[str, Any] | None,
 ) -> float:
     """Temperature of sequence ``index``: overrides > generation_params > group_overrides > 1.0."""
-    if overrides and index < len(overrides) and overrides[index] and overrides[index].get("temperature") is not None:
+    if (
+        overrides
+        and index < len(overrides)
+        and overrides[index]
+        and overrides[index].get("temperature") is not None
+    ):
         return float(overrides[index]["temperature"])
     if generation_params and generation_params.get("temperature") is not None:
         return float(generation_params["temperature"])
@@ -87,8 +92,12 @@ def sequence_temperature(
 
 
 def _zero_advantage(index: int, overrides: Sequence[Mapping[str, Any] | None] | None) -> bool:
-    return bool(overrides and index < len(overrides) and overrides[index]
-                and overrides[index].get("set_advantage_to_zero"))
+    return bool(
+        overrides
+        and index < len(overrides)
+        and overrides[index]
+        and overrides[index].get("set_advantage_to_zero")
+    )
 
 
 def group_to_samples(group: Mapping[str, Any]) -> List[Sample]:
@@ -124,8 +133,9 @@ def group_to_samples(group: Mapping[str, Any]) -> List[Sample]:
                 input_ids=list(toks[:-1]),
                 labels=list(mask[1:]),
                 advantages=adv[:n],
-                temperature=sequence_temperature(i, overrides, group.get("generation_params"),
-                                                 group.get("group_overrides")),
+                temperature=sequence_temperature(
+                    i, overrides, group.get("generation_params"), group.get("group_overrides")
+                ),
                 score=float(scores[i]),
                 inference_logprobs=_shift(inf_lp, i, n),
                 ref_logprobs=_shift(ref_lp, i, n),
@@ -141,7 +151,9 @@ def _shift(values: Sequence[Sequence[float]] | None, i: int, n: int) -> List[flo
     return (row + [1.0] * (n - len(row)))[:n]
 
 
-def _pad(rows: Sequence[Sequence[Any]], length: int, value: Any, dtype: torch.dtype) -> torch.Tensor:
+def _pad(
+    rows: Sequence[Sequence[Any]], length: int, value: Any, dtype: torch.dtype
+) -> torch.Tensor:
     out = torch.full((len(rows), length), value, dtype=dtype)
     for r, row in enumerate(rows):
         m = min(len(row), length)
@@ -150,8 +162,12 @@ def _pad(rows: Sequence[Sequence[Any]], length: int, value: Any, dtype: torch.dt
     return out
 
 
-def collate(samples: Sequence[Sample], pad_token_id: int = 0, pad_to_multiple: int = 64,
-            max_len: int | None = None) -> MicroBatch:
+def collate(
+    samples: Sequence[Sample],
+    pad_token_id: int = 0,
+    pad_to_multiple: int = 64,
+    max_len: int | None = None,
+) -> MicroBatch:
     """Pad ``samples`` into one :class:`MicroBatch`."""
     longest = max(len(s.input_ids) for s in samples)
     length = math.ceil(longest / pad_to_multiple) * pad_to_multiple
@@ -166,8 +182,11 @@ def collate(samples: Sequence[Sample], pad_token_id: int = 0, pad_to_multiple: i
         advantages=_pad([s.advantages for s in samples], length, 0.0, torch.float32),
         temperatures=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
         inference_logprobs=_pad([s.inference_logprobs for s in samples], length, 1.0, torch.float32)
-        if has_inf else None,
-        ref_logprobs=_pad([s.ref_logprobs for s in samples], length, 0.0, torch.float32) if has_ref else None,
+        if has_inf
+        else None,
+        ref_logprobs=_pad([s.ref_logprobs for s in samples], length, 0.0, torch.float32)
+        if has_ref
+        else None,
     )
 
 
@@ -188,7 +207,7 @@ def pad_data_to_good_offset(
     for group in batch:
         samples.extend(group_to_samples(group))
     return [
-        collate(samples[i: i + batch_size], pad_token_id, pad_to_multiple, max_len)
+        collate(samples[i : i + batch_size], pad_token_id, pad_to_multiple, max_len)
         for i in range(0, len(samples), batch_size)
     ]
 

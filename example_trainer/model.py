@@ -13,8 +13,14 @@ from .config import TrainingConfig
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-           "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
 _LAYER_RE = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -82,7 +88,9 @@ def apply_lora(model: torch.nn.Module, config: TrainingConfig) -> torch.nn.Modul
     return get_peft_model(model, lora)
 
 
-def build_optimizer(params: List[torch.nn.Parameter], config: TrainingConfig) -> torch.optim.Optimizer:
+def build_optimizer(
+    params: List[torch.nn.Parameter], config: TrainingConfig
+) -> torch.optim.Optimizer:
     """AdamW, 8-bit AdamW (bitsandbytes, GPU only; falls back to AdamW) or Adafactor."""
     if config.optimizer == "adamw_8bit":
         if config.device.startswith("cuda"):
@@ -97,21 +105,35 @@ def build_optimizer(params: List[torch.nn.Parameter], config: TrainingConfig) ->
     if config.optimizer == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=config.lr, scale_parameter=config.adafactor_scale_parameter,
-                         relative_step=config.adafactor_relative_step, warmup_init=False)
+        return Adafactor(
+            params,
+            lr=config.lr,
+            scale_parameter=config.adafactor_scale_parameter,
+            relative_step=config.adafactor_relative_step,
+            warmup_init=False,
+        )
     fused = config.device.startswith("cuda")
-    return torch.optim.AdamW(params, lr=config.lr, fused=fused) if fused else torch.optim.AdamW(params, lr=config.lr)
+    return (
+        torch.optim.AdamW(params, lr=config.lr, fused=fused)
+        if fused
+        else torch.optim.AdamW(params, lr=config.lr)
+    )
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, warmup_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over ``warmup_steps`` then constant."""
+
     def factor(step: int) -> float:
         return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def setup_model(config: TrainingConfig, load_from: str | None = None) -> Tuple[torch.nn.Module, Any]:
+def setup_model(
+    config: TrainingConfig, load_from: str | None = None
+) -> Tuple[torch.nn.Module, Any]:
     """Model (with LoRA or layer freezing applied) and tokenizer.
 
     ``load_from`` is a checkpoint directory to resume from (full weights, or a

@@ -70,15 +70,22 @@ class ProcessGroup:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.children: Dict[str, Child] = {}
 
-    def start(self, name: str, cmd: Sequence[str], extra_env: Mapping[str, str] | None = None) -> Child:
+    def start(
+        self, name: str, cmd: Sequence[str], extra_env: Mapping[str, str] | None = None
+    ) -> Child:
         """Start ``cmd`` as child ``name`` (log: ``run_dir/logs/{name}.log``)."""
         child = Child(name=name, cmd=list(cmd), log_path=self.logs / f"{name}.log")
         with child.log_path.open("ab") as out:
             out.write(("$ " + " ".join(child.cmd) + "\n").encode())
             out.flush()
             child.proc = subprocess.Popen(
-                child.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**self.env, **(extra_env or {})}, start_new_session=True, preexec_fn=_die_with_parent,
+                child.cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**self.env, **(extra_env or {})},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         self.children[name] = child
         logger.info("started %s (pid %d): %s", name, child.pid, " ".join(child.cmd))
@@ -91,14 +98,18 @@ class ProcessGroup:
         while time.monotonic() < deadline:
             rc = child.returncode()
             if rc is not None:
-                raise RuntimeError(f"{name} exited with code {rc} during startup:\n{child.log_tail()}")
+                raise RuntimeError(
+                    f"{name} exited with code {rc} during startup:\n{child.log_tail()}"
+                )
             try:
                 if httpx.get(url, timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"{name} not healthy at {url} within {timeout:.0f}s:\n{child.log_tail()}")
+        raise RuntimeError(
+            f"{name} not healthy at {url} within {timeout:.0f}s:\n{child.log_tail()}"
+        )
 
     def failed(self, ignore: Sequence[str] = ()) -> Child | None:
         """The first child (not in ``ignore``) that has exited, if any."""

@@ -42,14 +42,22 @@ class WarmupSection(BaseModel):
     """Supervised warm-up on the task format before RL (cached)."""
 
     model_config = ConfigDict(extra="forbid")
-    examples: str = Field(..., description="'path/to/env.py:function' returning (messages, answer) pairs; called as fn(n, seed).")
+    examples: str = Field(
+        ...,
+        description="'path/to/env.py:function' returning (messages, answer) pairs; called as fn(n, seed).",
+    )
     n_examples: int = Field(2000, ge=1, description="Number of examples generated.")
     steps: int = Field(100, ge=1, description="Optimizer steps.")
     lr: float = Field(3e-3, gt=0, description="Learning rate.")
     batch_size: int = Field(32, ge=1, description="Examples per step.")
     seed: int = Field(0, description="Seed of the examples and the training order.")
-    score_function: str | None = Field(None, description="'path/to/env.py:function' called as fn(model, tokenizer) → score, to stop early.")
-    stop_at_score: float | None = Field(None, ge=0, le=1, description="Stop the warm-up once score_function reaches this.")
+    score_function: str | None = Field(
+        None,
+        description="'path/to/env.py:function' called as fn(model, tokenizer) → score, to stop early.",
+    )
+    stop_at_score: float | None = Field(
+        None, ge=0, le=1, description="Stop the warm-up once score_function reaches this."
+    )
     check_every: int = Field(10, ge=1, description="Steps between score checks.")
 
 
@@ -57,37 +65,77 @@ class EvalSection(BaseModel):
     """Evaluation through the inference server before, during and after training."""
 
     model_config = ConfigDict(extra="forbid")
-    function: str = Field(..., description="'path/to/env.py:function' called as fn(base_url, tokenizer) → score in [0, 1].")
-    every_steps: int = Field(0, ge=0, description="Also evaluate whenever the trainer passes a multiple of this step (0 = only before/after).")
+    function: str = Field(
+        ...,
+        description="'path/to/env.py:function' called as fn(base_url, tokenizer) → score in [0, 1].",
+    )
+    every_steps: int = Field(
+        0,
+        ge=0,
+        description="Also evaluate whenever the trainer passes a multiple of this step (0 = only before/after).",
+    )
 
 
 class RunConfig(BaseModel):
     """Configuration of ``atropos-grpo-run`` (YAML file and/or flags)."""
 
     model_config = ConfigDict(extra="forbid")
-    run_dir: str | None = Field(None, description="Directory for logs, checkpoints and the summary (default runs/run-<time>).")
-    model: str = Field("tiny", description="Model directory or hub name; 'tiny' = the offline tiny model.")
-    served_model_name: str | None = Field(None, description="Model name the inference server reports (default: model path).")
+    run_dir: str | None = Field(
+        None,
+        description="Directory for logs, checkpoints and the summary (default runs/run-<time>).",
+    )
+    model: str = Field(
+        "tiny", description="Model directory or hub name; 'tiny' = the offline tiny model."
+    )
+    served_model_name: str | None = Field(
+        None, description="Model name the inference server reports (default: model path)."
+    )
     api_port: int = Field(8000, ge=0, le=65535, description="run-api port (0 = any free port).")
-    inference_port: int = Field(9001, ge=0, le=65535, description="Inference server port (0 = any free port).")
-    inference_backend: Literal["serve_model", "vllm"] = Field("serve_model", description="Inference server: atropos-serve-model or vLLM.")
-    inference_args: List[str] = Field(default_factory=list, description="Extra flags for the inference server.")
-    envs: List[str] = Field(default_factory=lambda: ["environments/arithmetic_server.py"], description="Environment files to run (python FILE serve ...).")
-    env_args: List[str] = Field(default_factory=list, description="Extra flags for every environment.")
+    inference_port: int = Field(
+        9001, ge=0, le=65535, description="Inference server port (0 = any free port)."
+    )
+    inference_backend: Literal["serve_model", "vllm"] = Field(
+        "serve_model", description="Inference server: atropos-serve-model or vLLM."
+    )
+    inference_args: List[str] = Field(
+        default_factory=list, description="Extra flags for the inference server."
+    )
+    envs: List[str] = Field(
+        default_factory=lambda: ["environments/arithmetic_server.py"],
+        description="Environment files to run (python FILE serve ...).",
+    )
+    env_args: List[str] = Field(
+        default_factory=list, description="Extra flags for every environment."
+    )
     group_size: int = Field(8, ge=1, description="--env.group_size for the environments.")
     weight_bridge_mode: Literal["http_reload", "none", "lora_only", "lora_restart"] = Field(
-        "http_reload", description="Trainer weight sync mode.")
-    trainer: Dict[str, Any] = Field(default_factory=dict, description="TrainingConfig fields for the trainer (snake_case keys).")
-    trainer_args: List[str] = Field(default_factory=list, description="Extra atropos-grpo flags (after '--' on the command line).")
+        "http_reload", description="Trainer weight sync mode."
+    )
+    trainer: Dict[str, Any] = Field(
+        default_factory=dict, description="TrainingConfig fields for the trainer (snake_case keys)."
+    )
+    trainer_args: List[str] = Field(
+        default_factory=list,
+        description="Extra atropos-grpo flags (after '--' on the command line).",
+    )
     warmup: WarmupSection | None = Field(None, description="Supervised warm-up before RL.")
     eval: EvalSection | None = Field(None, description="Evaluation before/after training.")
-    cpu_threads: int = Field(0, ge=0, description="If > 0: OMP/torch CPU threads for every process (1 is fastest on a busy CPU).")
-    startup_timeout: float = Field(180.0, gt=0, description="Seconds each service may take to become healthy.")
-    max_wall_time: float = Field(0.0, ge=0, description="Stop everything after this many seconds (0 = no limit).")
+    cpu_threads: int = Field(
+        0,
+        ge=0,
+        description="If > 0: OMP/torch CPU threads for every process (1 is fastest on a busy CPU).",
+    )
+    startup_timeout: float = Field(
+        180.0, gt=0, description="Seconds each service may take to become healthy."
+    )
+    max_wall_time: float = Field(
+        0.0, ge=0, description="Stop everything after this many seconds (0 = no limit)."
+    )
     status_interval: float = Field(1.0, gt=0, description="Seconds between status refreshes.")
 
 
 # --- helpers -----------------------------------------------------------------------------
+
 
 def load_function(spec: str) -> Callable[..., Any]:
     """Import ``'path/to/file.py:name'`` (or ``'package.module:name'``) and return the attribute."""
@@ -163,6 +211,7 @@ def read_metrics(path: Path) -> List[Dict[str, Any]]:
 
 # --- the launcher ---------------------------------------------------------------------------
 
+
 class Launcher:
     """Runs one training job end to end. See the module docstring."""
 
@@ -173,7 +222,11 @@ class Launcher:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not config.trainer.get("resume"):
             clear_previous_run(self.run_dir)
-        threads = {k: str(config.cpu_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if config.cpu_threads else {}
+        threads = (
+            {k: str(config.cpu_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            if config.cpu_threads
+            else {}
+        )
         self.procs = ProcessGroup(self.run_dir, env=threads)
         if config.cpu_threads:
             import torch
@@ -199,23 +252,64 @@ class Launcher:
             logger.info("supervised warm-up: %d steps on %d examples", w.steps, len(examples))
             cache = Path(".cache") / f"warmup-{Path(model).name}-{w.steps}"
             score_fn = load_function(w.score_function) if w.score_function else None
-            model = sft_warmup(model, examples, cache, steps=w.steps, lr=w.lr, batch_size=w.batch_size, seed=w.seed,
-                               score_fn=score_fn, stop_at_score=w.stop_at_score, check_every=w.check_every)
+            model = sft_warmup(
+                model,
+                examples,
+                cache,
+                steps=w.steps,
+                lr=w.lr,
+                batch_size=w.batch_size,
+                seed=w.seed,
+                score_fn=score_fn,
+                stop_at_score=w.stop_at_score,
+                check_every=w.check_every,
+            )
         return str(Path(model).resolve()) if Path(model).exists() else model
 
     def start_services(self, model: str) -> None:
         """run-api and (unless the trainer owns it) the inference server."""
         c = self.config
-        self.procs.start("api", [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1",
-                                 "--port", str(self.api_port)])
+        self.procs.start(
+            "api",
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.cli.run_api",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.api_port),
+            ],
+        )
         if c.weight_bridge_mode not in ("none", "lora_restart"):
             name = c.served_model_name or model
             if c.inference_backend == "vllm":
-                cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                       "--host", "127.0.0.1", "--port", str(self.inf_port), "--served-model-name", name]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    model,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.inf_port),
+                    "--served-model-name",
+                    name,
+                ]
             else:
-                cmd = [sys.executable, "-m", "atroposlib.cli.serve_model", model, "--host", "127.0.0.1",
-                       "--port", str(self.inf_port), "--served-model-name", name]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "atroposlib.cli.serve_model",
+                    model,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.inf_port),
+                    "--served-model-name",
+                    name,
+                ]
             self.procs.start("inference", cmd + list(c.inference_args))
             self.procs.wait_healthy("inference", f"{self.inf_url}/health", c.startup_timeout)
         self.procs.wait_healthy("api", f"{self.api_url}/health", c.startup_timeout)
@@ -224,9 +318,13 @@ class Launcher:
         """The ``atropos-grpo`` command line."""
         c = self.config
         fields = {
-            "save_path": str(self.run_dir / "checkpoints"), "log_dir": str(self.run_dir),
-            "atropos_url": self.api_url, "vllm_port": self.inf_port, "inference_url": self.inf_url,
-            "weight_bridge_mode": c.weight_bridge_mode, "progress": False,
+            "save_path": str(self.run_dir / "checkpoints"),
+            "log_dir": str(self.run_dir),
+            "atropos_url": self.api_url,
+            "vllm_port": self.inf_port,
+            "inference_url": self.inf_url,
+            "weight_bridge_mode": c.weight_bridge_mode,
+            "progress": False,
             "inference_backend": "vllm" if c.inference_backend == "vllm" else "serve_model",
             "device": "cpu",
         }
@@ -243,11 +341,28 @@ class Launcher:
     def env_cmd(self, env_file: str, model: str) -> List[str]:
         """``python ENV serve ...`` for one environment."""
         c = self.config
-        return [sys.executable, env_file, "serve",
-                "--env.rollout_server_url", self.api_url, "--env.tokenizer_name", model,
-                "--env.use_wandb", "false", "--env.group_size", str(c.group_size),
-                "--openai.base_url", f"{self.inf_url}/v1", "--openai.model_name", c.served_model_name or model,
-                "--openai.server_type", "vllm", "--openai.api_key", "x", *c.env_args]
+        return [
+            sys.executable,
+            env_file,
+            "serve",
+            "--env.rollout_server_url",
+            self.api_url,
+            "--env.tokenizer_name",
+            model,
+            "--env.use_wandb",
+            "false",
+            "--env.group_size",
+            str(c.group_size),
+            "--openai.base_url",
+            f"{self.inf_url}/v1",
+            "--openai.model_name",
+            c.served_model_name or model,
+            "--openai.server_type",
+            "vllm",
+            "--openai.api_key",
+            "x",
+            *c.env_args,
+        ]
 
     def evaluate(self, label: str, step: int, model: str) -> float | None:
         """Run the configured eval function against the inference server."""
@@ -258,7 +373,9 @@ class Launcher:
         fn = load_function(self.config.eval.function)
         t = time.time()
         score = float(fn(self.inf_url, AutoTokenizer.from_pretrained(model)))
-        self.evals.append({"label": label, "step": step, "score": score, "seconds": time.time() - t})
+        self.evals.append(
+            {"label": label, "step": step, "score": score, "seconds": time.time() - t}
+        )
         logger.info("eval %s (step %d): %.3f", label, step, score)
         return score
 
@@ -288,15 +405,30 @@ class Launcher:
 
     def evaluate_served_checkpoint(self, model: str) -> None:
         """Restart modes: the trainer's server is gone, so serve its last weights briefly and evaluate."""
-        served = sorted((self.run_dir / "checkpoints" / "served_weights").glob("step_*"),
-                        key=lambda p: int(p.name.split("_")[1]))
+        served = sorted(
+            (self.run_dir / "checkpoints" / "served_weights").glob("step_*"),
+            key=lambda p: int(p.name.split("_")[1]),
+        )
         if not served:
             logger.warning("no served weights found; skipping the final eval")
             return
-        self.procs.start("inference-eval", [sys.executable, "-m", "atroposlib.cli.serve_model", str(served[-1]),
-                                            "--host", "127.0.0.1", "--port", str(self.inf_port)])
+        self.procs.start(
+            "inference-eval",
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.cli.serve_model",
+                str(served[-1]),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.inf_port),
+            ],
+        )
         try:
-            self.procs.wait_healthy("inference-eval", f"{self.inf_url}/health", self.config.startup_timeout)
+            self.procs.wait_healthy(
+                "inference-eval", f"{self.inf_url}/health", self.config.startup_timeout
+            )
             self.evaluate("after", self._last_step(), model)
         finally:
             self.procs.stop("inference-eval")
@@ -329,12 +461,16 @@ class Launcher:
                 live.update(self._table())
                 if rc is not None:
                     if rc != 0:
-                        console.print(f"[red]trainer exited with code {rc}[/red]\n"
-                                      + self.procs.children["trainer"].log_tail())
+                        console.print(
+                            f"[red]trainer exited with code {rc}[/red]\n"
+                            + self.procs.children["trainer"].log_tail()
+                        )
                     return rc
                 dead = self.procs.failed(ignore=("trainer",))
                 if dead is not None:
-                    console.print(f"[red]{dead.name} exited with code {dead.returncode()}[/red]\n{dead.log_tail()}")
+                    console.print(
+                        f"[red]{dead.name} exited with code {dead.returncode()}[/red]\n{dead.log_tail()}"
+                    )
                     return 1
                 if self.config.max_wall_time and time.time() - self.t0 > self.config.max_wall_time:
                     console.print("[red]max_wall_time reached[/red]")
@@ -349,17 +485,28 @@ class Launcher:
             table.add_column(col)
         for child in self.procs.children.values():
             rc = child.returncode()
-            state = "[green]running[/green]" if rc is None else ("done" if rc == 0 else f"[red]exit {rc}[/red]")
-            table.add_row(child.name, str(child.pid), state, str(child.log_path.relative_to(self.run_dir)))
+            state = (
+                "[green]running[/green]"
+                if rc is None
+                else ("done" if rc == 0 else f"[red]exit {rc}[/red]")
+            )
+            table.add_row(
+                child.name, str(child.pid), state, str(child.log_path.relative_to(self.run_dir))
+            )
         rows = read_metrics(self.run_dir / "metrics.jsonl")
         if rows:
             last = rows[-1]
-            table.caption = (f"step {last['step']}  loss {last.get('train/loss', float('nan')):+.4f}  "
-                             f"mean score {last.get('train/mean_score', float('nan')):.3f}  "
-                             f"{last.get('train/tokens_per_second', 0):.0f} tok/s")
+            table.caption = (
+                f"step {last['step']}  loss {last.get('train/loss', float('nan')):+.4f}  "
+                f"mean score {last.get('train/mean_score', float('nan')):.3f}  "
+                f"{last.get('train/tokens_per_second', 0):.0f} tok/s"
+            )
         if self.evals:
-            table.caption = (table.caption or "") + "   evals: " + ", ".join(
-                f"{e['label']}@{e['step']}={e['score']:.2f}" for e in self.evals)
+            table.caption = (
+                (table.caption or "")
+                + "   evals: "
+                + ", ".join(f"{e['label']}@{e['step']}={e['score']:.2f}" for e in self.evals)
+            )
         return table
 
     def write_summary(self, status: int) -> Dict[str, Any]:
@@ -381,13 +528,21 @@ class Launcher:
             "run_dir": str(self.run_dir),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        lines = [f"# Run summary ({summary['status']})", "",
-                 f"- wall time: {summary['wall_time_s']} s", f"- trainer steps: {summary['steps']}"]
+        lines = [
+            f"# Run summary ({summary['status']})",
+            "",
+            f"- wall time: {summary['wall_time_s']} s",
+            f"- trainer steps: {summary['steps']}",
+        ]
         if before is not None and after is not None:
-            lines.append(f"- eval score: {before:.3f} before → {after:.3f} after ({after - before:+.3f})")
+            lines.append(
+                f"- eval score: {before:.3f} before → {after:.3f} after ({after - before:+.3f})"
+            )
             summary["improvement"] = after - before
             summary["ratio"] = after / before if before > 0 else None
-            lines.append(f"- learned (after >= 2x before and >= +0.3): {'yes' if after >= 2 * before and after - before >= 0.3 else 'no'}")
+            lines.append(
+                f"- learned (after >= 2x before and >= +0.3): {'yes' if after >= 2 * before and after - before >= 0.3 else 'no'}"
+            )
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         (self.run_dir / "summary.md").write_text("\n".join(lines) + "\n")
         try:
@@ -415,10 +570,19 @@ def plot_curve(rows: Sequence[Dict[str, Any]], evals: Sequence[Dict[str, Any]], 
     if steps:
         ax.plot(steps, scores, alpha=0.35, label="batch mean reward")
         k = max(1, len(scores) // 10)
-        avg = [sum(scores[max(0, i - k + 1): i + 1]) / len(scores[max(0, i - k + 1): i + 1]) for i in range(len(scores))]
+        avg = [
+            sum(scores[max(0, i - k + 1) : i + 1]) / len(scores[max(0, i - k + 1) : i + 1])
+            for i in range(len(scores))
+        ]
         ax.plot(steps, avg, label=f"reward (moving avg {k})")
     if evals:
-        ax.plot([e["step"] for e in evals], [e["score"] for e in evals], "o-", color="black", label="eval score")
+        ax.plot(
+            [e["step"] for e in evals],
+            [e["score"] for e in evals],
+            "o-",
+            color="black",
+            label="eval score",
+        )
     ax.set_xlabel("trainer step")
     ax.set_ylabel("score")
     ax.set_ylim(-0.05, 1.05)
@@ -431,10 +595,12 @@ def plot_curve(rows: Sequence[Dict[str, Any]], evals: Sequence[Dict[str, Any]], 
 
 # --- CLI ---------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``atropos-grpo-run``; everything after ``--`` goes to the trainer."""
     p = argparse.ArgumentParser(
-        prog="atropos-grpo-run", allow_abbrev=False,
+        prog="atropos-grpo-run",
+        allow_abbrev=False,
         usage="atropos-grpo-run [--config RUN.yaml] [options] [-- TRAINER FLAGS]",
         description="Start run-api, an inference server, environments and the GRPO trainer; stop them all on exit.",
     )
@@ -442,14 +608,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help=RunConfig.model_fields["run_dir"].description)
     p.add_argument("--model", help=RunConfig.model_fields["model"].description)
     p.add_argument("--api-port", type=int, help=RunConfig.model_fields["api_port"].description)
-    p.add_argument("--inference-port", type=int, help=RunConfig.model_fields["inference_port"].description)
+    p.add_argument(
+        "--inference-port", type=int, help=RunConfig.model_fields["inference_port"].description
+    )
     p.add_argument("--inference-backend", choices=["serve_model", "vllm"])
-    p.add_argument("--weight-bridge-mode", choices=["http_reload", "none", "lora_only", "lora_restart"])
+    p.add_argument(
+        "--weight-bridge-mode", choices=["http_reload", "none", "lora_only", "lora_restart"]
+    )
     p.add_argument("--env", action="append", dest="envs", help="Environment file (repeatable).")
     p.add_argument("--group-size", type=int)
-    p.add_argument("--training-steps", type=int, help="Shortcut for the trainer's --training-steps.")
-    p.add_argument("--max-wall-time", type=float, help=RunConfig.model_fields["max_wall_time"].description)
-    p.add_argument("--no-warmup", action="store_true", help="Skip the supervised warm-up of the config.")
+    p.add_argument(
+        "--training-steps", type=int, help="Shortcut for the trainer's --training-steps."
+    )
+    p.add_argument(
+        "--max-wall-time", type=float, help=RunConfig.model_fields["max_wall_time"].description
+    )
+    p.add_argument(
+        "--no-warmup", action="store_true", help="Skip the supervised warm-up of the config."
+    )
     p.add_argument("--no-eval", action="store_true", help="Skip evaluation.")
     return p
 
@@ -460,7 +636,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
     trainer_args: List[str] = []
     if "--" in argv:
         idx = argv.index("--")
-        argv, trainer_args = argv[:idx], argv[idx + 1:]
+        argv, trainer_args = argv[:idx], argv[idx + 1 :]
     parser = build_parser()
     ns = parser.parse_args(argv)
     data: Dict[str, Any] = {}
@@ -471,8 +647,17 @@ def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
             parser.error(f"--config: {exc}")
         if not isinstance(data, dict):
             parser.error("--config: the YAML file must hold a mapping")
-    for key in ("run_dir", "model", "api_port", "inference_port", "inference_backend", "weight_bridge_mode",
-                "envs", "group_size", "max_wall_time"):
+    for key in (
+        "run_dir",
+        "model",
+        "api_port",
+        "inference_port",
+        "inference_backend",
+        "weight_bridge_mode",
+        "envs",
+        "group_size",
+        "max_wall_time",
+    ):
         if getattr(ns, key) is not None:
             data[key] = getattr(ns, key)
     if ns.training_steps is not None:
@@ -489,8 +674,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
     if cfg.trainer or cfg.trainer_args:  # validate the trainer's flags now, not after startup
         from .cli import config_from_args as trainer_config
 
-        trainer_config([*_flags(dict(cfg.trainer)), *cfg.trainer_args, "--model-name", "x"],
-                       prog="atropos-grpo-run (trainer settings)")
+        trainer_config(
+            [*_flags(dict(cfg.trainer)), *cfg.trainer_args, "--model-name", "x"],
+            prog="atropos-grpo-run (trainer settings)",
+        )
     return cfg
 
 
@@ -501,7 +688,9 @@ def _on_signal(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atropos-grpo-run``."""
     cfg = config_from_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)

@@ -37,7 +37,9 @@ class MetricsWriter:
         if config.use_wandb:
             import wandb
 
-            wandb.init(project=config.wandb_project, group=config.wandb_group, config=config.model_dump())
+            wandb.init(
+                project=config.wandb_project, group=config.wandb_group, config=config.model_dump()
+            )
             self.wandb = wandb
 
     def log(self, metrics: Dict[str, float], step: int) -> None:
@@ -68,10 +70,15 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._progress = RichProgress(
-                TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                TextColumn("[bold]GRPO"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
             )
-            self._task = self._progress.add_task("train", total=total, completed=completed, info="waiting for data")
+            self._task = self._progress.add_task(
+                "train", total=total, completed=completed, info="waiting for data"
+            )
             self._progress.start()
 
     def update(self, step: int, info: str) -> None:
@@ -123,15 +130,24 @@ class GRPOTrainer:
     # --- one optimizer step ------------------------------------------------------------
     def _forward_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         dev = self.config.device
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else nullcontext()
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if dev.startswith("cuda")
+            else nullcontext()
+        )
         with autocast:
-            return model(input_ids=mb.input_ids.to(dev), attention_mask=mb.attention_mask.to(dev),
-                         use_cache=False).logits
+            return model(
+                input_ids=mb.input_ids.to(dev),
+                attention_mask=mb.attention_mask.to(dev),
+                use_cache=False,
+            ).logits
 
     def train_on_batch(self, batch: List[Dict[str, Any]]) -> Dict[str, float]:
         """Forward/backward over all micro-batches of ``batch`` and one optimizer step."""
         cfg, dev = self.config, self.config.device
-        micro = pad_data_to_good_offset(batch, cfg.batch_size, self.pad_id, cfg.pad_to_multiple, cfg.seq_len)
+        micro = pad_data_to_good_offset(
+            batch, cfg.batch_size, self.pad_id, cfg.pad_to_multiple, cfg.seq_len
+        )
         if not micro:
             raise ValueError("batch has no trainable sequences")
         total_tokens = max(sum(mb.num_label_tokens for mb in micro), 1)
@@ -143,14 +159,22 @@ class GRPOTrainer:
             ref_lp = mb.ref_logprobs
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_lp = token_logprobs(self._forward_logits(self.ref_model, mb), mb.labels.to(dev),
-                                            mb.temperatures.to(dev))
+                    ref_lp = token_logprobs(
+                        self._forward_logits(self.ref_model, mb),
+                        mb.labels.to(dev),
+                        mb.temperatures.to(dev),
+                    )
             logits = self._forward_logits(self.model, mb)
             out = compute_grpo_loss(
-                logits, mb.labels.to(dev), mb.advantages.to(dev), mb.temperatures.to(dev),
+                logits,
+                mb.labels.to(dev),
+                mb.advantages.to(dev),
+                mb.temperatures.to(dev),
                 mb.inference_logprobs.to(dev) if mb.inference_logprobs is not None else None,
-                clip_eps=cfg.clip_eps, ref_logprobs=ref_lp.to(dev) if ref_lp is not None else None,
-                kl_coef=cfg.kl_coef, normalizer=total_tokens,
+                clip_eps=cfg.clip_eps,
+                ref_logprobs=ref_lp.to(dev) if ref_lp is not None else None,
+                kl_coef=cfg.kl_coef,
+                normalizer=total_tokens,
             )
             out.loss.backward()
             loss_total += float(out.loss.detach())
@@ -159,19 +183,22 @@ class GRPOTrainer:
                 agg[k] = agg.get(k, 0.0) + (v if k == "train/num_tokens" else v * weight)
             n_input_tokens += int(mb.attention_mask.sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm)
+            [p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm
+        )
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         step_time = time.perf_counter() - t0
-        agg.update({
-            "train/loss": loss_total,
-            "train/grad_norm": float(grad_norm),
-            "train/lr": self.scheduler.get_last_lr()[0],
-            "train/step_time": step_time,
-            "train/tokens_per_second": n_input_tokens / max(step_time, 1e-9),
-            "train/input_tokens": float(n_input_tokens),
-        })
+        agg.update(
+            {
+                "train/loss": loss_total,
+                "train/grad_norm": float(grad_norm),
+                "train/lr": self.scheduler.get_last_lr()[0],
+                "train/step_time": step_time,
+                "train/tokens_per_second": n_input_tokens / max(step_time, 1e-9),
+                "train/input_tokens": float(n_input_tokens),
+            }
+        )
         if dev.startswith("cuda"):
             agg["train/gpu_memory_gb"] = torch.cuda.memory_allocated() / 1e9
             agg["train/gpu_memory_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
@@ -192,7 +219,9 @@ class GRPOTrainer:
             sync.start()
             while self.step < cfg.training_steps:
                 t_fetch = time.perf_counter()
-                batch = api.wait_for_batch(cfg.atropos_url, cfg.batch_poll_interval, cfg.batch_wait_timeout)
+                batch = api.wait_for_batch(
+                    cfg.atropos_url, cfg.batch_poll_interval, cfg.batch_wait_timeout
+                )
                 fetch_time = time.perf_counter() - t_fetch
                 metrics = self.train_on_batch(batch)
                 self.step += 1
@@ -200,22 +229,48 @@ class GRPOTrainer:
                 metrics["train/data_fetch_time"] = fetch_time
                 totals["tokens"] += metrics["train/input_tokens"]
                 totals["time"] += metrics["train/step_time"]
-                if cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0 \
-                        and self.step < cfg.training_steps:
-                    save_checkpoint(self.model, self.tokenizer, self.optimizer, self.scheduler, self.step, cfg.save_path)
-                metrics["train/sync_time"] = sync.sync(self.step) if sync.should_sync(self.step) else 0.0
+                if (
+                    cfg.checkpoint_interval > 0
+                    and self.step % cfg.checkpoint_interval == 0
+                    and self.step < cfg.training_steps
+                ):
+                    save_checkpoint(
+                        self.model,
+                        self.tokenizer,
+                        self.optimizer,
+                        self.scheduler,
+                        self.step,
+                        cfg.save_path,
+                    )
+                metrics["train/sync_time"] = (
+                    sync.sync(self.step) if sync.should_sync(self.step) else 0.0
+                )
                 if getattr(sync, "last_version", None) is not None:
                     metrics["train/weights_version"] = float(sync.last_version)
                 writer.log(metrics, self.step)
-                progress.update(self.step, (
-                    f"loss {metrics['train/loss']:+.4f}  score {metrics['train/mean_score']:.3f}  "
-                    f"{metrics['train/tokens_per_second']:.0f} tok/s"
-                ))
-            final = save_checkpoint(self.model, self.tokenizer, self.optimizer, self.scheduler, self.step,
-                                    cfg.save_path, name="final_adapter" if cfg.uses_lora else "final_model")
+                progress.update(
+                    self.step,
+                    (
+                        f"loss {metrics['train/loss']:+.4f}  score {metrics['train/mean_score']:.3f}  "
+                        f"{metrics['train/tokens_per_second']:.0f} tok/s"
+                    ),
+                )
+            final = save_checkpoint(
+                self.model,
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+                self.step,
+                cfg.save_path,
+                name="final_adapter" if cfg.uses_lora else "final_model",
+            )
             if cfg.benchmark:
-                writer.summary({"benchmark/tokens_per_second": totals["tokens"] / max(totals["time"], 1e-9),
-                                "benchmark/total_step_time": totals["time"]})
+                writer.summary(
+                    {
+                        "benchmark/tokens_per_second": totals["tokens"] / max(totals["time"], 1e-9),
+                        "benchmark/total_step_time": totals["time"],
+                    }
+                )
             return final
         finally:
             progress.close()

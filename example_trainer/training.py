@@ -36,7 +36,9 @@ class LossOutput:
     metrics: Dict[str, float]
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, temperatures: torch.Tensor | None = None
+) -> torch.Tensor:
     """Log-probability of each label under ``logits / temperature``; 0 where label is −100.
 
     ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``.
@@ -106,13 +108,15 @@ def compute_grpo_loss(
         }
         if has_old:
             diff = (logp - old_logp) * mask
-            metrics.update({
-                "logprobs/inference_mean": float((old_logp * mask).sum() / tok),
-                "logprobs/inference_std": _masked_std(old_logp, mask),
-                "alignment/diff_mean": float(diff.sum() / tok),
-                "alignment/diff_abs_mean": float(diff.abs().sum() / tok),
-                "alignment/diff_max": float(diff.abs().max()) if n_tokens > 0 else 0.0,
-            })
+            metrics.update(
+                {
+                    "logprobs/inference_mean": float((old_logp * mask).sum() / tok),
+                    "logprobs/inference_std": _masked_std(old_logp, mask),
+                    "alignment/diff_mean": float(diff.sum() / tok),
+                    "alignment/diff_abs_mean": float(diff.abs().sum() / tok),
+                    "alignment/diff_max": float(diff.abs().max()) if n_tokens > 0 else 0.0,
+                }
+            )
         if kl is not None:
             metrics["train/kl"] = float((kl * mask).sum() / tok)
     return LossOutput(loss=loss, metrics=metrics)

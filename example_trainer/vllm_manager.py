@@ -39,19 +39,46 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if importlib.util.find_spec("vllm") is not None else "serve_model"
 
 
-def server_command(backend: str, model_path: str, port: int, served_model_name: str | None = None,
-                   host: str = "127.0.0.1", gpu_memory_utilization: float = 0.45,
-                   max_model_len: int | None = None) -> List[str]:
+def server_command(
+    backend: str,
+    model_path: str,
+    port: int,
+    served_model_name: str | None = None,
+    host: str = "127.0.0.1",
+    gpu_memory_utilization: float = 0.45,
+    max_model_len: int | None = None,
+) -> List[str]:
     """The command line that serves ``model_path`` on ``port``."""
     backend = resolve_backend(backend)
     if backend == "vllm":
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-               "--host", host, "--port", str(port), "--dtype", "auto",
-               "--gpu-memory-utilization", str(gpu_memory_utilization)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--dtype",
+            "auto",
+            "--gpu-memory-utilization",
+            str(gpu_memory_utilization),
+        ]
         if max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
     elif backend == "serve_model":
-        cmd = [sys.executable, "-m", "atroposlib.cli.serve_model", model_path, "--host", host, "--port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "atroposlib.cli.serve_model",
+            model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
     else:
         raise InferenceServerError(f"unknown inference backend {backend!r} (vllm | serve_model)")
     if served_model_name:
@@ -72,22 +99,34 @@ def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None)
     last = ""
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise InferenceServerError(f"inference server exited with code {proc.returncode} before becoming healthy")
+            raise InferenceServerError(
+                f"inference server exited with code {proc.returncode} before becoming healthy"
+            )
         try:
             if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError as exc:
             last = str(exc)
         time.sleep(0.2)
-    raise InferenceServerError(f"inference server at {url} not healthy within {timeout:.0f}s ({last})")
+    raise InferenceServerError(
+        f"inference server at {url} not healthy within {timeout:.0f}s ({last})"
+    )
 
 
 class InferenceProcess:
     """One inference server child process, restartable on a new model path."""
 
-    def __init__(self, backend: str, port: int, served_model_name: str | None, log_path: Path | None,
-                 timeout: float, gpu_memory_utilization: float = 0.45, max_model_len: int | None = None,
-                 gpu: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: str,
+        port: int,
+        served_model_name: str | None,
+        log_path: Path | None,
+        timeout: float,
+        gpu_memory_utilization: float = 0.45,
+        max_model_len: int | None = None,
+        gpu: int | None = None,
+    ) -> None:
         self.backend = resolve_backend(backend)
         self.port = port
         self.served_model_name = served_model_name
@@ -111,15 +150,23 @@ class InferenceProcess:
             raise InferenceServerError(
                 f"port {self.port} is already in use; stop whatever listens there or pick another --vllm-port"
             )
-        cmd = server_command(self.backend, model_path, self.port, self.served_model_name,
-                             gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len)
+        cmd = server_command(
+            self.backend,
+            model_path,
+            self.port,
+            self.served_model_name,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+        )
         env = dict(os.environ)
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             logger.info("starting inference server: %s", " ".join(cmd))
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         finally:
             if self.log_path:
                 out.close()

@@ -27,15 +27,22 @@ Example = Tuple[List[Dict[str, str]], str]
 MARKER = "warmup.json"
 
 
-def encode_example(tokenizer: Any, messages: List[Dict[str, str]], answer: str) -> Tuple[List[int], List[int]]:
+def encode_example(
+    tokenizer: Any, messages: List[Dict[str, str]], answer: str
+) -> Tuple[List[int], List[int]]:
     """Token ids and labels (−100 on the prompt) for one chat example ending in ``eos``."""
-    prompt = list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                return_dict=False))
+    prompt = list(
+        tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+    )
     completion = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt + completion, [-100] * len(prompt) + completion
 
 
-def _cache_key(model_dir: str, examples: Sequence[Example], steps: int, lr: float, batch_size: int, seed: int) -> str:
+def _cache_key(
+    model_dir: str, examples: Sequence[Example], steps: int, lr: float, batch_size: int, seed: int
+) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([str(Path(model_dir).resolve()), steps, lr, batch_size, seed]).encode())
     h.update(json.dumps(examples, sort_keys=True).encode())
@@ -45,10 +52,18 @@ def _cache_key(model_dir: str, examples: Sequence[Example], steps: int, lr: floa
     return h.hexdigest()[:16]
 
 
-def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path, steps: int = 200,
-               lr: float = 3e-3, batch_size: int = 32, seed: int = 0,
-               score_fn: Callable[[Any, Any], float] | None = None, stop_at_score: float | None = None,
-               check_every: int = 10) -> str:
+def sft_warmup(
+    model_dir: str,
+    examples: Sequence[Example],
+    out_dir: str | Path,
+    steps: int = 200,
+    lr: float = 3e-3,
+    batch_size: int = 32,
+    seed: int = 0,
+    score_fn: Callable[[Any, Any], float] | None = None,
+    stop_at_score: float | None = None,
+    check_every: int = 10,
+) -> str:
     """Fine-tune ``model_dir`` on ``examples`` for at most ``steps`` steps; return the output directory.
 
     With ``score_fn(model, tokenizer)`` and ``stop_at_score``, training stops as soon
@@ -58,7 +73,8 @@ def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path,
     """
     out = Path(out_dir)
     key = _cache_key(model_dir, examples, steps, lr, batch_size, seed) + (
-        f"-stop{stop_at_score}-every{check_every}" if stop_at_score is not None else "")
+        f"-stop{stop_at_score}-every{check_every}" if stop_at_score is not None else ""
+    )
     marker = out / MARKER
     if marker.exists() and json.loads(marker.read_text()).get("key") == key:
         logger.info("warm-up cached at %s", out)
@@ -100,7 +116,9 @@ def sft_warmup(model_dir: str, examples: Sequence[Example], out_dir: str | Path,
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / MARKER).write_text(json.dumps({"key": key, "steps": done, "final_loss": loss_val, "score": score}))
+    (tmp / MARKER).write_text(
+        json.dumps({"key": key, "steps": done, "final_loss": loss_val, "score": score})
+    )
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

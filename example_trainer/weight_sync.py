@@ -83,22 +83,33 @@ class HttpReloadSync(WeightSync):
         try:
             resp = httpx.get(f"{self.url}/health", timeout=min(10.0, self.config.sync_timeout))
         except httpx.HTTPError as exc:
-            raise WeightSyncError(f"http_reload: inference server {self.url} not reachable: {exc}") from exc
+            raise WeightSyncError(
+                f"http_reload: inference server {self.url} not reachable: {exc}"
+            ) from exc
         if resp.status_code != 200:
             raise WeightSyncError(f"http_reload: {self.url}/health answered {resp.status_code}")
 
     def _post(self, path: Path) -> dict:
         try:
-            resp = httpx.post(f"{self.url}/update_weights", json={"path": str(path.resolve())},
-                              timeout=self.config.sync_timeout)
+            resp = httpx.post(
+                f"{self.url}/update_weights",
+                json={"path": str(path.resolve())},
+                timeout=self.config.sync_timeout,
+            )
         except httpx.TimeoutException as exc:
-            raise WeightSyncError(f"http_reload: /update_weights timed out after {self.config.sync_timeout:.0f}s") from exc
+            raise WeightSyncError(
+                f"http_reload: /update_weights timed out after {self.config.sync_timeout:.0f}s"
+            ) from exc
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"http_reload: /update_weights failed: {exc}") from exc
         if resp.status_code == 404:
-            raise WeightSyncError(f"http_reload: {self.url} has no /update_weights (is it atropos-serve-model?)")
+            raise WeightSyncError(
+                f"http_reload: {self.url} has no /update_weights (is it atropos-serve-model?)"
+            )
         if resp.status_code >= 400:
-            raise WeightSyncError(f"http_reload: /update_weights answered {resp.status_code}: {resp.text[:300]}")
+            raise WeightSyncError(
+                f"http_reload: /update_weights answered {resp.status_code}: {resp.text[:300]}"
+            )
         try:
             return resp.json()
         except ValueError:
@@ -110,8 +121,14 @@ class HttpReloadSync(WeightSync):
         save_model_dir(merged_copy(self.model), self.tokenizer, target)
         data = self._post(target)
         version = data.get("version")
-        if isinstance(version, int) and self.last_version is not None and version <= self.last_version:
-            raise WeightSyncError(f"http_reload: server version did not advance ({self.last_version} → {version})")
+        if (
+            isinstance(version, int)
+            and self.last_version is not None
+            and version <= self.last_version
+        ):
+            raise WeightSyncError(
+                f"http_reload: server version did not advance ({self.last_version} → {version})"
+            )
         self.last_version = version if isinstance(version, int) else self.last_version
         if self._previous is not None and self._previous != target:
             shutil.rmtree(self._previous, ignore_errors=True)
@@ -128,9 +145,13 @@ class RestartSync(WeightSync):
         log = Path(config.metrics_dir) / "inference_server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self.server = InferenceProcess(
-            backend=config.inference_backend, port=config.vllm_port, served_model_name=config.model_name,
-            log_path=log, timeout=config.sync_timeout,
-            gpu_memory_utilization=config.vllm_gpu_memory_utilization, max_model_len=config.max_model_len,
+            backend=config.inference_backend,
+            port=config.vllm_port,
+            served_model_name=config.model_name,
+            log_path=log,
+            timeout=config.sync_timeout,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            max_model_len=config.max_model_len,
             gpu=config.vllm_gpu,
         )
         self._previous: Path | None = None
@@ -168,15 +189,19 @@ class LoraOnlySync(HttpReloadSync):
         adapter = self.root / f"adapter_step_{step}"
         save_model_dir(self.model, None, adapter)
         try:
-            resp = httpx.post(f"{self.url}/lora/load",
-                              json={"adapter_path": str(adapter.resolve()), "adapter_name": f"step_{step}"},
-                              timeout=self.config.sync_timeout)
+            resp = httpx.post(
+                f"{self.url}/lora/load",
+                json={"adapter_path": str(adapter.resolve()), "adapter_name": f"step_{step}"},
+                timeout=self.config.sync_timeout,
+            )
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"lora_only: /lora/load failed: {exc}") from exc
         if resp.status_code == 404:
             return super().sync(step) + (time.perf_counter() - t0)
         if resp.status_code >= 400:
-            raise WeightSyncError(f"lora_only: /lora/load answered {resp.status_code}: {resp.text[:300]}")
+            raise WeightSyncError(
+                f"lora_only: /lora/load answered {resp.status_code}: {resp.text[:300]}"
+            )
         self.syncs += 1
         return time.perf_counter() - t0
 

@@ -19,10 +19,18 @@ from pydantic import BaseModel, Field, model_validator
 class ThresholdLengthPenaltyConfig(BaseModel):
     """Settings of the threshold length penalty."""
 
-    max_token_length: int = Field(2048, gt=0, description="Length at which the penalised score reaches 0.")
-    threshold_ratio: float = Field(0.5, ge=0.0, lt=1.0,
-                                   description="Fraction of max_token_length below which no penalty applies.")
-    only_when_all_correct: bool = Field(True, description="Apply only when every score is >= correct_threshold.")
+    max_token_length: int = Field(
+        2048, gt=0, description="Length at which the penalised score reaches 0."
+    )
+    threshold_ratio: float = Field(
+        0.5,
+        ge=0.0,
+        lt=1.0,
+        description="Fraction of max_token_length below which no penalty applies.",
+    )
+    only_when_all_correct: bool = Field(
+        True, description="Apply only when every score is >= correct_threshold."
+    )
     correct_threshold: float = Field(1.0, description="A score at or above this counts as correct.")
 
     @model_validator(mode="after")
@@ -32,7 +40,9 @@ class ThresholdLengthPenaltyConfig(BaseModel):
         return self
 
 
-def length_penalty_factor(length: int, max_token_length: int, threshold_ratio: float = 0.5) -> float:
+def length_penalty_factor(
+    length: int, max_token_length: int, threshold_ratio: float = 0.5
+) -> float:
     """1.0 up to the threshold, then ``1 - (len - thr) / (max - thr)``, clamped to [0, 1]."""
     threshold = max_token_length * threshold_ratio
     if length <= threshold:
@@ -47,7 +57,9 @@ class ThresholdLengthPenaltyCalculator:
     def __init__(self, config: ThresholdLengthPenaltyConfig | None = None) -> None:
         self.config = config or ThresholdLengthPenaltyConfig()
 
-    def apply_length_penalties(self, scores: Sequence[float], lengths: Sequence[int]) -> List[float]:
+    def apply_length_penalties(
+        self, scores: Sequence[float], lengths: Sequence[int]
+    ) -> List[float]:
         """Penalised scores (``score * factor``), or the scores unchanged when the group
         is not all correct and ``only_when_all_correct`` is set.
 
@@ -59,8 +71,14 @@ class ThresholdLengthPenaltyCalculator:
         cfg = self.config
         if cfg.only_when_all_correct and not all(s >= cfg.correct_threshold for s in scores):
             return [float(s) for s in scores]
-        return [float(s) * length_penalty_factor(n, cfg.max_token_length, cfg.threshold_ratio)
-                for s, n in zip(scores, lengths, strict=True)]
+        return [
+            float(s) * length_penalty_factor(n, cfg.max_token_length, cfg.threshold_ratio)
+            for s, n in zip(scores, lengths, strict=True)
+        ]
 
 
-__all__ = ["ThresholdLengthPenaltyCalculator", "ThresholdLengthPenaltyConfig", "length_penalty_factor"]
+__all__ = [
+    "ThresholdLengthPenaltyCalculator",
+    "ThresholdLengthPenaltyConfig",
+    "length_penalty_factor",
+]

@@ -22,10 +22,12 @@ from atroposlib.tiny_model.tokenizer import SPECIAL_TOKENS, TOKENIZER_JSON
 def train_tokenizer(vocab_size: int = 4096, seed: int = 0, n_docs: int = 12000) -> Tokenizer:
     """Train a byte-level BPE with single-digit pre-splitting on the generated corpus."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -18,22 +18,36 @@ from pydantic_core import PydanticUndefined
 
 # (section title, "module:Class", how users set it)
 MODELS: list[tuple[str, str, str]] = [
-    ("Environment: `BaseEnvConfig`", "atroposlib.envs.base:BaseEnvConfig",
-     "`--env.<field>` on an environment's CLI, or the `env:` key of its YAML config."),
-    ("Inference server: `APIServerConfig` (alias `OpenaiConfig`)",
-     "atroposlib.envs.server_handling.server_baseline:APIServerConfig",
-     "`--openai.<field>`, or the `openai:` key (a dict, or a list of dicts for several servers)."),
-    ("Inference server template: `ServerBaseline`",
-     "atroposlib.envs.server_handling.server_baseline:ServerBaseline",
-     "Returned by `config_init()` when servers are discovered (SLURM) rather than listed."),
-    ("Server manager: `ServerManagerConfig`",
-     "atroposlib.envs.server_handling.server_manager:ServerManagerConfig",
-     "Un-prefixed flags (`--slurm`, `--testing`, ...) or top-level YAML keys."),
-    ("Teacher distillation: `TeacherDistillationConfig`",
-     "atroposlib.envs.teacher_distillation_env:TeacherDistillationConfig",
-     "`--env.<field>` on a `TeacherDistillationEnv`."),
-    ("Trainer: `TrainingConfig`", "example_trainer.config:TrainingConfig",
-     "`atropos-grpo --<field-with-dashes>`."),
+    (
+        "Environment: `BaseEnvConfig`",
+        "atroposlib.envs.base:BaseEnvConfig",
+        "`--env.<field>` on an environment's CLI, or the `env:` key of its YAML config.",
+    ),
+    (
+        "Inference server: `APIServerConfig` (alias `OpenaiConfig`)",
+        "atroposlib.envs.server_handling.server_baseline:APIServerConfig",
+        "`--openai.<field>`, or the `openai:` key (a dict, or a list of dicts for several servers).",
+    ),
+    (
+        "Inference server template: `ServerBaseline`",
+        "atroposlib.envs.server_handling.server_baseline:ServerBaseline",
+        "Returned by `config_init()` when servers are discovered (SLURM) rather than listed.",
+    ),
+    (
+        "Server manager: `ServerManagerConfig`",
+        "atroposlib.envs.server_handling.server_manager:ServerManagerConfig",
+        "Un-prefixed flags (`--slurm`, `--testing`, ...) or top-level YAML keys.",
+    ),
+    (
+        "Teacher distillation: `TeacherDistillationConfig`",
+        "atroposlib.envs.teacher_distillation_env:TeacherDistillationConfig",
+        "`--env.<field>` on a `TeacherDistillationEnv`.",
+    ),
+    (
+        "Trainer: `TrainingConfig`",
+        "example_trainer.config:TrainingConfig",
+        "`atropos-grpo --<field-with-dashes>`.",
+    ),
 ]
 
 
@@ -84,7 +98,14 @@ def main() -> None:
     run_api = importlib.import_module("atroposlib.cli.run_api")
     parser = getattr(run_api, "build_parser", None)
     if parser is not None:
-        out += ["## Rollout API: `run-api` flags", "", "```", parser().format_help().rstrip(), "```", ""]
+        out += [
+            "## Rollout API: `run-api` flags",
+            "",
+            "```",
+            parser().format_help().rstrip(),
+            "```",
+            "",
+        ]
     print("\n".join(out))
 
 

@@ -34,19 +34,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="Grab rollouts from the Atropos API (or a process jsonl) and save DPO preference pairs.",
     )
     add_common_arguments(parser, min_diff_default=0.5)
-    parser.add_argument("--save-n-pairs-per-group", type=int, default=3,
-                        help="at most this many pairs per group (default 3)")
+    parser.add_argument(
+        "--save-n-pairs-per-group",
+        type=int,
+        default=3,
+        help="at most this many pairs per group (default 3)",
+    )
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
-    def records_for(view: GroupView, use_messages: bool, rng: random.Random) -> list[dict[str, Any]]:
-        pairs = pair_dpo(view.scores, args.save_n_pairs_per_group, args.allow_negative_scores,
-                         args.minimum_score_diff_max_min, rng)
+    def records_for(
+        view: GroupView, use_messages: bool, rng: random.Random
+    ) -> list[dict[str, Any]]:
+        pairs = pair_dpo(
+            view.scores,
+            args.save_n_pairs_per_group,
+            args.allow_negative_scores,
+            args.minimum_score_diff_max_min,
+            rng,
+        )
         return dpo_records(view, pairs, use_messages, args.format)
 
-    return run_generation(args, records_for, batch_size=args.group_size * 8,
-                          num_steps=args.num_seqs_to_save * 2)
+    return run_generation(
+        args, records_for, batch_size=args.group_size * 8, num_steps=args.num_seqs_to_save * 2
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,11 +30,15 @@ from atroposlib.frontend.api_client import ApiError, TrainerClient
 logger = logging.getLogger(__name__)
 
 
-def health_urls(tp: int, host: str = "localhost", base_port: int = 9000, gpus_per_node: int = 8) -> list[str]:
+def health_urls(
+    tp: int, host: str = "localhost", base_port: int = 9000, gpus_per_node: int = 8
+) -> list[str]:
     """The health endpoints of a node's servers: one per ``tp`` GPUs."""
     if tp <= 0:
         raise ValueError("--tp must be a positive integer")
-    return [f"http://{host}:{base_port + i}/health_generate" for i in range(max(gpus_per_node // tp, 0))]
+    return [
+        f"http://{host}:{base_port + i}/health_generate" for i in range(max(gpus_per_node // tp, 0))
+    ]
 
 
 def probe(client: httpx.Client, url: str) -> float:
@@ -61,7 +65,8 @@ class Watcher:
     def tick(self) -> int | None:
         """Probe every server; log the health at the new step if there is one. Returns that step."""
         self.health = {
-            f"server/server_health_{self.node_num}_{i}": probe(self.http, url) for i, url in enumerate(self.urls)
+            f"server/server_health_{self.node_num}_{i}": probe(self.http, url)
+            for i, url in enumerate(self.urls)
         }
         step = int(self.api.status().get("current_step", 0))
         if step > self.last_step:
@@ -85,24 +90,52 @@ def wait_for_wandb_info(api: TrainerClient, timeout: float, poll: float = 1.0) -
             last_error = str(e)
             logger.warning("waiting for the rollout API: %s", e)
         if deadline is not None and time.monotonic() >= deadline:
-            raise ApiError(f"no W&B project from {api.api_url}/wandb_info after {timeout:g} s ({last_error})")
+            raise ApiError(
+                f"no W&B project from {api.api_url}/wandb_info after {timeout:g} s ({last_error})"
+            )
         time.sleep(poll)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The watcher's flags (the original three are required)."""
-    p = argparse.ArgumentParser(prog="inference-node-wandb-watcher",
-                                description="Log an inference node's server health to the trainer's W&B run.")
-    p.add_argument("--api_addr", "--api-addr", dest="api_addr", required=True, help="rollout API URL")
+    p = argparse.ArgumentParser(
+        prog="inference-node-wandb-watcher",
+        description="Log an inference node's server health to the trainer's W&B run.",
+    )
+    p.add_argument(
+        "--api_addr", "--api-addr", dest="api_addr", required=True, help="rollout API URL"
+    )
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size of each server")
-    p.add_argument("--node_num", "--node-num", dest="node_num", type=int, required=True, help="this node's number")
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between probes (default 60)")
-    p.add_argument("--health-host", default="localhost", help="host of the inference servers (default localhost)")
+    p.add_argument(
+        "--node_num",
+        "--node-num",
+        dest="node_num",
+        type=int,
+        required=True,
+        help="this node's number",
+    )
+    p.add_argument(
+        "--interval", type=float, default=60.0, help="seconds between probes (default 60)"
+    )
+    p.add_argument(
+        "--health-host",
+        default="localhost",
+        help="host of the inference servers (default localhost)",
+    )
     p.add_argument("--base-port", type=int, default=9000, help="port of server 0 (default 9000)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs on this node (default 8)")
-    p.add_argument("--wait-timeout", type=float, default=0.0,
-                   help="give up if the trainer has not registered after this many seconds (0 = wait forever)")
-    p.add_argument("--max-iterations", type=int, default=0, help="stop after this many probes (0 = run forever)")
+    p.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=0.0,
+        help="give up if the trainer has not registered after this many seconds (0 = wait forever)",
+    )
+    p.add_argument(
+        "--max-iterations",
+        type=int,
+        default=0,
+        help="stop after this many probes (0 = run forever)",
+    )
     return p
 
 
@@ -122,8 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         info = wait_for_wandb_info(api, args.wait_timeout)
         import wandb
 
-        wandb.init(project=info["project"], group=info.get("group"), name=f"inf_node_{args.node_num}")
-        watcher = Watcher(api, args.node_num, urls, log=lambda metrics, step: wandb.log(metrics, step=step))
+        wandb.init(
+            project=info["project"], group=info.get("group"), name=f"inf_node_{args.node_num}"
+        )
+        watcher = Watcher(
+            api, args.node_num, urls, log=lambda metrics, step: wandb.log(metrics, step=step)
+        )
         closers.append(watcher.http.close)
         iterations = 0
         while True:

@@ -20,15 +20,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="atropos-serve-model",
         description="OpenAI-compatible inference server (CPU or one GPU) with a vLLM-style "
-                    "/generate endpoint and hot weight updates.")
+        "/generate endpoint and hot weight updates.",
+    )
     for name, field in ServeModelConfig.model_fields.items():
         help_text = field.description or ""
         if name == "model":
             parser.add_argument("model", help=help_text)
             continue
         flag = "--" + name.replace("_", "-")
-        args: dict[str, typing.Any] = {"help": f"{help_text} (default: {field.default})",
-                                       "default": field.default}
+        args: dict[str, typing.Any] = {
+            "help": f"{help_text} (default: {field.default})",
+            "default": field.default,
+        }
         anno = field.annotation
         choices = typing.get_args(anno) if typing.get_origin(anno) is typing.Literal else None
         if choices:
@@ -51,14 +54,21 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ns = build_parser().parse_args(argv)
     config = ServeModelConfig(**vars(ns))
-    logging.basicConfig(level=config.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         logging.getLogger(__name__).warning(
             "listening on %s without --api-key: anyone who can reach it can use the model",
-            config.host)
-    uvicorn.run(create_app(config), host=config.host, port=config.port,
-                log_level=config.log_level, timeout_graceful_shutdown=5)
+            config.host,
+        )
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=5,
+    )
 
 
 if __name__ == "__main__":

@@ -32,21 +32,39 @@ def build_parser() -> argparse.ArgumentParser:
         description="Grab rollouts from the Atropos API (or a process jsonl) and save an SFT dataset.",
     )
     add_common_arguments(parser, min_diff_default=0.0)
-    parser.add_argument("--save-top-n-per-group", type=int, default=3,
-                        help="keep at most this many rollouts per group (default 3)")
-    parser.add_argument("--tasks-per-step", type=int, default=64,
-                        help="groups per batch when registering (batch_size = group_size * tasks_per_step)")
+    parser.add_argument(
+        "--save-top-n-per-group",
+        type=int,
+        default=3,
+        help="keep at most this many rollouts per group (default 3)",
+    )
+    parser.add_argument(
+        "--tasks-per-step",
+        type=int,
+        default=64,
+        help="groups per batch when registering (batch_size = group_size * tasks_per_step)",
+    )
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
-    def records_for(view: GroupView, use_messages: bool, rng: random.Random) -> list[dict[str, Any]]:
-        keep = select_sft(view.scores, args.save_top_n_per_group, args.allow_negative_scores,
-                          args.minimum_score_diff_max_min)
+    def records_for(
+        view: GroupView, use_messages: bool, rng: random.Random
+    ) -> list[dict[str, Any]]:
+        keep = select_sft(
+            view.scores,
+            args.save_top_n_per_group,
+            args.allow_negative_scores,
+            args.minimum_score_diff_max_min,
+        )
         return sft_records(view, keep, use_messages, args.format)
 
-    return run_generation(args, records_for, batch_size=args.group_size * args.tasks_per_step,
-                          num_steps=args.num_seqs_to_save)
+    return run_generation(
+        args,
+        records_for,
+        batch_size=args.group_size * args.tasks_per_step,
+        num_steps=args.num_seqs_to_save,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

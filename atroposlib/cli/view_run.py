@@ -31,24 +31,57 @@ from atroposlib.frontend.rollouts import RolloutFileError, RolloutIndex
 logger = logging.getLogger(__name__)
 
 
-def build_parser(prog: str = "view-run", description: str = "Inspect Atropos rollouts in a browser.") -> argparse.ArgumentParser:
+def build_parser(
+    prog: str = "view-run", description: str = "Inspect Atropos rollouts in a browser."
+) -> argparse.ArgumentParser:
     """Arguments shared by ``view-run`` and ``view-run-multimodal``."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--port", type=int, default=9001, help="port of the web UI (default 9001)")
-    parser.add_argument("--host", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)")
-    parser.add_argument("--group-size", type=int, default=2, help="rollouts per group shown in live mode (default 2)")
-    parser.add_argument("--max-token-len", type=int, default=2048, help="max token length to register (default 2048)")
-    parser.add_argument("--tokenizer", default=None,
-                        help=f"tokenizer name or local directory (live default: {DEFAULT_TOKENIZER}; "
-                             "file mode shows token ids without one)")
-    parser.add_argument("--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)")
-    parser.add_argument("--reset-api", action="store_true",
-                        help="wipe the API (GET /reset_data) before registering; never done without this flag")
-    parser.add_argument("--file", action="append", default=[], metavar="JSONL",
-                        help="browse this process jsonl instead of the live API (repeat for several files)")
-    parser.add_argument("--poll-timeout", type=float, default=300.0,
-                        help="seconds one 'Grab Next Batch' waits for a batch (default 300)")
-    parser.add_argument("--share", action="store_true", help="ask Gradio for a public share link (needs internet)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=2,
+        help="rollouts per group shown in live mode (default 2)",
+    )
+    parser.add_argument(
+        "--max-token-len",
+        type=int,
+        default=2048,
+        help="max token length to register (default 2048)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help=f"tokenizer name or local directory (live default: {DEFAULT_TOKENIZER}; "
+        "file mode shows token ids without one)",
+    )
+    parser.add_argument(
+        "--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)"
+    )
+    parser.add_argument(
+        "--reset-api",
+        action="store_true",
+        help="wipe the API (GET /reset_data) before registering; never done without this flag",
+    )
+    parser.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="JSONL",
+        help="browse this process jsonl instead of the live API (repeat for several files)",
+    )
+    parser.add_argument(
+        "--poll-timeout",
+        type=float,
+        default=300.0,
+        help="seconds one 'Grab Next Batch' waits for a batch (default 300)",
+    )
+    parser.add_argument(
+        "--share", action="store_true", help="ask Gradio for a public share link (needs internet)"
+    )
     return parser
 
 
@@ -67,12 +100,21 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
             tokenizer = load_display_tokenizer(args.tokenizer or DEFAULT_TOKENIZER)
             client = TrainerClient(args.api_url)
             client.check()
-            client.ensure_registered(batch_size=args.group_size * 8, max_token_len=args.max_token_len,
-                                     num_steps=69, reset=args.reset_api)
+            client.ensure_registered(
+                batch_size=args.group_size * 8,
+                max_token_len=args.max_token_len,
+                num_steps=69,
+                reset=args.reset_api,
+            )
             from atroposlib.frontend.viewer_app import build_live_app, launch
 
-            demo = build_live_app(client, tokenizer, args.group_size, poll_timeout=args.poll_timeout,
-                                  multimodal=multimodal)
+            demo = build_live_app(
+                client,
+                tokenizer,
+                args.group_size,
+                poll_timeout=args.poll_timeout,
+                multimodal=multimodal,
+            )
     except (RolloutFileError, ToolError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,8 +14,10 @@ from atroposlib.cli.view_run import build_parser, run
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``view-run-multimodal``."""
-    parser = build_parser(prog="view-run-multimodal",
-                          description="Inspect multimodal Atropos rollouts (image + text) in a browser.")
+    parser = build_parser(
+        prog="view-run-multimodal",
+        description="Inspect multimodal Atropos rollouts (image + text) in a browser.",
+    )
     return run(parser.parse_args(argv), multimodal=True)
 
 

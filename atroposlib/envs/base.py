@@ -62,7 +62,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-OPTIONAL_GROUP_KEYS = ("ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs")
+OPTIONAL_GROUP_KEYS = (
+    "ref_logprobs",
+    "overrides",
+    "group_overrides",
+    "distill_token_ids",
+    "distill_logprobs",
+)
 
 
 class BaseEnv(ABC):
@@ -129,7 +135,11 @@ class BaseEnv(ABC):
         from atroposlib.envs.server_handling.server_manager import ServerManager
 
         reasoning = None
-        if self.config.thinking_mode or self.config.reasoning_effort or self.config.max_reasoning_tokens:
+        if (
+            self.config.thinking_mode
+            or self.config.reasoning_effort
+            or self.config.max_reasoning_tokens
+        ):
             from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
 
             reasoning = ReasoningConfig(
@@ -161,7 +171,9 @@ class BaseEnv(ABC):
     # ------------------------------------------------------------------ hooks
 
     @classmethod
-    def config_init(cls) -> Tuple[BaseEnvConfig, Union[ServerBaseline, APIServerConfig, List[APIServerConfig]]]:
+    def config_init(
+        cls,
+    ) -> Tuple[BaseEnvConfig, Union[ServerBaseline, APIServerConfig, List[APIServerConfig]]]:
         """Default configuration of this environment: ``(env_config, server_config(s))``."""
         return cls.env_config_cls(), ServerBaseline()
 
@@ -205,8 +217,15 @@ class BaseEnv(ABC):
             group["tokens"].append(scored["tokens"])
             group["masks"].append(scored["masks"])
             group["scores"].append(scored["scores"])
-            for key in ("advantages", "ref_logprobs", "messages", "overrides", "images",
-                        "distill_token_ids", "distill_logprobs"):
+            for key in (
+                "advantages",
+                "ref_logprobs",
+                "messages",
+                "overrides",
+                "images",
+                "distill_token_ids",
+                "distill_logprobs",
+            ):
                 if scored.get(key) is not None:
                     optional.setdefault(key, []).append(scored[key])
             group_overrides.update(scored.get("group_overrides") or {})
@@ -261,7 +280,10 @@ class BaseEnv(ABC):
             keep = self.config.group_size
         keep = min(keep, len(scored_data["tokens"]))
         self.rollouts_for_wandb.append(
-            [(self.tokenizer.decode(scored_data["tokens"][i]), scored_data["scores"][i]) for i in range(keep)]
+            [
+                (self.tokenizer.decode(scored_data["tokens"][i]), scored_data["scores"][i])
+                for i in range(keep)
+            ]
         )
         while len(self.rollouts_for_wandb) > self.config.num_rollouts_to_keep:
             self.rollouts_for_wandb.pop(0)
@@ -277,10 +299,14 @@ class BaseEnv(ABC):
         metrics: Dict[str, Any] = {}
         metrics.update(wl.completion_length_metrics(self.completion_lengths, self.max_token_len))
         metrics.update(wl.list_stats("train_perf/task_duration", self.task_duration))
-        metrics.update(wl.list_stats("train_perf/succeeded_task_duration", self.succeeded_task_duration))
+        metrics.update(
+            wl.list_stats("train_perf/succeeded_task_duration", self.succeeded_task_duration)
+        )
         metrics.update(wl.list_stats("train_perf/failed_task_duration", self.failed_task_duration))
         metrics.update(wl.list_stats("train_perf/mainloop_timings", self.mainloop_timings))
-        metrics.update(wl.list_stats("train_perf/workers_added_per_attempt", self.workers_added_list))
+        metrics.update(
+            wl.list_stats("train_perf/workers_added_per_attempt", self.workers_added_list)
+        )
         metrics["train/items_sent_to_api"] = self.items_sent_total
         metrics.update(wl.rejected_metrics(self.all_rejections()))
         return metrics
@@ -354,7 +380,9 @@ class BaseEnv(ABC):
         log = logger.info if reason == "scores_all_equal" else logger.warning
         log("group dropped (%s)%s", reason, f": {detail}" if detail else "")
 
-    def _filter_group(self, group: ScoredDataGroup | None, abort_on_max_len: bool) -> ScoredDataGroup | None:
+    def _filter_group(
+        self, group: ScoredDataGroup | None, abort_on_max_len: bool
+    ) -> ScoredDataGroup | None:
         """The group ready to send, or None (the reason is logged and counted)."""
         if group is None:
             return None
@@ -363,7 +391,9 @@ class BaseEnv(ABC):
             return None
         expected = (group.get("group_overrides") or {}).get("group_size", self.config.group_size)
         if self.process_mode and self.group_size_to_process:
-            expected = (group.get("group_overrides") or {}).get("group_size", self.group_size_to_process)
+            expected = (group.get("group_overrides") or {}).get(
+                "group_size", self.group_size_to_process
+            )
         if len(group["tokens"]) != expected:
             self._drop("wrong_group_size", f"{len(group['tokens'])} sequences, expected {expected}")
             return None
@@ -375,13 +405,16 @@ class BaseEnv(ABC):
         self.completion_lengths.extend(sum(1 for m in mask if m != -100) for mask in group["masks"])
         if self.max_token_len <= 0:
             if not self.process_mode:
-                logger.warning("max_token_len is unknown (%s); not checking lengths", self.max_token_len)
+                logger.warning(
+                    "max_token_len is unknown (%s); not checking lengths", self.max_token_len
+                )
         elif abort_on_max_len and any(len(t) >= self.max_token_len for t in group["tokens"]):
             self._drop("max_token_len_exceeded", f"a sequence reached {self.max_token_len} tokens")
             return None
         if self.config.include_messages and group.get("messages") is None:
             group["messages"] = [
-                [{"role": "user", "content": self.tokenizer.decode(tokens)}] for tokens in group["tokens"]
+                [{"role": "user", "content": self.tokenizer.decode(tokens)}]
+                for tokens in group["tokens"]
             ]
         return group
 
@@ -437,7 +470,9 @@ class BaseEnv(ABC):
             result = None
         duration = time.time() - started
         self.task_duration.append(duration)
-        (self.succeeded_task_duration if result is not None else self.failed_task_duration).append(duration)
+        (self.succeeded_task_duration if result is not None else self.failed_task_duration).append(
+            duration
+        )
         self.pool.mark_sending(item_uuid)
         try:
             if result is not None:

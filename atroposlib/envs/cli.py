@@ -44,7 +44,10 @@ MODES = ("serve", "process", "evaluate")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
 
 PROCESS_MODE_DEFAULTS: Dict[str, Any] = {"use_wandb": True}
-PROCESS_MODE_FORCED: Dict[str, Any] = {"ensure_scores_are_not_same": False, "include_messages": True}
+PROCESS_MODE_FORCED: Dict[str, Any] = {
+    "ensure_scores_are_not_same": False,
+    "include_messages": True,
+}
 EVALUATE_MODE_DEFAULTS: Dict[str, Any] = {"use_wandb": True}
 
 
@@ -86,15 +89,22 @@ def _mode_env_defaults(mode: str) -> Dict[str, Any]:
     return {}
 
 
-def _mode_model(env_cls: Type[BaseEnv], mode: str, env_default: BaseModel, server_default: Any) -> Type[BaseModel]:
+def _mode_model(
+    env_cls: Type[BaseEnv], mode: str, env_default: BaseModel, server_default: Any
+) -> Type[BaseModel]:
     env_values = {**env_default.model_dump(), **_mode_env_defaults(mode)}
     env_model = adjust_model_defaults(env_cls.env_config_cls, env_values)
     server_model = adjust_model_defaults(APIServerConfig, _server_defaults(server_default))
     fields: Dict[str, Any] = {
-        ENV_NAMESPACE: (env_model, Field(default_factory=env_model, description="Environment settings.")),
+        ENV_NAMESPACE: (
+            env_model,
+            Field(default_factory=env_model, description="Environment settings."),
+        ),
         OPENAI_NAMESPACE: (
             server_model,
-            Field(default_factory=server_model, description="Inference server settings (one server)."),
+            Field(
+                default_factory=server_model, description="Inference server settings (one server)."
+            ),
         ),
     }
     for namespace in _extra_namespaces(env_cls, mode):
@@ -103,16 +113,24 @@ def _mode_model(env_cls: Type[BaseEnv], mode: str, env_default: BaseModel, serve
             Field(default_factory=APIServerConfig, description=f"{namespace} server settings."),
         )
     fields["slurm"] = (bool, Field(False, description="Discover inference servers from SLURM."))
-    fields["testing"] = (bool, Field(False, description="Use the mock server harness instead of real servers."))
+    fields["testing"] = (
+        bool,
+        Field(False, description="Use the mock server harness instead of real servers."),
+    )
     fields["max_n_completions"] = (
         int | None,
-        Field(None, description="Split requests with a larger n into chunks of this size (default 8)."),
+        Field(
+            None, description="Split requests with a larger n into chunks of this size (default 8)."
+        ),
     )
     fields["proxy_url"] = (
         str | None,
         Field(None, description="Managed-server proxy URL (also ATROPOS_PROXY_URL)."),
     )
-    fields["config"] = (str | None, Field(None, description="YAML file with env:, openai:, slurm:, testing: keys."))
+    fields["config"] = (
+        str | None,
+        Field(None, description="YAML file with env:, openai:, slurm:, testing: keys."),
+    )
     return create_model(f"{mode.capitalize()}Cli", **fields)
 
 
@@ -143,7 +161,9 @@ _MODE_HELP = {
 
 def _settings_with(prog: str, subcommands: Dict[str, Any]) -> Type[BaseSettings]:
     class _Root(BaseSettings):
-        model_config = SettingsConfigDict(cli_prog_name=prog, nested_model_default_partial_update=False)
+        model_config = SettingsConfigDict(
+            cli_prog_name=prog, nested_model_default_partial_update=False
+        )
 
     return create_model("EnvCli", __base__=_Root, **subcommands)
 
@@ -152,9 +172,9 @@ def _settings_with(prog: str, subcommands: Dict[str, Any]) -> Type[BaseSettings]
 
 
 def _is_bool(annotation: Any) -> bool:
-    return annotation is bool or (bool in get_args(annotation) and all(
-        a in (bool, type(None)) for a in get_args(annotation)
-    ))
+    return annotation is bool or (
+        bool in get_args(annotation) and all(a in (bool, type(None)) for a in get_args(annotation))
+    )
 
 
 def _bool_flags(mode_model: Type[BaseModel]) -> set:
@@ -189,7 +209,9 @@ def _none_literals(value: Any) -> Any:
     return value
 
 
-def _parse_args(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str) -> Tuple[str, Dict[str, Any]]:
+def _parse_args(
+    env_cls: Type[BaseEnv], argv: Sequence[str], prog: str
+) -> Tuple[str, Dict[str, Any]]:
     root = _root_model(env_cls, prog)
     mode = next((a for a in argv if not a.startswith("-")), None)
     if mode in MODES:
@@ -239,7 +261,7 @@ def _explain(err: ValidationError, namespace: str, source: str = "") -> str:
         loc = NAMESPACE_SEP.join(str(x) for x in e["loc"])
         flag = f"--{namespace}{NAMESPACE_SEP}{loc}" if namespace else f"--{loc}"
         parts.append(f"{flag}: {e['msg']} (got {e.get('input')!r})")
-    return ("invalid value" + (f" in {source}" if source else "") + ": " + "; ".join(parts))
+    return "invalid value" + (f" in {source}" if source else "") + ": " + "; ".join(parts)
 
 
 def _validate_env(env_cls: Type[BaseEnv], values: Dict[str, Any]) -> Any:
@@ -253,7 +275,9 @@ def _flat(prefix: str, values: Dict[str, Any]) -> Dict[str, Any]:
     return {f"{prefix}{NAMESPACE_SEP}{k}": v for k, v in values.items()}
 
 
-def _resolve_servers(server_default: Any, yaml_cfg: Dict[str, Any], cli_openai: Dict[str, Any]) -> Any:
+def _resolve_servers(
+    server_default: Any, yaml_cfg: Dict[str, Any], cli_openai: Dict[str, Any]
+) -> Any:
     yaml_openai = yaml_cfg.get(OPENAI_NAMESPACE)
     if yaml_openai is not None and not isinstance(yaml_openai, (dict, list)):
         raise CliError("--config: 'openai' must be a mapping or a list of mappings")
@@ -264,7 +288,9 @@ def _resolve_servers(server_default: Any, yaml_cfg: Dict[str, Any], cli_openai: 
     yaml_single = yaml_openai if isinstance(yaml_openai, dict) else {}
     merged = merge_dicts(base, yaml_single, cli_openai)
     try:
-        return resolve_openai_configs(default, merged, yaml_cfg, _flat(OPENAI_NAMESPACE, cli_openai), logger)
+        return resolve_openai_configs(
+            default, merged, yaml_cfg, _flat(OPENAI_NAMESPACE, cli_openai), logger
+        )
     except ValidationError as err:
         raise CliError(_explain(err, OPENAI_NAMESPACE)) from err
     except ValueError as err:
@@ -330,7 +356,9 @@ def _manager_options(yaml_cfg: Dict[str, Any], cli: Dict[str, Any]) -> Dict[str,
         try:
             out["max_n_completions"] = TypeAdapter(int).validate_python(out["max_n_completions"])
         except ValidationError as err:
-            raise CliError(f"--max_n_completions: expected an integer (got {out['max_n_completions']!r})") from err
+            raise CliError(
+                f"--max_n_completions: expected an integer (got {out['max_n_completions']!r})"
+            ) from err
         if out["max_n_completions"] < 1:
             raise CliError("--max_n_completions: must be at least 1")
     return out
@@ -343,7 +371,9 @@ def _resolve_extra(namespace: str, yaml_cfg: Dict[str, Any], cli_values: Dict[st
     try:
         if isinstance(yaml_part, list):
             if cli_values and len(yaml_part) > 1:
-                raise CliError(f"--{namespace}.* overrides cannot be combined with a YAML list of servers")
+                raise CliError(
+                    f"--{namespace}.* overrides cannot be combined with a YAML list of servers"
+                )
             return [APIServerConfig(**merge_dicts(p, cli_values)) for p in yaml_part]
         return [APIServerConfig(**merge_dicts(yaml_part or {}, cli_values))]
     except ValidationError as err:
@@ -381,7 +411,9 @@ def build_env(env_cls: Type[BaseEnv], parsed: ParsedCli) -> BaseEnv:
         testing=parsed.testing,
         **kwargs,
     )
-    if parsed.manager_options.get("max_n_completions") is not None and hasattr(env.server, "max_n_completions"):
+    if parsed.manager_options.get("max_n_completions") is not None and hasattr(
+        env.server, "max_n_completions"
+    ):
         env.server.max_n_completions = parsed.manager_options["max_n_completions"]
     if parsed.mode == "process":
         env.n_groups_to_process = parsed.env_config.total_steps
@@ -403,7 +435,9 @@ def write_evaluate_config(parsed: ParsedCli) -> Path | None:
 def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
     """Entry point behind ``BaseEnv.cli()``."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
         for noisy in ("httpx", "httpx2", "httpcore", "openai", "urllib3"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -64,17 +64,23 @@ class ScoredDataItem(TypedDict, total=False):
 class BaseEnvConfig(BaseModel):
     """Configuration of an environment; every field is also a ``--env.<name>`` flag."""
 
-    group_size: int = Field(default=4, description="How many responses are grouped together for scoring.")
+    group_size: int = Field(
+        default=4, description="How many responses are grouped together for scoring."
+    )
     max_num_workers: int = Field(
         default=-1,
         description="Maximum number of concurrent rollout workers; -1 means "
         "max_num_workers_per_node times the number of inference servers.",
     )
-    max_eval_workers: int = Field(default=16, description="Maximum number of concurrent evaluation workers.")
+    max_eval_workers: int = Field(
+        default=16, description="Maximum number of concurrent evaluation workers."
+    )
     max_num_workers_per_node: int = Field(
         default=8, description="Workers per inference server, used when max_num_workers is -1."
     )
-    steps_per_eval: int = Field(default=100, description="Run evaluate() every this many trainer steps (0 disables).")
+    steps_per_eval: int = Field(
+        default=100, description="Run evaluate() every this many trainer steps (0 disables)."
+    )
     max_token_length: int = Field(default=2048, description="Maximum token length of a rollout.")
     eval_handling: EvalHandlingEnum = Field(
         default=EvalHandlingEnum.STOP_TRAIN,
@@ -84,25 +90,34 @@ class BaseEnvConfig(BaseModel):
         default=0.5, description="Fraction of workers kept during evaluation with LIMIT_TRAIN."
     )
     inference_weight: float = Field(
-        default=1.0, description="Relative share of inference capacity this env asks for (-1 ignores it)."
+        default=1.0,
+        description="Relative share of inference capacity this env asks for (-1 ignores it).",
     )
-    batch_size: int = Field(default=-1, description="Trainer batch size; -1 takes it from the rollout API.")
+    batch_size: int = Field(
+        default=-1, description="Trainer batch size; -1 takes it from the rollout API."
+    )
     max_batches_offpolicy: int = Field(
-        default=3, description="Pause rollouts when this many batches are already queued (0 disables)."
+        default=3,
+        description="Pause rollouts when this many batches are already queued (0 disables).",
     )
     tokenizer_name: str = Field(
         default="NousResearch/DeepHermes-3-Llama-3-3B-Preview",
         description="Hugging Face tokenizer name or local directory.",
     )
     use_wandb: bool = Field(default=True, description="Log metrics to Weights & Biases.")
-    rollout_server_url: str = Field(default="http://localhost:8000", description="URL of the rollout API (run-api).")
+    rollout_server_url: str = Field(
+        default="http://localhost:8000", description="URL of the rollout API (run-api)."
+    )
     total_steps: int = Field(
-        default=1000, description="Trainer steps to run for; -1 takes num_steps from the rollout API."
+        default=1000,
+        description="Trainer steps to run for; -1 takes num_steps from the rollout API.",
     )
     wandb_name: str | None = Field(
         default=None, description="Name of this env in W&B and in the rollout API registry."
     )
-    num_rollouts_to_keep: int = Field(default=32, description="Groups kept in the W&B rollout table.")
+    num_rollouts_to_keep: int = Field(
+        default=32, description="Groups kept in the W&B rollout table."
+    )
     num_rollouts_per_group_for_logging: int = Field(
         default=1, description="Rollouts of each group shown in the W&B table (-1 = all)."
     )
@@ -118,14 +133,18 @@ class BaseEnvConfig(BaseModel):
     min_items_sent_before_logging: int = Field(
         default=2, description="Groups that must be sent in a step before metrics are logged."
     )
-    include_messages: bool = Field(default=False, description="Send the chat messages along with the tokens.")
+    include_messages: bool = Field(
+        default=False, description="Send the chat messages along with the tokens."
+    )
     min_batch_allocation: float | None = Field(
         default=None, description="Minimum fraction of each batch reserved for this env (0..1)."
     )
     worker_timeout: float = Field(
         default=600, description="Seconds after which a rollout worker is cancelled (-1 = never)."
     )
-    thinking_mode: bool = Field(default=False, description="Enable reasoning/thinking on the inference servers.")
+    thinking_mode: bool = Field(
+        default=False, description="Enable reasoning/thinking on the inference servers."
+    )
     reasoning_effort: str | None = Field(
         default=None, description="Reasoning effort: none, minimal, low, medium, high or xhigh."
     )

@@ -97,8 +97,12 @@ def evaluate_log(
         return None
     out_dir = Path(eval_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = build_eval_record(metrics, task, model_name, start_time, end_time, generation_parameters)
-    (out_dir / "metrics.json").write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    record = build_eval_record(
+        metrics, task, model_name, start_time, end_time, generation_parameters
+    )
+    (out_dir / "metrics.json").write_text(
+        json.dumps(record, indent=2, default=str), encoding="utf-8"
+    )
     if samples:
         with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as f:
             for sample in samples:
@@ -116,8 +120,13 @@ class EvalBase(ABC):
     ``setup_data``/``run_item``).
     """
 
-    def __init__(self, pass_at_n: int = 1, pass_at_n_samples: int = 1, max_concurrency: int = 16,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        pass_at_n: int = 1,
+        pass_at_n_samples: int = 1,
+        max_concurrency: int = 16,
+        **kwargs: Any,
+    ) -> None:
         if pass_at_n < 1:
             raise ValueError("pass_at_n must be >= 1")
         self.pass_at_n = pass_at_n
@@ -147,7 +156,9 @@ class EvalBase(ABC):
         """The items to evaluate."""
 
     @abstractmethod
-    async def run_item(self, server: Any, data_item: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+    async def run_item(
+        self, server: Any, data_item: Any
+    ) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
         """Evaluate one item: ``(metrics for the item, samples to log)``."""
 
     async def __call__(self, server: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
@@ -184,25 +195,46 @@ class EvalBase(ABC):
         return metrics, samples
 
 
-async def run_eval(eval_obj: EvalBase, server: Any, eval_dir: str | None = None,
-                   model_name: str | None = None, verbose: bool = True) -> Dict[str, float]:
+async def run_eval(
+    eval_obj: EvalBase,
+    server: Any,
+    eval_dir: str | None = None,
+    model_name: str | None = None,
+    verbose: bool = True,
+) -> Dict[str, float]:
     """Run ``eval_obj`` against ``server`` and log the results with :func:`evaluate_log`."""
     start = time.time()
     metrics, samples = await eval_obj(server)
     end = time.time()
-    evaluate_log(metrics, eval_dir=eval_dir, task_name=eval_obj.task_name, model_name=model_name,
-                 start_time=start, end_time=end, generation_parameters=eval_obj.get_generation_params(),
-                 samples=samples, verbose=verbose)
+    evaluate_log(
+        metrics,
+        eval_dir=eval_dir,
+        task_name=eval_obj.task_name,
+        model_name=model_name,
+        start_time=start,
+        end_time=end,
+        generation_parameters=eval_obj.get_generation_params(),
+        samples=samples,
+        verbose=verbose,
+    )
     return metrics
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Run a standalone evaluation against an OpenAI-compatible server.")
-    parser.add_argument("--base-url", default="http://localhost:9001/v1", help="inference server URL")
+    parser = argparse.ArgumentParser(
+        description="Run a standalone evaluation against an OpenAI-compatible server."
+    )
+    parser.add_argument(
+        "--base-url", default="http://localhost:9001/v1", help="inference server URL"
+    )
     parser.add_argument("--model-name", default="default", help="model name sent to the server")
     parser.add_argument("--api-key", default="x", help="API key for the inference server")
-    parser.add_argument("--server-type", default="openai", choices=["openai", "vllm", "sglang", "trl"])
-    parser.add_argument("--eval-dir", default=None, help="directory for metrics.json and samples.jsonl")
+    parser.add_argument(
+        "--server-type", default="openai", choices=["openai", "vllm", "sglang", "trl"]
+    )
+    parser.add_argument(
+        "--eval-dir", default=None, help="directory for metrics.json and samples.jsonl"
+    )
     parser.add_argument("--pass-at-n", type=int, default=1)
     parser.add_argument("--pass-at-n-samples", type=int, default=1)
     parser.add_argument("--max-concurrency", type=int, default=16)
@@ -210,19 +242,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def eval_runner(eval_cls: Type[EvalBase], argv: Sequence[str] | None = None, **eval_kwargs: Any) -> Dict[str, float]:
+def eval_runner(
+    eval_cls: Type[EvalBase], argv: Sequence[str] | None = None, **eval_kwargs: Any
+) -> Dict[str, float]:
     """CLI entry point: parse flags, build a ``ServerManager``, run and log the eval."""
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
     args = _parser().parse_args(argv)
-    config = APIServerConfig(model_name=args.model_name, base_url=args.base_url, api_key=args.api_key,
-                             server_type=args.server_type, timeout=args.timeout,
-                             num_requests_for_eval=args.max_concurrency)
+    config = APIServerConfig(
+        model_name=args.model_name,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        server_type=args.server_type,
+        timeout=args.timeout,
+        num_requests_for_eval=args.max_concurrency,
+    )
     server = ServerManager([config])
-    eval_obj = eval_cls(pass_at_n=args.pass_at_n, pass_at_n_samples=args.pass_at_n_samples,
-                        max_concurrency=args.max_concurrency, **eval_kwargs)
-    return asyncio.run(run_eval(eval_obj, server, eval_dir=args.eval_dir, model_name=args.model_name))
+    eval_obj = eval_cls(
+        pass_at_n=args.pass_at_n,
+        pass_at_n_samples=args.pass_at_n_samples,
+        max_concurrency=args.max_concurrency,
+        **eval_kwargs,
+    )
+    return asyncio.run(
+        run_eval(eval_obj, server, eval_dir=args.eval_dir, model_name=args.model_name)
+    )
 
 
 __all__ = ["EvalBase", "build_eval_record", "eval_runner", "evaluate_log", "pass_at_k", "run_eval"]

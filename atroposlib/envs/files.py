@@ -85,7 +85,9 @@ def checkpoint_path(checkpoint_dir: str | Path, wandb_prepend: str | None, step:
     return Path(checkpoint_dir) / "env_checkpoints" / str(wandb_prepend) / f"step-{step}.json"
 
 
-def latest_checkpoint(checkpoint_dir: str | Path, wandb_prepend: str | None, step: int) -> Path | None:
+def latest_checkpoint(
+    checkpoint_dir: str | Path, wandb_prepend: str | None, step: int
+) -> Path | None:
     """The checkpoint for ``step``, else the newest one at or below it, else None."""
     exact = checkpoint_path(checkpoint_dir, wandb_prepend, step)
     if exact.exists():

@@ -67,15 +67,21 @@ async def run_process(env: BaseEnv) -> None:
     env.process_mode = True
     await env.setup()
     if env.config.use_wandb:
-        wl.init_run(None, None, wl.run_name(env.name or "process"), env.config.model_dump(mode="json"))
-    target = env.n_groups_to_process if env.n_groups_to_process is not None else env.config.total_steps
+        wl.init_run(
+            None, None, wl.run_name(env.name or "process"), env.config.model_dump(mode="json")
+        )
+    target = (
+        env.n_groups_to_process if env.n_groups_to_process is not None else env.config.total_steps
+    )
     limit = _concurrency(env)
     in_flight: Set[asyncio.Task] = set()
     exhausted = False
     with _progress(target) as progress:
         bar = progress.add_task("groups", total=target)
         while True:
-            while not exhausted and len(in_flight) < limit and env.curr_step + len(in_flight) < target:
+            while (
+                not exhausted and len(in_flight) < limit and env.curr_step + len(in_flight) < target
+            ):
                 item = await _next_item(env)
                 if item is None:
                     exhausted = True
@@ -120,7 +126,9 @@ async def run_evaluate(env: BaseEnv) -> None:
     """``setup()`` then ``evaluate()`` once, with a progress spinner."""
     await env.setup()
     if env.config.use_wandb:
-        wl.init_run(None, None, wl.run_name(env.name or "evaluate"), env.config.model_dump(mode="json"))
+        wl.init_run(
+            None, None, wl.run_name(env.name or "evaluate"), env.config.model_dump(mode="json")
+        )
     with _progress(None) as progress:
         progress.add_task("evaluating", total=None)
         try:

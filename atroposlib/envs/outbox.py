@@ -34,7 +34,9 @@ def default_outbox_dir(env_name: str | None) -> Path:
     ``$ATROPOS_OUTBOX_DIR/<env>-<pid>`` when that variable is set, otherwise
     ``~/.cache/atroposlib/outbox/<env>-<pid>``.
     """
-    root = os.environ.get("ATROPOS_OUTBOX_DIR") or str(Path.home() / ".cache" / "atroposlib" / "outbox")
+    root = os.environ.get("ATROPOS_OUTBOX_DIR") or str(
+        Path.home() / ".cache" / "atroposlib" / "outbox"
+    )
     return Path(root) / f"{env_name or 'env'}-{os.getpid()}"
 
 
@@ -57,7 +59,9 @@ class Outbox:
             self._keys = sorted(p.name for p in self.directory.glob(f"*{_SUFFIX}"))
             if self._keys:
                 self._next = int(self._keys[-1].split(".", 1)[0]) + 1
-                logger.warning("outbox %s holds %d undelivered groups", self.directory, len(self._keys))
+                logger.warning(
+                    "outbox %s holds %d undelivered groups", self.directory, len(self._keys)
+                )
 
     def adopt_orphans(self, root: str | Path, prefix: str) -> int:
         """Take over the entries of ``<root>/<prefix>-<pid>`` outboxes whose process is gone.
@@ -71,7 +75,7 @@ class Outbox:
             return 0
         orphans = []
         for folder in root.glob(f"{prefix}-*"):
-            pid_text = folder.name[len(prefix) + 1:]
+            pid_text = folder.name[len(prefix) + 1 :]
             if folder == self.directory or not pid_text.isdigit() or _pid_alive(int(pid_text)):
                 continue
             orphans.append((folder.stat().st_mtime, folder))
@@ -125,7 +129,7 @@ class Outbox:
             os.replace(tmp, self.directory / sub)
             new_keys.append(sub)
         (self.directory / key).unlink(missing_ok=True)
-        self._keys[index:index + 1] = new_keys
+        self._keys[index : index + 1] = new_keys
 
     def remove(self, key: str) -> None:
         """Delete the entry ``key`` (after it was delivered or definitively rejected)."""

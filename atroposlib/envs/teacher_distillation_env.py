@@ -33,7 +33,9 @@ logger = logging.getLogger(__name__)
 class TeacherDistillationConfig(BaseEnvConfig):
     """Adds the teacher switches to :class:`BaseEnvConfig`."""
 
-    teacher_enabled: bool = Field(default=False, description="Fetch teacher top-k logprobs for every group.")
+    teacher_enabled: bool = Field(
+        default=False, description="Fetch teacher top-k logprobs for every group."
+    )
     teacher_top_k: int = Field(
         default=0,
         ge=-1,
@@ -72,7 +74,9 @@ class TeacherDistillationEnv(BaseEnv):
         self._teacher_checked = False
         if getattr(config, "teacher_enabled", False):
             if teacher_server_configs is None:
-                raise ValueError("teacher_enabled needs teacher server configs (--teacher.* or a teacher: YAML key)")
+                raise ValueError(
+                    "teacher_enabled needs teacher server configs (--teacher.* or a teacher: YAML key)"
+                )
             from atroposlib.envs.server_handling.server_manager import ServerManager
 
             self.teacher_server = ServerManager(teacher_server_configs)
@@ -111,7 +115,9 @@ class TeacherDistillationEnv(BaseEnv):
             self.check_teacher_tokenizer()
             results = await asyncio.gather(
                 *(
-                    self.teacher_server.get_logprobs(input_ids=list(tokens), top_k=top_k, max_tokens=1)
+                    self.teacher_server.get_logprobs(
+                        input_ids=list(tokens), top_k=top_k, max_tokens=1
+                    )
                     for tokens in group["tokens"]
                 )
             )

@@ -56,9 +56,7 @@ def prefix_keys(metrics: Mapping[str, Any], prepend: str | None) -> Dict[str, An
     """Prefix every key with ``{prepend}_`` except the server metrics."""
     if not prepend:
         return dict(metrics)
-    return {
-        (k if k.startswith(UNPREFIXED) else f"{prepend}_{k}"): v for k, v in metrics.items()
-    }
+    return {(k if k.startswith(UNPREFIXED) else f"{prepend}_{k}"): v for k, v in metrics.items()}
 
 
 def run_name(base: str | None) -> str | None:
@@ -69,7 +67,9 @@ def run_name(base: str | None) -> str | None:
     return f"{base}-{datetime.date.today().isoformat()}-{suffix}"
 
 
-def init_run(project: str | None, group: str | None, name: str | None, config: Dict[str, Any]) -> Any:
+def init_run(
+    project: str | None, group: str | None, name: str | None, config: Dict[str, Any]
+) -> Any:
     """Start a W&B run (offline/disabled modes work through ``WANDB_MODE``)."""
     import wandb
 

@@ -41,8 +41,12 @@ def api_key_headers() -> dict[str, str]:
 class TrainerClient:
     """Talks to ``run-api`` as a trainer does: reset, register, poll ``/batch``."""
 
-    def __init__(self, api_url: str = DEFAULT_API_URL, timeout: float = 10.0,
-                 client: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        api_url: str = DEFAULT_API_URL,
+        timeout: float = 10.0,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.api_url = api_url.rstrip("/")
         self._client = client or httpx.Client(timeout=timeout, headers=api_key_headers())
 
@@ -61,7 +65,9 @@ class TrainerClient:
         try:
             response = self._client.request(method, url, **kwargs)
         except httpx.TimeoutException as e:
-            raise ApiError(f"the rollout API at {self.api_url} did not answer {method} {path} in time ({e})") from None
+            raise ApiError(
+                f"the rollout API at {self.api_url} did not answer {method} {path} in time ({e})"
+            ) from None
         except httpx.HTTPError as e:
             raise ApiError(
                 f"cannot reach the rollout API at {self.api_url} ({type(e).__name__}: {e}). "
@@ -84,7 +90,9 @@ class TrainerClient:
         try:
             return response.json()
         except ValueError:
-            raise ApiError(f"{method} {path} on {self.api_url} did not return JSON: {response.text[:200]!r}") from None
+            raise ApiError(
+                f"{method} {path} on {self.api_url} did not return JSON: {response.text[:200]!r}"
+            ) from None
 
     def check(self) -> None:
         """Raise ApiError unless the API answers ``GET /``."""
@@ -94,10 +102,18 @@ class TrainerClient:
         """``GET /reset_data``: wipes the API's queue, registry and step. Destructive."""
         self._request("GET", "/reset_data")
 
-    def register(self, batch_size: int, max_token_len: int, num_steps: int, *,
-                 wandb_group: str = "test", wandb_project: str = "test",
-                 checkpoint_dir: str = "checkpoints", save_checkpoint_interval: int = 10,
-                 starting_step: int = 0) -> dict[str, Any]:
+    def register(
+        self,
+        batch_size: int,
+        max_token_len: int,
+        num_steps: int,
+        *,
+        wandb_group: str = "test",
+        wandb_project: str = "test",
+        checkpoint_dir: str = "checkpoints",
+        save_checkpoint_interval: int = 10,
+        starting_step: int = 0,
+    ) -> dict[str, Any]:
         """``POST /register`` as a trainer; returns the API's answer (``{"uuid": ...}``)."""
         body = {
             "wandb_group": wandb_group,
@@ -137,8 +153,12 @@ class TrainerClient:
             raise ApiError("GET /batch: 'batch' is not a list")
         return batch
 
-    def wait_for_batch(self, poll_interval: float = 1.0, timeout: float | None = None,
-                       should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]] | None:
+    def wait_for_batch(
+        self,
+        poll_interval: float = 1.0,
+        timeout: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[dict[str, Any]] | None:
         """Poll ``/batch`` every ``poll_interval`` s until a batch arrives.
 
         Returns None when ``timeout`` seconds pass or ``should_stop()`` turns true.
@@ -154,8 +174,9 @@ class TrainerClient:
                 return None
             time.sleep(poll_interval)
 
-    def ensure_registered(self, batch_size: int, max_token_len: int, num_steps: int,
-                          reset: bool = False) -> None:
+    def ensure_registered(
+        self, batch_size: int, max_token_len: int, num_steps: int, reset: bool = False
+    ) -> None:
         """Optionally reset, then register; warn when an earlier registration wins.
 
         The API keeps the first trainer's configuration until it is reset, so
@@ -170,5 +191,7 @@ class TrainerClient:
         if actual not in (None, -1, batch_size):
             logger.warning(
                 "the API already had a trainer registered with batch_size=%s (asked for %s); "
-                "pass --reset-api to start from a clean API", actual, batch_size,
+                "pass --reset-api to start from a clean API",
+                actual,
+                batch_size,
             )

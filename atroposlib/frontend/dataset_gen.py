@@ -44,27 +44,68 @@ class ToolError(RuntimeError):
 def add_common_arguments(parser: argparse.ArgumentParser, min_diff_default: float) -> None:
     """The options both generators share (original names and defaults, plus additions)."""
     parser.add_argument("filepath", help="output jsonl file")
-    parser.add_argument("--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)")
-    parser.add_argument("--group-size", type=int, default=2, help="group size used to size the batch (default 2)")
-    parser.add_argument("--max-token-len", type=int, default=2048, help="max token length to register (default 2048)")
-    parser.add_argument("--tokenizer", default=DEFAULT_TOKENIZER,
-                        help="tokenizer name or local directory used to decode tokens")
-    parser.add_argument("--save-messages", action="store_true",
-                        help="save the groups' chat messages instead of decoded prefix/completion text")
-    parser.add_argument("--num-seqs-to-save", type=int, default=100, help="stop after this many lines (default 100)")
-    parser.add_argument("--allow-negative-scores", action="store_true", help="keep rollouts with score <= 0")
-    parser.add_argument("--minimum-score-diff-max-min", type=float, default=min_diff_default,
-                        help="minimum score gap (default %(default)s)")
-    parser.add_argument("--append-to-previous", action="store_true", help="append to an existing output file")
-    parser.add_argument("--format", choices=FORMATS, default="atropos",
-                        help="'atropos': the original line format; 'trl': columns TRL's trainers load as is")
-    parser.add_argument("--dedupe", action="store_true",
-                        help="skip lines identical to one already written (including earlier runs when appending)")
-    parser.add_argument("--from-file", metavar="JSONL", default=None,
-                        help="build the dataset from a `process` rollouts jsonl instead of the live API")
-    parser.add_argument("--reset-api", action="store_true",
-                        help="wipe the API (GET /reset_data) before registering; never done without this flag")
-    parser.add_argument("--poll-interval", type=float, default=1.0, help="seconds between /batch polls")
+    parser.add_argument(
+        "--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)"
+    )
+    parser.add_argument(
+        "--group-size", type=int, default=2, help="group size used to size the batch (default 2)"
+    )
+    parser.add_argument(
+        "--max-token-len",
+        type=int,
+        default=2048,
+        help="max token length to register (default 2048)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TOKENIZER,
+        help="tokenizer name or local directory used to decode tokens",
+    )
+    parser.add_argument(
+        "--save-messages",
+        action="store_true",
+        help="save the groups' chat messages instead of decoded prefix/completion text",
+    )
+    parser.add_argument(
+        "--num-seqs-to-save", type=int, default=100, help="stop after this many lines (default 100)"
+    )
+    parser.add_argument(
+        "--allow-negative-scores", action="store_true", help="keep rollouts with score <= 0"
+    )
+    parser.add_argument(
+        "--minimum-score-diff-max-min",
+        type=float,
+        default=min_diff_default,
+        help="minimum score gap (default %(default)s)",
+    )
+    parser.add_argument(
+        "--append-to-previous", action="store_true", help="append to an existing output file"
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="atropos",
+        help="'atropos': the original line format; 'trl': columns TRL's trainers load as is",
+    )
+    parser.add_argument(
+        "--dedupe",
+        action="store_true",
+        help="skip lines identical to one already written (including earlier runs when appending)",
+    )
+    parser.add_argument(
+        "--from-file",
+        metavar="JSONL",
+        default=None,
+        help="build the dataset from a `process` rollouts jsonl instead of the live API",
+    )
+    parser.add_argument(
+        "--reset-api",
+        action="store_true",
+        help="wipe the API (GET /reset_data) before registering; never done without this flag",
+    )
+    parser.add_argument(
+        "--poll-interval", type=float, default=1.0, help="seconds between /batch polls"
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (DPO negative choice)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -143,8 +184,13 @@ def _decode_all(tokenizer: Any, tokens: Any) -> list[str]:
 RecordsFn = Callable[[GroupView, bool, random.Random], list[dict[str, Any]]]
 
 
-def run_generation(args: argparse.Namespace, records_for: RecordsFn, batch_size: int, num_steps: int,
-                   console: Console | None = None) -> int:
+def run_generation(
+    args: argparse.Namespace,
+    records_for: RecordsFn,
+    batch_size: int,
+    num_steps: int,
+    console: Console | None = None,
+) -> int:
     """Run one generator; return its exit code. ``records_for(view, use_messages, rng)`` makes lines."""
     console = console or Console(stderr=True, soft_wrap=True)
     try:
@@ -174,8 +220,13 @@ def run_generation(args: argparse.Namespace, records_for: RecordsFn, batch_size:
     return 0
 
 
-def _generate(args: argparse.Namespace, records_for: RecordsFn, batch_size: int, num_steps: int,
-              console: Console) -> Counters:
+def _generate(
+    args: argparse.Namespace,
+    records_for: RecordsFn,
+    batch_size: int,
+    num_steps: int,
+    console: Console,
+) -> Counters:
     out_path = Path(args.filepath)
     if out_path.exists() and not args.append_to_previous:
         raise ToolError(f"{out_path} already exists; pass --append-to-previous to add to it")
@@ -196,25 +247,51 @@ def _generate(args: argparse.Namespace, records_for: RecordsFn, batch_size: int,
         if dedupe is not None and out_path.exists():
             dedupe.load(out_path)
         if client is not None:
-            client.ensure_registered(batch_size=batch_size, max_token_len=args.max_token_len,
-                                     num_steps=num_steps, reset=args.reset_api)
+            client.ensure_registered(
+                batch_size=batch_size,
+                max_token_len=args.max_token_len,
+                num_steps=num_steps,
+                reset=args.reset_api,
+            )
             groups = _live_groups(client, args.poll_interval)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out = stack.enter_context(out_path.open("a", encoding="utf-8"))
         progress = stack.enter_context(
-            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                     TimeElapsedColumn(), console=console, disable=args.no_progress)
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                disable=args.no_progress,
+            )
         )
         task = progress.add_task("saving", total=args.num_seqs_to_save)
-        return _write_records(groups, out, records_for, tokenizer, use_messages, dedupe,
-                              random.Random(args.seed), args.num_seqs_to_save,
-                              lambda: progress.advance(task))
+        return _write_records(
+            groups,
+            out,
+            records_for,
+            tokenizer,
+            use_messages,
+            dedupe,
+            random.Random(args.seed),
+            args.num_seqs_to_save,
+            lambda: progress.advance(task),
+        )
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _write_records(groups: Iterator[dict[str, Any]], out: TextIO, records_for: RecordsFn, tokenizer: Any,
-                   use_messages: bool, dedupe: Deduper | None, rng: random.Random, limit: int,
-                   advance: Callable[[], None]) -> Counters:
+def _write_records(
+    groups: Iterator[dict[str, Any]],
+    out: TextIO,
+    records_for: RecordsFn,
+    tokenizer: Any,
+    use_messages: bool,
+    dedupe: Deduper | None,
+    rng: random.Random,
+    limit: int,
+    advance: Callable[[], None],
+) -> Counters:
     """Turn groups into lines until ``limit`` lines are written or the groups run out."""
     counters = Counters()
     for group in groups:
@@ -261,10 +338,12 @@ def _peeked(groups: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     return chain()
 
 
-def main_with(parser: argparse.ArgumentParser, argv: list[str] | None,
-              run: Callable[[argparse.Namespace], int]) -> int:
+def main_with(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    run: Callable[[argparse.Namespace], int],
+) -> int:
     """Parse ``argv`` and run, with logging set up for a person at a terminal."""
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     return run(args)
-

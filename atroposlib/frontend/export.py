@@ -36,7 +36,9 @@ def _order_by_score(scores: Sequence[float]) -> list[int]:
     return sorted(range(len(scores)), key=lambda i: -scores[i])
 
 
-def select_sft(scores: Sequence[float], top_n: int, allow_negative: bool, min_diff: float) -> list[int]:
+def select_sft(
+    scores: Sequence[float], top_n: int, allow_negative: bool, min_diff: float
+) -> list[int]:
     """Indices of the rollouts to keep for SFT, best first.
 
     Sort by score descending; drop scores <= 0 unless ``allow_negative``; when
@@ -56,8 +58,9 @@ def select_sft(scores: Sequence[float], top_n: int, allow_negative: bool, min_di
     return keep[: max(top_n, 0)]
 
 
-def pair_dpo(scores: Sequence[float], n_pairs: int, allow_negative: bool, min_diff: float,
-             rng: random.Random) -> list[tuple[int, int]]:
+def pair_dpo(
+    scores: Sequence[float], n_pairs: int, allow_negative: bool, min_diff: float, rng: random.Random
+) -> list[tuple[int, int]]:
     """``(chosen, rejected)`` index pairs for DPO.
 
     Positives: rollouts by score descending, scores <= 0 dropped unless
@@ -136,7 +139,9 @@ def group_view(group: dict[str, Any], decoded: Sequence[str] | None) -> GroupVie
     return GroupView(scores, prefix, completions, messages if isinstance(messages, list) else None)
 
 
-def sft_records(view: GroupView, keep: Iterable[int], use_messages: bool, fmt: OutputFormat) -> list[dict[str, Any]]:
+def sft_records(
+    view: GroupView, keep: Iterable[int], use_messages: bool, fmt: OutputFormat
+) -> list[dict[str, Any]]:
     """Output lines for the kept rollouts of one group."""
     records = []
     for i in keep:
@@ -150,12 +155,19 @@ def sft_records(view: GroupView, keep: Iterable[int], use_messages: bool, fmt: O
             if fmt == "trl":
                 records.append({"prompt": view.prefix, "completion": view.completions[i]})
             else:
-                records.append({"prefix": view.prefix, "completion": view.completions[i], "score": view.scores[i]})
+                records.append(
+                    {
+                        "prefix": view.prefix,
+                        "completion": view.completions[i],
+                        "score": view.scores[i],
+                    }
+                )
     return records
 
 
-def dpo_records(view: GroupView, pairs: Iterable[tuple[int, int]], use_messages: bool,
-                fmt: OutputFormat) -> list[dict[str, Any]]:
+def dpo_records(
+    view: GroupView, pairs: Iterable[tuple[int, int]], use_messages: bool, fmt: OutputFormat
+) -> list[dict[str, Any]]:
     """Output lines for the chosen/rejected pairs of one group."""
     records = []
     for pos, neg in pairs:
@@ -168,20 +180,35 @@ def dpo_records(view: GroupView, pairs: Iterable[tuple[int, int]], use_messages:
                 prompt, chosen, rejected = split
                 records.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
             else:
-                records.append({"pos": view.messages[pos], "score": score, "neg": view.messages[neg]})
+                records.append(
+                    {"pos": view.messages[pos], "score": score, "neg": view.messages[neg]}
+                )
         else:
             if fmt == "trl":
-                records.append({"prompt": view.prefix, "chosen": view.completions[pos],
-                                "rejected": view.completions[neg]})
+                records.append(
+                    {
+                        "prompt": view.prefix,
+                        "chosen": view.completions[pos],
+                        "rejected": view.completions[neg],
+                    }
+                )
             else:
-                records.append({"prefix": view.prefix, "pos": view.completions[pos], "score": score,
-                                "neg": view.completions[neg]})
+                records.append(
+                    {
+                        "prefix": view.prefix,
+                        "pos": view.completions[pos],
+                        "score": score,
+                        "neg": view.completions[neg],
+                    }
+                )
     return records
 
 
 def record_key(record: dict[str, Any]) -> str:
     """Identity of a record for ``--dedupe``: its content without the score."""
-    return json.dumps({k: v for k, v in record.items() if k != "score"}, sort_keys=True, ensure_ascii=False)
+    return json.dumps(
+        {k: v for k, v in record.items() if k != "score"}, sort_keys=True, ensure_ascii=False
+    )
 
 
 class Deduper:

@@ -132,7 +132,8 @@ def _message_to_html(message: Any) -> str:
                 chunks.append(_render_markdown(str(turn)))
         body = "\n".join(chunks)
         body += "".join(
-            f'<img class="inline-image" alt="image" src="{html.escape(url, quote=True)}">' for url in images
+            f'<img class="inline-image" alt="image" src="{html.escape(url, quote=True)}">'
+            for url in images
         )
         return body
     if isinstance(message, dict):
@@ -168,7 +169,10 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
     if len(messages) != len(scores):
         logger.warning(
             "group %d: %d messages but %d scores; showing the first %d",
-            index, len(messages), len(scores), count,
+            index,
+            len(messages),
+            len(scores),
+            count,
         )
     items: list[str] = []
     for message, score in zip(messages[:count], scores[:count], strict=False):
@@ -208,9 +212,10 @@ def render_jsonl(input_path: str | Path, output_path: str | Path) -> RenderStats
     title = html.escape(f"Rollouts: {input_path.name}")
     stats = RenderStats()
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    with input_path.open("r", encoding="utf-8", errors="replace") as src, output_path.open(
-        "w", encoding="utf-8"
-    ) as out:
+    with (
+        input_path.open("r", encoding="utf-8", errors="replace") as src,
+        output_path.open("w", encoding="utf-8") as out,
+    ):
         out.write(head.replace("{title}", title))
         for line_no, line in enumerate(src, start=1):
             if not line.strip():
@@ -227,7 +232,9 @@ def render_jsonl(input_path: str | Path, output_path: str | Path) -> RenderStats
                 stats.skipped += 1
                 continue
             if not isinstance(group["messages"], list) or not isinstance(group["scores"], list):
-                logger.warning("%s:%d: 'messages' and 'scores' must be lists; skipped", input_path, line_no)
+                logger.warning(
+                    "%s:%d: 'messages' and 'scores' must be lists; skipped", input_path, line_no
+                )
                 stats.skipped += 1
                 continue
             out.write(create_html_for_group(group, stats.groups))
@@ -261,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Render a rollouts jsonl (one ScoredDataGroup per line) as HTML.",
     )
     parser.add_argument("input_path", nargs="?", help="rollouts jsonl file")
-    parser.add_argument("output_path", nargs="?", default=None, help="output HTML (default: <stem>.html)")
+    parser.add_argument(
+        "output_path", nargs="?", default=None, help="output HTML (default: <stem>.html)"
+    )
     parser.add_argument("--input_path", "--input-path", dest="input_opt", help=argparse.SUPPRESS)
     parser.add_argument("--output_path", "--output-path", dest="output_opt", help=argparse.SUPPRESS)
     parser.add_argument("--strict", action="store_true", help="exit 3 when any line was skipped")
@@ -282,10 +291,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot render {src} to {dst}: {e}", file=sys.stderr)
         return 2
     if stats.groups == 0:
-        reason = "the file is empty" if stats.skipped == 0 else f"all {stats.skipped} lines were skipped"
-        print(f"error: no groups with 'messages' and 'scores' in {src} ({reason}); wrote {dst}", file=sys.stderr)
+        reason = (
+            "the file is empty" if stats.skipped == 0 else f"all {stats.skipped} lines were skipped"
+        )
+        print(
+            f"error: no groups with 'messages' and 'scores' in {src} ({reason}); wrote {dst}",
+            file=sys.stderr,
+        )
         return 1
-    print(f"wrote {stats.groups} groups to {dst}" + (f" ({stats.skipped} lines skipped)" if stats.skipped else ""))
+    print(
+        f"wrote {stats.groups} groups to {dst}"
+        + (f" ({stats.skipped} lines skipped)" if stats.skipped else "")
+    )
     if args.strict and stats.skipped:
         return 3
     return 0

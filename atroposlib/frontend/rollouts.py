@@ -52,7 +52,9 @@ def check_group(group: Any, where: str) -> dict[str, Any]:
     Needs a ``scores`` list and at least one of ``tokens`` / ``messages`` (lists).
     """
     if not isinstance(group, dict):
-        raise RolloutFileError(f"{where}: expected a JSON object (a scored group), got {type(group).__name__}")
+        raise RolloutFileError(
+            f"{where}: expected a JSON object (a scored group), got {type(group).__name__}"
+        )
     scores = group.get("scores")
     if not isinstance(scores, list):
         raise RolloutFileError(f"{where}: field 'scores' is missing or not a list")
@@ -88,7 +90,9 @@ def iter_groups(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 group = loads_line(line)
             except json.JSONDecodeError as e:
-                raise RolloutFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+                raise RolloutFileError(
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno})"
+                ) from None
             found = True
             yield line_no, check_group(group, where)
     if not found:
@@ -116,7 +120,7 @@ def split_prefix(texts: Sequence[str]) -> tuple[str, list[str]]:
     if len(texts) < 2:
         return "", list(texts)
     prefix = longest_common_prefix(texts)
-    return prefix, [t[len(prefix):] for t in texts]
+    return prefix, [t[len(prefix) :] for t in texts]
 
 
 def content_text(content: Any) -> str:
@@ -274,8 +278,13 @@ class RolloutIndex:
                     check_group(group, where)
                     found = True
                     index.refs.append(
-                        GroupRef(path, offset, line_no, group_env(group, default_env),
-                                 [float(s) for s in group["scores"]])
+                        GroupRef(
+                            path,
+                            offset,
+                            line_no,
+                            group_env(group, default_env),
+                            [float(s) for s in group["scores"]],
+                        )
                     )
             if not found:
                 raise RolloutFileError(f"{path}: the file is empty (no scored groups)")
@@ -331,4 +340,3 @@ def default_group_text(group: dict[str, Any]) -> str:
     if isinstance(messages, list):
         return "\n".join(messages_text(m) for m in messages)
     return ""
-

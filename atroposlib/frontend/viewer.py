@@ -74,7 +74,9 @@ def _images_html(images: Any, limit: int = 4) -> str:
         if not isinstance(value, str) or len(value) < 16 or not _B64.match(value):
             continue
         url = value if value.startswith("data:") else f"data:image/png;base64,{value}"
-        tags.append(f'<img class="group-image" alt="group image" src="{html.escape(url, quote=True)}">')
+        tags.append(
+            f'<img class="group-image" alt="group image" src="{html.escape(url, quote=True)}">'
+        )
     return "".join(tags)
 
 
@@ -118,7 +120,9 @@ def shared_masked_prefix(tokens: Sequence[Any], masks: Sequence[Any]) -> int:
     return n
 
 
-def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | None, title: str = "") -> str:
+def render_group_html(
+    group: dict[str, Any], decode_one: Callable[[int], str] | None, title: str = ""
+) -> str:
     """The whole group as an HTML fragment (all rollout text escaped).
 
     ``decode_one`` turns a token id into text; without it tokens show as ``[id]``.
@@ -136,7 +140,7 @@ def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | 
     parts = [
         '<div class="atropos-group">',
         f'<div class="meta">{html.escape(title)} · {len(scores)} rollouts · scores: '
-        f'{html.escape(", ".join(_fmt(s) for s in scores))}</div>',
+        f"{html.escape(', '.join(_fmt(s) for s in scores))}</div>",
         '<div class="legend"><span class="tok prompt">prompt / not trained</span>'
         '<span class="tok trained">trained (shade = lower inference logprob)</span></div>',
         _images_html(group.get("images")),
@@ -159,8 +163,8 @@ def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | 
         parts.append(f'<div class="rollout {_score_class(score)}">')
         parts.append(
             f'<div class="rollout-head">Rollout {i} · score {_fmt(score)} · '
-            f'{stats["trained"]}/{stats["tokens"]} tokens trained · '
-            f'mean logprob {_fmt(stats["mean_logprob"])}</div>'
+            f"{stats['trained']}/{stats['tokens']} tokens trained · "
+            f"mean logprob {_fmt(stats['mean_logprob'])}</div>"
         )
         if i < len(messages):
             own = messages[i][n_shared:] if n_shared else messages[i]
@@ -169,8 +173,13 @@ def render_group_html(group: dict[str, Any], decode_one: Callable[[int], str] | 
             folded = n_prompt if i > 0 else 0
             body = "".join(_token_html(s) for s in spans[folded:])
             if folded:
-                body = f'<span class="tok prompt">[{folded} prompt tokens as in rollout 0]</span>' + body
-            parts.append(f'<details open><summary>Tokens</summary><div class="tokens">{body}</div></details>')
+                body = (
+                    f'<span class="tok prompt">[{folded} prompt tokens as in rollout 0]</span>'
+                    + body
+                )
+            parts.append(
+                f'<details open><summary>Tokens</summary><div class="tokens">{body}</div></details>'
+            )
         parts.append("</div>")
     parts.append("</div>")
     return "".join(parts)
@@ -188,7 +197,9 @@ def make_decode_one(tokenizer: Any) -> Callable[[int], str] | None:
     return decode_one
 
 
-def live_group_fields(group: dict[str, Any], tokenizer: Any, n_boxes: int) -> tuple[str, list[str], list[str]]:
+def live_group_fields(
+    group: dict[str, Any], tokenizer: Any, n_boxes: int
+) -> tuple[str, list[str], list[str]]:
     """(prefix, outputs, scores) for the first ``n_boxes`` sequences of a group, padded with ""."""
     texts = [tokenizer.decode(seq) for seq in group.get("tokens") or []]
     prefix, outputs = split_prefix(texts) if len(texts) > 1 else ("", texts)
@@ -198,20 +209,31 @@ def live_group_fields(group: dict[str, Any], tokenizer: Any, n_boxes: int) -> tu
     return prefix, outputs, scores
 
 
-def live_outputs(batch: list[dict[str, Any]] | None, tokenizer: Any, n_boxes: int, multimodal: bool = False,
-                 poll_timeout: float | None = None) -> list[Any]:
+def live_outputs(
+    batch: list[dict[str, Any]] | None,
+    tokenizer: Any,
+    n_boxes: int,
+    multimodal: bool = False,
+    poll_timeout: float | None = None,
+) -> list[Any]:
     """Values for the live viewer's components, in order:
     ``[image, text prompt]`` (multimodal only), prefix, ``n_boxes`` outputs, ``n_boxes`` scores, status.
     """
     if not batch:
         waited = f" within {poll_timeout:g} s" if poll_timeout is not None else ""
-        empty = ["", *[""] * n_boxes, *[""] * n_boxes,
-                 f"No batch arrived{waited}; press again to keep waiting."]
+        empty = [
+            "",
+            *[""] * n_boxes,
+            *[""] * n_boxes,
+            f"No batch arrived{waited}; press again to keep waiting.",
+        ]
         return ([None, ""] if multimodal else []) + empty
     group = batch[0]
     prefix, outs, scores = live_group_fields(group, tokenizer, n_boxes)
-    status = (f"Batch of {len(batch)} groups; showing the first "
-              f"({len(group.get('scores') or [])} rollouts, env_id={group.get('env_id')}).")
+    status = (
+        f"Batch of {len(batch)} groups; showing the first "
+        f"({len(group.get('scores') or [])} rollouts, env_id={group.get('env_id')})."
+    )
     extra: list[Any] = []
     if multimodal:
         full = tokenizer.decode(group["tokens"][0]) if group.get("tokens") else ""

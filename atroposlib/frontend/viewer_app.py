@@ -35,8 +35,14 @@ ALL_ENVS = "(all environments)"
 SCORE_MODES = ["any", "all", "mean"]
 
 
-def build_live_app(client: TrainerClient, tokenizer: Any, group_size: int, poll_interval: float = 1.0,
-                   poll_timeout: float | None = None, multimodal: bool = False) -> gr.Blocks:
+def build_live_app(
+    client: TrainerClient,
+    tokenizer: Any,
+    group_size: int,
+    poll_interval: float = 1.0,
+    poll_timeout: float | None = None,
+    multimodal: bool = False,
+) -> gr.Blocks:
     """The original batch inspector: prefix, outputs and scores of the next batch's first group."""
     with gr.Blocks(title="Atropos run viewer", analytics_enabled=False) as demo:
         image = None
@@ -62,7 +68,12 @@ def build_live_app(client: TrainerClient, tokenizer: Any, group_size: int, poll_
                 raise gr.Error(str(e)) from None
             return live_outputs(batch, tokenizer, group_size, multimodal, poll_timeout)
 
-        out_components = ([image, text_prompt] if multimodal else []) + [prefix, *outputs, *scores, status]
+        out_components = ([image, text_prompt] if multimodal else []) + [
+            prefix,
+            *outputs,
+            *scores,
+            status,
+        ]
         button.click(grab, inputs=None, outputs=out_components, api_name="grab_next_batch")
     return demo
 
@@ -86,7 +97,9 @@ class _Search:
     query: str
 
 
-def build_file_app(index: RolloutIndex, tokenizer: Any = None, title: str = "Atropos rollouts") -> gr.Blocks:
+def build_file_app(
+    index: RolloutIndex, tokenizer: Any = None, title: str = "Atropos rollouts"
+) -> gr.Blocks:
     """A read-only browser over indexed rollouts files; no API is touched."""
     decode_one = make_decode_one(tokenizer)
 
@@ -107,8 +120,13 @@ def build_file_app(index: RolloutIndex, tokenizer: Any = None, title: str = "Atr
         return pos, status, render_group_html(index.load(i), decode_one, title=where)
 
     def search(env: str, low: str, high: str, mode: str, query: str) -> tuple:
-        s = _Search(None if env in (None, "", ALL_ENVS) else env, _bound(low, "Min score"),
-                    _bound(high, "Max score"), mode or "any", query or "")
+        s = _Search(
+            None if env in (None, "", ALL_ENVS) else env,
+            _bound(low, "Min score"),
+            _bound(high, "Max score"),
+            mode or "any",
+            query or "",
+        )
         matches = index.filter(s.env, s.low, s.high, s.query, s.mode, text_of=text_of)
         pos, status, body = show(matches, 1)
         return matches, pos, status, body
@@ -151,5 +169,12 @@ def build_file_app(index: RolloutIndex, tokenizer: Any = None, title: str = "Atr
 def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
     """Serve ``demo`` (blocking) on ``host:port``."""
     demo.queue(default_concurrency_limit=4)
-    demo.launch(server_name=host, server_port=port, share=share, ssr_mode=False, css=VIEWER_CSS,
-                show_error=True, quiet=False)
+    demo.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        ssr_mode=False,
+        css=VIEWER_CSS,
+        show_error=True,
+        quiet=False,
+    )

@@ -88,13 +88,19 @@ def build_state(config: ServeModelConfig) -> ServingState:
         torch.set_num_threads(config.cpu_threads or (1 if small else torch.get_num_threads()))
     limit = getattr(model.config, "max_position_embeddings", None) or 4096
     max_len = config.max_model_len or int(limit)
-    engine = Engine(model, tokenizer, max_model_len=max_len, max_num_seqs=config.max_num_seqs,
-                    max_batched_tokens=config.max_batched_tokens,
-                    swap_drain_timeout=config.swap_drain_timeout,
-                    loader=lambda path: load_compatible(path, engine.model, device, dtype))
+    engine = Engine(
+        model,
+        tokenizer,
+        max_model_len=max_len,
+        max_num_seqs=config.max_num_seqs,
+        max_batched_tokens=config.max_batched_tokens,
+        swap_drain_timeout=config.swap_drain_timeout,
+        loader=lambda path: load_compatible(path, engine.model, device, dtype),
+    )
     logger.info("loaded %s on %s (%s), max_model_len=%d", config.model, device, dtype, max_len)
-    return ServingState(config, engine, tokenizer,
-                        list(config.served_model_name or [config.model]), time.time())
+    return ServingState(
+        config, engine, tokenizer, list(config.served_model_name or [config.model]), time.time()
+    )
 
 
 def create_app(config: ServeModelConfig, state: ServingState | None = None) -> FastAPI:
@@ -128,19 +134,29 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         if model is None or model in st.names:
             return model or st.name
         if os.path.isdir(st.config.model) and os.path.realpath(model) == os.path.realpath(
-                st.config.model):
+            st.config.model
+        ):
             return model  # the same local directory spelled differently
-        raise ModelNotFound(f"The model `{model}` does not exist. Served: {st.names}",
-                            param="model", code="model_not_found")
+        raise ModelNotFound(
+            f"The model `{model}` does not exist. Served: {st.names}",
+            param="model",
+            code="model_not_found",
+        )
 
     auth = [Depends(require_key)]
 
     @app.get("/health")
     async def health(st: ServingState = Depends(get_state)) -> dict[str, Any]:
-        return {"status": "ok", "model": st.name, "version": st.engine.version,
-                "running": st.engine.running, "waiting": st.engine.waiting,
-                "steps": st.engine.steps, "generated_tokens": st.engine.generated_tokens,
-                "restarted_on_update": st.engine.restarted}
+        return {
+            "status": "ok",
+            "model": st.name,
+            "version": st.engine.version,
+            "running": st.engine.running,
+            "waiting": st.engine.waiting,
+            "steps": st.engine.steps,
+            "generated_tokens": st.engine.generated_tokens,
+            "restarted_on_update": st.engine.restarted,
+        }
 
     @app.get("/health_generate", dependencies=auth)
     async def health_generate(st: ServingState = Depends(get_state)) -> dict[str, Any]:
@@ -150,37 +166,63 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
 
     @app.get("/v1/models", dependencies=auth)
     async def models(st: ServingState = Depends(get_state)) -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(st.started),
-             "owned_by": "atroposlib", "root": st.config.model,
-             "max_model_len": st.engine.max_model_len, "version": st.engine.version,
-             "weights_path": st.engine.weights_path}
-            for name in st.names]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(st.started),
+                    "owned_by": "atroposlib",
+                    "root": st.config.model,
+                    "max_model_len": st.engine.max_model_len,
+                    "version": st.engine.version,
+                    "weights_path": st.engine.weights_path,
+                }
+                for name in st.names
+            ],
+        }
 
     @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: CompletionRequest, request: Request,
-                          st: ServingState = Depends(get_state)) -> Response:
+    async def completions(
+        body: CompletionRequest, request: Request, st: ServingState = Depends(get_state)
+    ) -> Response:
         name = check_model(st, body.model)
-        params = body.sampling_params(st.config.max_n, logprobs=body.logprobs,
-                                      prompt_logprobs=body.prompt_logprobs)
+        params = body.sampling_params(
+            st.config.max_n, logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs
+        )
         prompts = body.prompts()
-        ids_list = [st.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str)
-                    else list(p) for p in prompts]
+        ids_list = [
+            st.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
+            for p in prompts
+        ]
         for ids in ids_list:  # validate every prompt before generating (or decoding) any
             st.engine.validate(ids, params)
-        texts = [p if isinstance(p, str) else (st.tokenizer.decode(p) if body.echo else "")
-                 for p in prompts]
+        texts = [
+            p if isinstance(p, str) else (st.tokenizer.decode(p) if body.echo else "")
+            for p in prompts
+        ]
         if body.stream:
             return stream_completions(st, name, body, params, ids_list, texts)
-        results = await unless_disconnected(request, asyncio.gather(
-            *(st.engine.generate(ids, params) for ids in ids_list)))
-        return JSONResponse(completion_response(name, st.tokenizer, list(results), texts,
-                                                body.logprobs is not None, body.echo,
-                                                body.return_tokens_as_token_ids))
+        results = await unless_disconnected(
+            request, asyncio.gather(*(st.engine.generate(ids, params) for ids in ids_list))
+        )
+        return JSONResponse(
+            completion_response(
+                name,
+                st.tokenizer,
+                list(results),
+                texts,
+                body.logprobs is not None,
+                body.echo,
+                body.return_tokens_as_token_ids,
+            )
+        )
 
     @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat(body: ChatCompletionRequest, request: Request,
-                   st: ServingState = Depends(get_state)) -> Response:
+    async def chat(
+        body: ChatCompletionRequest, request: Request, st: ServingState = Depends(get_state)
+    ) -> Response:
         name = check_model(st, body.model)
         top = body.top_logprobs or 0
         params = body.sampling_params(st.config.max_n, logprobs=top if body.logprobs else None)
@@ -190,15 +232,25 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             return stream_chat(st, name, body, params, ids)
         result = await unless_disconnected(request, st.engine.generate(ids, params))
         parse_tools = bool(body.tools) and body.tool_choice != "none"
-        return JSONResponse(chat_response(name, st.tokenizer, result, body.logprobs,
-                                          parse_tools, body.return_tokens_as_token_ids))
+        return JSONResponse(
+            chat_response(
+                name,
+                st.tokenizer,
+                result,
+                body.logprobs,
+                parse_tools,
+                body.return_tokens_as_token_ids,
+            )
+        )
 
     @app.post("/generate", dependencies=auth)
-    async def generate(body: GenerateRequest, request: Request,
-                       st: ServingState = Depends(get_state)) -> Response:
+    async def generate(
+        body: GenerateRequest, request: Request, st: ServingState = Depends(get_state)
+    ) -> Response:
         check_model(st, body.model)
-        params = body.sampling_params(st.config.max_n, logprobs=body.logprobs,
-                                      prompt_logprobs=body.prompt_logprobs)
+        params = body.sampling_params(
+            st.config.max_n, logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs
+        )
         if isinstance(body.prompt, str):
             text: str | None = body.prompt
             ids = st.tokenizer.encode(body.prompt, add_special_tokens=True)
@@ -208,16 +260,16 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         return JSONResponse(generate_response(result, text, body.logprobs is not None))
 
     @app.post("/update_weights", dependencies=auth)
-    async def update_weights(body: UpdateWeightsRequest,
-                             st: ServingState = Depends(get_state)) -> dict[str, Any]:
+    async def update_weights(
+        body: UpdateWeightsRequest, st: ServingState = Depends(get_state)
+    ) -> dict[str, Any]:
         info = await st.engine.update_weights(body.path)
         return {**info, "model": st.name}
 
     return app
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T],
-                              poll_s: float = 0.5) -> T:
+async def unless_disconnected(request: Request, work: Awaitable[T], poll_s: float = 0.5) -> T:
     """Await ``work``, cancelling it (and freeing its batch rows) if the client goes away.
 
     Clients with timeouts (environments retrying a slow request) would otherwise leave
@@ -241,63 +293,108 @@ async def unless_disconnected(request: Request, work: Awaitable[T],
 def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     """Apply the model's chat template (with tools) and tokenize the prompt."""
     if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequest("this model's tokenizer has no chat template; use /v1/completions",
-                             param="messages")
+        raise InvalidRequest(
+            "this model's tokenizer has no chat template; use /v1/completions", param="messages"
+        )
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     if body.continue_final_message and messages[-1]["role"] != "assistant":
-        raise InvalidRequest("'continue_final_message' needs a final assistant message",
-                             param="messages")
+        raise InvalidRequest(
+            "'continue_final_message' needs a final assistant message", param="messages"
+        )
     try:
         text = tokenizer.apply_chat_template(
-            messages, tools=body.tools, tokenize=False,
+            messages,
+            tools=body.tools,
+            tokenize=False,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            **(body.chat_template_kwargs or {}))
+            **(body.chat_template_kwargs or {}),
+        )
     except (TemplateError, ValueError, TypeError, KeyError) as exc:
         raise InvalidRequest(f"cannot render the chat template: {exc}", param="messages") from exc
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _events_output(events: list[TokenEvent]) -> SequenceOutput:
-    return SequenceOutput(0, [e.token_id for e in events], "", [e.logprob for e in events],
-                          [e.top_logprobs for e in events], "")
+    return SequenceOutput(
+        0,
+        [e.token_id for e in events],
+        "",
+        [e.logprob for e in events],
+        [e.top_logprobs for e in events],
+        "",
+    )
 
 
 def _usage_requested(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool((body.stream_options or {}).get("include_usage"))
 
 
-def stream_chat(st: ServingState, name: str, body: ChatCompletionRequest,
-                params: SamplingParams, ids: list[int]) -> StreamingResponse:
+def stream_chat(
+    st: ServingState, name: str, body: ChatCompletionRequest, params: SamplingParams, ids: list[int]
+) -> StreamingResponse:
     """SSE ``chat.completion.chunk`` stream for one conversation."""
     rid, created = new_id("chatcmpl"), now()
     as_ids = body.return_tokens_as_token_ids
 
     def wrap(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": rid, "object": "chat.completion.chunk", "created": created,
-                "model": name, "choices": choices, **extra}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": name,
+            "choices": choices,
+            **extra,
+        }
 
     def first(idx: int) -> dict[str, Any]:
-        return wrap([{"index": idx, "delta": {"role": "assistant", "content": ""},
-                      "logprobs": None, "finish_reason": None}])
+        return wrap(
+            [
+                {
+                    "index": idx,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
 
     def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
-        lps = chat_logprobs(st.tokenizer, _events_output(events), as_ids) \
-            if body.logprobs else None
-        return wrap([{"index": idx, "delta": {"content": delta} if delta else {},
-                      "logprobs": lps, "finish_reason": finish}])
+        lps = chat_logprobs(st.tokenizer, _events_output(events), as_ids) if body.logprobs else None
+        return wrap(
+            [
+                {
+                    "index": idx,
+                    "delta": {"content": delta} if delta else {},
+                    "logprobs": lps,
+                    "finish_reason": finish,
+                }
+            ]
+        )
 
     def usage_chunk(results: list) -> dict[str, Any]:
         return wrap([], usage=usage(results))
 
-    gen = stream_choices(st.engine, [ids], params, st.tokenizer, chunk, first,
-                         usage_chunk if _usage_requested(body) else None)
+    gen = stream_choices(
+        st.engine,
+        [ids],
+        params,
+        st.tokenizer,
+        chunk,
+        first,
+        usage_chunk if _usage_requested(body) else None,
+    )
     return StreamingResponse(gen, media_type="text/event-stream")
 
 
-def stream_completions(st: ServingState, name: str, body: CompletionRequest,
-                       params: SamplingParams, ids_list: list[list[int]],
-                       texts: list[str]) -> StreamingResponse:
+def stream_completions(
+    st: ServingState,
+    name: str,
+    body: CompletionRequest,
+    params: SamplingParams,
+    ids_list: list[list[int]],
+    texts: list[str],
+) -> StreamingResponse:
     """SSE ``text_completion`` stream; choice index = prompt index * n + i."""
     rid, created = new_id("cmpl"), now()
     as_ids = body.return_tokens_as_token_ids
@@ -307,16 +404,36 @@ def stream_completions(st: ServingState, name: str, body: CompletionRequest,
         if body.echo and idx not in echoed:
             echoed.add(idx)
             delta = texts[idx // params.n] + delta
-        lps = completion_logprobs(st.tokenizer, _events_output(events), 0, as_ids) \
-            if body.logprobs is not None else None
-        return {"id": rid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"index": idx, "text": delta, "logprobs": lps,
-                             "finish_reason": finish}]}
+        lps = (
+            completion_logprobs(st.tokenizer, _events_output(events), 0, as_ids)
+            if body.logprobs is not None
+            else None
+        )
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": name,
+            "choices": [{"index": idx, "text": delta, "logprobs": lps, "finish_reason": finish}],
+        }
 
     def usage_chunk(results: list) -> dict[str, Any]:
-        return {"id": rid, "object": "text_completion", "created": created, "model": name,
-                "choices": [], "usage": usage(results)}
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": name,
+            "choices": [],
+            "usage": usage(results),
+        }
 
-    gen = stream_choices(st.engine, ids_list, params, st.tokenizer, chunk, None,
-                         usage_chunk if _usage_requested(body) else None)
+    gen = stream_choices(
+        st.engine,
+        ids_list,
+        params,
+        st.tokenizer,
+        chunk,
+        None,
+        usage_chunk if _usage_requested(body) else None,
+    )
     return StreamingResponse(gen, media_type="text/event-stream")

@@ -11,30 +11,47 @@ class ServeModelConfig(BaseModel):
     """Settings of the embedded inference server."""
 
     model: str = Field(..., description="Local model directory or a Hugging Face hub name.")
-    host: str = Field("127.0.0.1", description="Interface to bind (use 0.0.0.0 for remote clients).")
+    host: str = Field(
+        "127.0.0.1", description="Interface to bind (use 0.0.0.0 for remote clients)."
+    )
     port: int = Field(9001, ge=0, le=65535, description="TCP port to listen on.")
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Where the model runs; auto picks cuda when available.")
+        "auto", description="Where the model runs; auto picks cuda when available."
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Weight dtype; auto is float32 on CPU and bfloat16 on CUDA.")
+        "auto", description="Weight dtype; auto is float32 on CPU and bfloat16 on CUDA."
+    )
     max_model_len: int | None = Field(
-        None, ge=2, description="Longest prompt+completion in tokens; default: the model's "
-                                "max_position_embeddings.")
+        None,
+        ge=2,
+        description="Longest prompt+completion in tokens; default: the model's "
+        "max_position_embeddings.",
+    )
     served_model_name: list[str] | None = Field(
-        None, description="Name(s) clients use in the 'model' field; default: MODEL as given.")
+        None, description="Name(s) clients use in the 'model' field; default: MODEL as given."
+    )
     api_key: str | None = Field(
-        None, description="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
+        None, description="Require 'Authorization: Bearer KEY' on every endpoint but /health."
+    )
     max_num_seqs: int = Field(256, ge=1, description="Most sequences decoded in one batch.")
     max_batched_tokens: int = Field(
-        8192, ge=1, description="Padded prompt-token budget of one prefill batch.")
+        8192, ge=1, description="Padded prompt-token budget of one prefill batch."
+    )
     swap_drain_timeout: float = Field(
-        30.0, ge=0.0, description="Seconds a weight update lets running sequences finish on the "
-                                  "old weights before restarting them on the new ones.")
+        30.0,
+        ge=0.0,
+        description="Seconds a weight update lets running sequences finish on the "
+        "old weights before restarting them on the new ones.",
+    )
     max_n: int = Field(128, ge=1, description="Largest 'n' (completions per request) accepted.")
     cpu_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads on CPU; default 1 for models under "
-                                "100M parameters (threading overhead dominates), else torch's "
-                                "default.")
+        None,
+        ge=1,
+        description="torch intra-op threads on CPU; default 1 for models under "
+        "100M parameters (threading overhead dominates), else torch's "
+        "default.",
+    )
     seed: int = Field(0, description="Seed of the global sampler (requests may pass their own).")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level of the server.")
+        "info", description="Log level of the server."
+    )

@@ -110,10 +110,17 @@ class Engine:
         await engine.stop()
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int,
-                 max_num_seqs: int = 256, max_batched_tokens: int = 8192,
-                 loader: Callable[[str], Any] | None = None,
-                 swap_drain_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_model_len: int,
+        max_num_seqs: int = 256,
+        max_batched_tokens: int = 8192,
+        loader: Callable[[str], Any] | None = None,
+        swap_drain_timeout: float = 30.0,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -185,16 +192,19 @@ class Engine:
         return len(self._waiting)
 
     # ------------------------------------------------------------------ requests
-    def resolve_max_tokens(self, prompt_len: int, params: SamplingParams,
-                           param_name: str = "max_tokens") -> int:
+    def resolve_max_tokens(
+        self, prompt_len: int, params: SamplingParams, param_name: str = "max_tokens"
+    ) -> int:
         """Validate lengths against ``max_model_len``; return the effective max_tokens."""
         if prompt_len == 0:
             raise InvalidRequest("the prompt is empty", param="prompt")
         if prompt_len >= self.max_model_len:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; "
-                f"the prompt has {prompt_len} tokens", param="prompt",
-                code="context_length_exceeded")
+                f"the prompt has {prompt_len} tokens",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         room = self.max_model_len - prompt_len
         if params.max_tokens is None:
             return room
@@ -202,7 +212,10 @@ class Engine:
             raise InvalidRequest(
                 f"this model's maximum context length is {self.max_model_len} tokens; the "
                 f"prompt has {prompt_len} tokens and {param_name}={params.max_tokens} were "
-                f"requested", param=param_name, code="context_length_exceeded")
+                f"requested",
+                param=param_name,
+                code="context_length_exceeded",
+            )
         return params.max_tokens
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> int:
@@ -211,13 +224,17 @@ class Engine:
         vocab = self.vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
-            raise InvalidRequest(f"prompt token id {bad[0]} is outside the vocabulary "
-                                 f"[0, {vocab})", param="prompt")
+            raise InvalidRequest(
+                f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt"
+            )
         return max_tokens
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       listener: Callable[[TokenEvent], None] | None = None
-                       ) -> GenerationResult:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        listener: Callable[[TokenEvent], None] | None = None,
+    ) -> GenerationResult:
         """Queue a prompt and wait for its ``params.n`` completions.
 
         ``listener``, when given, is called on the event loop with a
@@ -229,8 +246,9 @@ class Engine:
             gen = torch.Generator(device=self._device)
             gen.manual_seed(params.seed)
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), params, max_tokens, loop.create_future(), gen,
-                       listener, loop)
+        req = _Request(
+            list(prompt_ids), params, max_tokens, loop.create_future(), gen, listener, loop
+        )
         self._waiting.append(req)
         self._wakeup.set()
         try:
@@ -257,16 +275,22 @@ class Engine:
             self._swap_since = time.monotonic()
             self._wakeup.set()
             version = await fut
-            return {"version": version, "path": path,
-                    "load_seconds": round(loaded - t0, 4),
-                    "swap_wait_seconds": round(time.monotonic() - loaded, 4)}
+            return {
+                "version": version,
+                "path": path,
+                "load_seconds": round(loaded - t0, 4),
+                "swap_wait_seconds": round(time.monotonic() - loaded, 4),
+            }
 
     # ----------------------------------------------------------------- scheduler
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if self._swap is not None and self._rows and (
-                    time.monotonic() - self._swap_since > self.swap_drain_timeout):
+            if (
+                self._swap is not None
+                and self._rows
+                and (time.monotonic() - self._swap_since > self.swap_drain_timeout)
+            ):
                 self._restart_rows()
             if not self._rows and self._swap is not None:
                 self._apply_swap()
@@ -333,8 +357,10 @@ class Engine:
                 self._waiting.popleft()
                 continue
             longest_if = max(longest, len(req.prompt_ids))
-            if admitted and (rows + req.params.n > self.max_num_seqs
-                             or longest_if * (len(admitted) + 1) > self.max_batched_tokens):
+            if admitted and (
+                rows + req.params.n > self.max_num_seqs
+                or longest_if * (len(admitted) + 1) > self.max_batched_tokens
+            ):
                 break
             if not admitted and self._rows and rows + req.params.n > self.max_num_seqs:
                 break
@@ -372,9 +398,12 @@ class Engine:
         batch = self._batch
         inputs = torch.tensor([[row.tokens[-1]] for row in self._rows], device=self._device)
         mask = torch.cat([batch.mask, batch.mask.new_ones((batch.size, 1))], dim=1)
-        out = self._forward(input_ids=inputs, attention_mask=mask,
-                            position_ids=batch.positions.unsqueeze(1),
-                            past_key_values=make_cache(batch.kv))
+        out = self._forward(
+            input_ids=inputs,
+            attention_mask=mask,
+            position_ids=batch.positions.unsqueeze(1),
+            past_key_values=make_cache(batch.kv),
+        )
         self._batch = KVBatch(cache_tensors(out.past_key_values), mask, batch.positions + 1)
         self._sample_rows(self._rows, out.logits[:, -1, :])
         self._drop_finished(finished)
@@ -383,8 +412,9 @@ class Engine:
         lengths = [len(r.prompt_ids) for r in reqs]
         width = max(lengths)
         pad = self.tokenizer.pad_token_id or 0
-        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in reqs],
-                           device=self._device)
+        ids = torch.tensor(
+            [[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in reqs], device=self._device
+        )
         mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=self._device)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         want_prompt_lps = reqs[0].params.prompt_logprobs is not None
@@ -393,25 +423,32 @@ class Engine:
             kwargs["logits_to_keep"] = 1
         out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
         if want_prompt_lps:
-            reqs[0].prompt_lps = prompt_logprobs(out.logits[0], reqs[0].prompt_ids,
-                                                 reqs[0].params.prompt_logprobs or 0)
+            reqs[0].prompt_lps = prompt_logprobs(
+                out.logits[0], reqs[0].prompt_ids, reqs[0].params.prompt_logprobs or 0
+            )
         expand = [i for i, r in enumerate(reqs) for _ in range(r.params.n)]
         new_rows = [_Row(r, j) for r in reqs for j in range(r.params.n)]
         for r in reqs:
             r.rows = [row for row in new_rows if row.request is r]
             r.open_rows = r.params.n
-        fresh = KVBatch(cache_tensors(out.past_key_values), mask,
-                        torch.tensor(lengths, device=self._device)).select(expand)
-        self._sample_rows(new_rows, out.logits[:, -1, :].index_select(
-            0, torch.tensor(expand, device=self._device)))
+        fresh = KVBatch(
+            cache_tensors(out.past_key_values), mask, torch.tensor(lengths, device=self._device)
+        ).select(expand)
+        self._sample_rows(
+            new_rows,
+            out.logits[:, -1, :].index_select(0, torch.tensor(expand, device=self._device)),
+        )
         self._batch = KVBatch.merge(self._batch if self._rows else None, fresh)
         self._rows = self._rows + new_rows
         self._drop_finished(finished)
 
     def _sample_rows(self, rows: list[_Row], logits: torch.Tensor) -> None:
         params = [r.request.params for r in rows]
-        histories = ([(r.request.prompt_ids, r.tokens) for r in rows]
-                     if any(p.has_penalties for p in params) else None)
+        histories = (
+            [(r.request.prompt_ids, r.tokens) for r in rows]
+            if any(p.has_penalties for p in params)
+            else None
+        )
         out = sample(logits, params, [r.request.generator for r in rows], histories)
         self.generated_tokens += len(rows)
         for row, token, lp, top in zip(rows, out.tokens, out.logprobs, out.top, strict=True):
@@ -431,8 +468,9 @@ class Engine:
             return "stop"
         if p.stop:
             window = max(len(s) for s in p.stop) + 8
-            tail = self.tokenizer.decode(row.tokens[-window:],
-                                         skip_special_tokens=p.skip_special_tokens)
+            tail = self.tokenizer.decode(
+                row.tokens[-window:], skip_special_tokens=p.skip_special_tokens
+            )
             if any(s in tail for s in p.stop):
                 row.stopped_by_string = True
                 return "stop"
@@ -458,10 +496,14 @@ class Engine:
     def _text(self, row: _Row) -> str:
         p = row.request.params
         tokens = row.tokens
-        ends_on_stop_token = (row.finish_reason == "stop" and not row.stopped_by_string
-                              and not p.include_stop_str_in_output)
-        text = self.tokenizer.decode(tokens[:-1] if ends_on_stop_token else tokens,
-                                     skip_special_tokens=p.skip_special_tokens)
+        ends_on_stop_token = (
+            row.finish_reason == "stop"
+            and not row.stopped_by_string
+            and not p.include_stop_str_in_output
+        )
+        text = self.tokenizer.decode(
+            tokens[:-1] if ends_on_stop_token else tokens, skip_special_tokens=p.skip_special_tokens
+        )
         if row.stopped_by_string:
             hits = [(text.find(s), s) for s in p.stop if s in text]
             if hits:
@@ -470,7 +512,15 @@ class Engine:
         return text
 
     def _result(self, req: _Request) -> GenerationResult:
-        outputs = [SequenceOutput(row.index, list(row.tokens), self._text(row),
-                                  list(row.logprobs), list(row.top), row.finish_reason or "stop")
-                   for row in req.rows]
+        outputs = [
+            SequenceOutput(
+                row.index,
+                list(row.tokens),
+                self._text(row),
+                list(row.logprobs),
+                list(row.top),
+                row.finish_reason or "stop",
+            )
+            for row in req.rows
+        ]
         return GenerationResult(req.prompt_ids, outputs, req.prompt_lps, self.version)

@@ -18,8 +18,13 @@ class ServingError(Exception):
     status: int = 400
     type: str = "invalid_request_error"
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -71,8 +76,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServingError)
     async def _serving(_: Request, exc: ServingError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code or exc.status),
-                            status_code=exc.status)
+        return JSONResponse(
+            error_body(exc.message, exc.type, exc.param, exc.code or exc.status),
+            status_code=exc.status,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -86,17 +93,21 @@ def install_error_handlers(app: FastAPI) -> None:
             message = "request body must be a JSON object (Content-Type: application/json)"
         else:
             message = f"invalid value for '{param}': {msg}" if param else msg
-        return JSONResponse(error_body(message, "invalid_request_error", param, 400),
-                            status_code=400)
+        return JSONResponse(
+            error_body(message, "invalid_request_error", param, 400), status_code=400
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error", None,
-                                       exc.status_code),
-                            status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(
+            error_body(str(exc.detail), "invalid_request_error", None, exc.status_code),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("internal error while serving a request")
-        return JSONResponse(error_body(f"internal error: {exc}", "internal_error", None, 500),
-                            status_code=500)
+        return JSONResponse(
+            error_body(f"internal error: {exc}", "internal_error", None, 500), status_code=500
+        )

@@ -76,8 +76,10 @@ class KVBatch:
         length = max(a.mask.shape[1], b.mask.shape[1])
         pa, pb = length - a.mask.shape[1], length - b.mask.shape[1]
         kv = [
-            (torch.cat([_left_pad(ka, pa, 2), _left_pad(kb, pb, 2)], dim=0),
-             torch.cat([_left_pad(va, pa, 2), _left_pad(vb, pb, 2)], dim=0))
+            (
+                torch.cat([_left_pad(ka, pa, 2), _left_pad(kb, pb, 2)], dim=0),
+                torch.cat([_left_pad(va, pa, 2), _left_pad(vb, pb, 2)], dim=0),
+            )
             for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)
         ]
         mask = torch.cat([_left_pad(a.mask, pa, 1), _left_pad(b.mask, pb, 1)], dim=0)

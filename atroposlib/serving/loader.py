@@ -64,12 +64,17 @@ def load_compatible(path: str, current: Any, device: torch.device, dtype: torch.
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise InvalidRequest(f"cannot load checkpoint {path!r}: {exc}", param="path") from exc
     if model.config.model_type != current.config.model_type:
-        raise InvalidRequest(f"checkpoint {path!r} is a {model.config.model_type} model; the "
-                             f"server runs {current.config.model_type}", param="path")
+        raise InvalidRequest(
+            f"checkpoint {path!r} is a {model.config.model_type} model; the "
+            f"server runs {current.config.model_type}",
+            param="path",
+        )
     old = {k: tuple(v.shape) for k, v in current.state_dict().items()}
     new = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if old != new:
         diff = sorted(set(old.items()) ^ set(new.items()))[:3]
-        raise InvalidRequest(f"checkpoint {path!r} has a different architecture "
-                             f"(first differences: {diff})", param="path")
+        raise InvalidRequest(
+            f"checkpoint {path!r} has a different architecture (first differences: {diff})",
+            param="path",
+        )
     return model

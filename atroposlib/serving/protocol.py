@@ -37,20 +37,27 @@ class _Sampling(BaseModel):
     ignore_eos: bool = Field(False, description="Keep generating past the eos token.")
     include_stop_str_in_output: bool = Field(False, description="Keep the stop string in text.")
     skip_special_tokens: bool = Field(True, description="Drop special tokens from text.")
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0,
-                                    description="Subtract this from tokens already generated.")
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0,
-                                     description="Subtract this times each token's count so far.")
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0,
-                                      description="Divide logits of seen tokens by this (>1 "
-                                                  "discourages repeats).")
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Subtract this from tokens already generated."
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Subtract this times each token's count so far."
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        le=10.0,
+        description="Divide logits of seen tokens by this (>1 discourages repeats).",
+    )
     best_of: int | None = Field(None, description="Must equal n when given.")
     stream: bool = Field(False, description="Stream server-sent events (OpenAI endpoints).")
     stream_options: dict[str, Any] | None = Field(
-        None, description="{'include_usage': true} adds a final usage chunk.")
+        None, description="{'include_usage': true} adds a final usage chunk."
+    )
     user: str | None = Field(None, description="Accepted and ignored (OpenAI field).")
     return_tokens_as_token_ids: bool = Field(
-        False, description="vLLM extension: logprob tokens as 'token_id:N' strings.")
+        False, description="vLLM extension: logprob tokens as 'token_id:N' strings."
+    )
 
     @field_validator("stop")
     @classmethod
@@ -70,22 +77,32 @@ class _Sampling(BaseModel):
             logger.warning("ignoring unknown request fields: %s", sorted(self.model_extra))
         return self
 
-    def sampling_params(self, max_n: int, logprobs: int | None = None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+    def sampling_params(
+        self, max_n: int, logprobs: int | None = None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """Convert to engine params; ``n`` above ``max_n`` is a 400 naming ``n``."""
         if self.n > max_n:
-            raise InvalidRequest(f"'n'={self.n} exceeds this server's limit of {max_n}",
-                                 param="n")
+            raise InvalidRequest(f"'n'={self.n} exceeds this server's limit of {max_n}", param="n")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            n=self.n, max_tokens=self.max_tokens, temperature=self.temperature,
-            top_p=self.top_p, top_k=self.top_k, min_p=self.min_p, seed=self.seed, stop=stop,
-            stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
+            n=self.n,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            skip_special_tokens=self.skip_special_tokens, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, presence_penalty=self.presence_penalty,
+            skip_special_tokens=self.skip_special_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty)
+            repetition_penalty=self.repetition_penalty,
+        )
 
 
 class CompletionRequest(_Sampling):
@@ -93,14 +110,17 @@ class CompletionRequest(_Sampling):
 
     model: str | None = Field(None, description="Served model name.")
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        ..., description="Text, texts, token ids or lists of token ids.")
+        ..., description="Text, texts, token ids or lists of token ids."
+    )
     max_tokens: int | None = Field(16, ge=1, description="Most new tokens (OpenAI default 16).")
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
-                                 description="Return logprobs plus this many alternatives.")
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="Return logprobs plus this many alternatives."
+    )
     echo: bool = Field(False, description="Prepend the prompt to the returned text.")
     suffix: str | None = Field(None, description="Not implemented: must be empty.")
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
-                                        description="vLLM extension: logprobs of the prompt.")
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="vLLM extension: logprobs of the prompt."
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -154,32 +174,42 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1, description="The conversation.")
     max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
     logprobs: bool = Field(False, description="Return logprobs of the generated tokens.")
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
-                                     description="Alternatives per position (needs logprobs).")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="Alternatives per position (needs logprobs)."
+    )
     tools: list[dict[str, Any]] | None = Field(None, description="Tools given to the template.")
     tool_choice: str | dict[str, Any] | None = Field(
-        None, description="Not enforced; 'none' turns off parsing <tool_call> blocks into "
-                          "tool_calls (done when tools are given).")
-    add_generation_prompt: bool = Field(True, description="End the prompt with the assistant "
-                                                          "header.")
-    continue_final_message: bool = Field(False, description="Continue the last assistant "
-                                                            "message instead of a new one.")
+        None,
+        description="Not enforced; 'none' turns off parsing <tool_call> blocks into "
+        "tool_calls (done when tools are given).",
+    )
+    add_generation_prompt: bool = Field(
+        True, description="End the prompt with the assistant header."
+    )
+    continue_final_message: bool = Field(
+        False, description="Continue the last assistant message instead of a new one."
+    )
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="Extra variables for the chat template.")
+        None, description="Extra variables for the chat template."
+    )
     response_format: dict[str, Any] | None = Field(
-        None, description="Only {'type': 'text'} is supported.")
+        None, description="Only {'type': 'text'} is supported."
+    )
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequest("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
         if self.response_format and self.response_format.get("type", "text") != "text":
-            raise InvalidRequest("only response_format type 'text' is supported",
-                                 param="response_format")
+            raise InvalidRequest(
+                "only response_format type 'text' is supported", param="response_format"
+            )
         if self.continue_final_message and self.add_generation_prompt:
             # vLLM's rule: the two are exclusive; the client must turn one off.
-            raise InvalidRequest("'continue_final_message' needs 'add_generation_prompt': false",
-                                 param="continue_final_message")
+            raise InvalidRequest(
+                "'continue_final_message' needs 'add_generation_prompt': false",
+                param="continue_final_message",
+            )
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens
         return self
@@ -194,17 +224,18 @@ class GenerateRequest(_Sampling):
 
     prompt: str | dict[str, Any] = Field(..., description="Text or {'prompt_token_ids': ids}.")
     model: str | None = Field(None, description="Ignored when absent; checked when given.")
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
-                                 description="Alternatives per generated token.")
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
-                                        description="Alternatives per prompt token.")
+    logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="Alternatives per generated token."
+    )
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="Alternatives per prompt token."
+    )
     max_tokens: int | None = Field(16, ge=1, description="Most new tokens (vLLM default 16).")
 
     @model_validator(mode="after")
     def _no_stream(self) -> GenerateRequest:
         if self.stream:
-            raise InvalidRequest("/generate does not stream; use /v1/completions",
-                                 param="stream")
+            raise InvalidRequest("/generate does not stream; use /v1/completions", param="stream")
         return self
 
     @field_validator("prompt")
@@ -213,7 +244,8 @@ class GenerateRequest(_Sampling):
         if isinstance(v, dict):
             ids = v.get("prompt_token_ids")
             if not isinstance(ids, list) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in ids):
+                isinstance(x, int) and not isinstance(x, bool) for x in ids
+            ):
                 raise ValueError("prompt must be a string or {'prompt_token_ids': [int, ...]}")
         return v
 

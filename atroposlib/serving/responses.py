@@ -17,8 +17,11 @@ def usage(results: list[GenerationResult]) -> dict[str, int]:
     """OpenAI ``usage``: prompt tokens once per prompt, completion tokens of every choice."""
     prompt = sum(len(r.prompt_ids) for r in results)
     completion = sum(len(o.token_ids) for r in results for o in r.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def token_text(tokenizer: Any, token_id: int, as_ids: bool = False) -> str:
@@ -26,18 +29,22 @@ def token_text(tokenizer: Any, token_id: int, as_ids: bool = False) -> str:
     return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
 
 
-def completion_logprobs(tokenizer: Any, out: SequenceOutput, offset: int = 0,
-                        as_ids: bool = False) -> dict[str, Any]:
+def completion_logprobs(
+    tokenizer: Any, out: SequenceOutput, offset: int = 0, as_ids: bool = False
+) -> dict[str, Any]:
     """Legacy completions ``logprobs`` object (tokens, token_logprobs, top_logprobs, offsets)."""
     tokens = [token_text(tokenizer, t, as_ids) for t in out.token_ids]
     offsets, pos = [], offset
     for tok in tokens:
         offsets.append(pos)
         pos += len(tok)
-    tops = [{token_text(tokenizer, tid, as_ids): lp for tid, lp in top}
-            for top in out.top_logprobs]
-    return {"tokens": tokens, "token_logprobs": list(out.logprobs), "top_logprobs": tops,
-            "text_offset": offsets}
+    tops = [{token_text(tokenizer, tid, as_ids): lp for tid, lp in top} for top in out.top_logprobs]
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(out.logprobs),
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 def chat_logprobs(tokenizer: Any, out: SequenceOutput, as_ids: bool = False) -> dict[str, Any]:
@@ -46,11 +53,16 @@ def chat_logprobs(tokenizer: Any, out: SequenceOutput, as_ids: bool = False) -> 
     for tid, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
         text = token_text(tokenizer, tid, as_ids)
         alts = [(token_text(tokenizer, t, as_ids), v) for t, v in top]
-        content.append({
-            "token": text, "logprob": lp, "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode("utf-8"))}
-                             for a, v in alts],
-        })
+        content.append(
+            {
+                "token": text,
+                "logprob": lp,
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": a, "logprob": v, "bytes": list(a.encode("utf-8"))} for a, v in alts
+                ],
+            }
+        )
     return {"content": content}
 
 
@@ -70,20 +82,32 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             continue
-        kept.append(text[last:match.start()])
+        kept.append(text[last : match.start()])
         last = match.end()
         args = obj.get("arguments", {})
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": obj["name"],
-                                   "arguments": args if isinstance(args, str)
-                                   else json.dumps(args)}})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": obj["name"],
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+            }
+        )
     kept.append(text[last:])
     content = "".join(kept).strip() if calls else text
     return (content or None) if calls else content, calls
 
 
-def chat_response(model: str, tokenizer: Any, result: GenerationResult, want_logprobs: bool,
-                  parse_tools: bool, as_ids: bool = False) -> dict[str, Any]:
+def chat_response(
+    model: str,
+    tokenizer: Any,
+    result: GenerationResult,
+    want_logprobs: bool,
+    parse_tools: bool,
+    as_ids: bool = False,
+) -> dict[str, Any]:
     """Build a ``chat.completion`` payload."""
     choices = []
     for out in result.outputs:
@@ -94,36 +118,64 @@ def chat_response(model: str, tokenizer: Any, result: GenerationResult, want_log
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": calls}
                 finish = "tool_calls" if finish == "stop" else finish
-        choices.append({"index": out.index, "message": message,
-                        "logprobs": chat_logprobs(tokenizer, out, as_ids) if want_logprobs else None,
-                        "finish_reason": finish})
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": model, "choices": choices,
-            "usage": usage([result]), "version": result.version}
+        choices.append(
+            {
+                "index": out.index,
+                "message": message,
+                "logprobs": chat_logprobs(tokenizer, out, as_ids) if want_logprobs else None,
+                "finish_reason": finish,
+            }
+        )
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage([result]),
+        "version": result.version,
+    }
 
 
-def completion_response(model: str, tokenizer: Any, results: list[GenerationResult],
-                        prompt_texts: list[str], want_logprobs: bool, echo: bool,
-                        as_ids: bool = False) -> dict[str, Any]:
+def completion_response(
+    model: str,
+    tokenizer: Any,
+    results: list[GenerationResult],
+    prompt_texts: list[str],
+    want_logprobs: bool,
+    echo: bool,
+    as_ids: bool = False,
+) -> dict[str, Any]:
     """Build a ``text_completion`` payload (choices ordered prompt-major, then n)."""
     choices = []
     for p_idx, (result, prompt_text) in enumerate(zip(results, prompt_texts, strict=True)):
         n = len(result.outputs)
         for out in result.outputs:
             prefix = prompt_text if echo else ""
-            choices.append({
-                "index": p_idx * n + out.index, "text": prefix + out.text,
-                "logprobs": completion_logprobs(tokenizer, out, len(prefix), as_ids)
-                if want_logprobs else None,
-                "finish_reason": out.finish_reason,
-            })
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-            "created": int(time.time()), "model": model, "choices": choices,
-            "usage": usage(results), "version": results[0].version if results else 0}
+            choices.append(
+                {
+                    "index": p_idx * n + out.index,
+                    "text": prefix + out.text,
+                    "logprobs": completion_logprobs(tokenizer, out, len(prefix), as_ids)
+                    if want_logprobs
+                    else None,
+                    "finish_reason": out.finish_reason,
+                }
+            )
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(results),
+        "version": results[0].version if results else 0,
+    }
 
 
-def generate_response(result: GenerationResult, prompt_text: str | None,
-                      want_logprobs: bool) -> dict[str, Any]:
+def generate_response(
+    result: GenerationResult, prompt_text: str | None, want_logprobs: bool
+) -> dict[str, Any]:
     """vLLM-style ``/generate`` payload.
 
     ``logprobs[seq][pos]`` is a list of one-entry ``{token_id: logprob}`` dicts:
@@ -139,8 +191,10 @@ def generate_response(result: GenerationResult, prompt_text: str | None,
     }
     if want_logprobs:
         body["logprobs"] = [
-            [[{tid: lp}] + [{t: v} for t, v in top if t != tid]
-             for tid, lp, top in zip(o.token_ids, o.logprobs, o.top_logprobs, strict=True)]
+            [
+                [{tid: lp}] + [{t: v} for t, v in top if t != tid]
+                for tid, lp, top in zip(o.token_ids, o.logprobs, o.top_logprobs, strict=True)
+            ]
             for o in result.outputs
         ]
     if result.prompt_logprobs is not None:

@@ -39,8 +39,11 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         """Whether any repetition-style penalty changes the sampling distribution."""
-        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.repetition_penalty != 1.0)
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
 
 
 @dataclass
@@ -52,8 +55,9 @@ class SampleOutput:
     top: list[list[tuple[int, float]]]
 
 
-def filter_logits(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  min_p: torch.Tensor) -> torch.Tensor:
+def filter_logits(
+    logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
     """Mask (to -inf) tokens outside each row's top-k / nucleus / min-p set.
 
     ``logp`` is ``[B, V]`` log-probabilities; ``top_k`` (``<=0`` disables),
@@ -82,8 +86,9 @@ def filter_logits(logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
     return torch.empty_like(logp).scatter_(-1, order, filtered_sorted)
 
 
-def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
-                    histories: list[tuple[list[int], list[int]]]) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor, params: list[SamplingParams], histories: list[tuple[list[int], list[int]]]
+) -> torch.Tensor:
     """Return ``logits`` with each row's penalties applied (vLLM semantics).
 
     ``histories[i]`` is ``(prompt_ids, generated_ids)``. Presence and frequency
@@ -97,20 +102,25 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
         if not p.has_penalties:
             continue
         if generated and (p.presence_penalty or p.frequency_penalty):
-            counts = torch.bincount(torch.tensor(generated, device=logits.device),
-                                    minlength=vocab)[:vocab].to(out.dtype)
+            counts = torch.bincount(torch.tensor(generated, device=logits.device), minlength=vocab)[
+                :vocab
+            ].to(out.dtype)
             out[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(prompt) | set(generated)), device=logits.device)
             vals = out[i, seen]
-            out[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty,
-                                       vals * p.repetition_penalty)
+            out[i, seen] = torch.where(
+                vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
+            )
     return out
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None],
-           histories: list[tuple[list[int], list[int]]] | None = None) -> SampleOutput:
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    histories: list[tuple[list[int], list[int]]] | None = None,
+) -> SampleOutput:
     """Pick one token per row of ``logits`` (``[B, V]``) under that row's params.
 
     ``histories`` (``(prompt_ids, generated_ids)`` per row) is needed only when a
@@ -122,8 +132,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     """
     logits = logits.float()
     rows = logits.shape[0]
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32,
-                         device=logits.device)
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
     greedy = temps <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
     logp = torch.log_softmax(scaled, dim=-1)
@@ -131,7 +140,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     if histories is not None and any(p.has_penalties for p in params):
         penalized = apply_penalties(logits, params, histories)
         pick_lp = torch.log_softmax(
-            penalized / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1), dim=-1)
+            penalized / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1), dim=-1
+        )
     chosen = torch.argmax(pick_lp, dim=-1)
     if not bool(greedy.all()):
         filtered = filter_logits(
@@ -160,8 +170,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     return SampleOutput(chosen.tolist(), token_lp.tolist(), top)
 
 
-def prompt_logprobs(logits: torch.Tensor, prompt_ids: list[int], k: int
-                    ) -> list[dict[int, float] | None]:
+def prompt_logprobs(
+    logits: torch.Tensor, prompt_ids: list[int], k: int
+) -> list[dict[int, float] | None]:
     """vLLM-style prompt logprobs: ``None`` for position 0, then per position a dict
     of the actual prompt token's logprob plus the top-``k`` alternatives.
 

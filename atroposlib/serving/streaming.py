@@ -43,14 +43,15 @@ class TextDeltas:
 
     def partial(self, state: _ChoiceState) -> str:
         """Delta for an unfinished choice (may be empty)."""
-        text = self.tokenizer.decode(state.tokens,
-                                     skip_special_tokens=self.params.skip_special_tokens)
+        text = self.tokenizer.decode(
+            state.tokens, skip_special_tokens=self.params.skip_special_tokens
+        )
         text = text.rstrip("\ufffd")
         if self.hold:
             text = text[: max(0, len(text) - self.hold)]
         if not text.startswith(state.emitted) or len(text) <= len(state.emitted):
             return ""
-        delta = text[len(state.emitted):]
+        delta = text[len(state.emitted) :]
         state.emitted = text
         return delta
 
@@ -58,7 +59,7 @@ class TextDeltas:
     def final(state: _ChoiceState, final_text: str) -> str:
         """Remaining delta once the exact final text is known."""
         if final_text.startswith(state.emitted):
-            delta = final_text[len(state.emitted):]
+            delta = final_text[len(state.emitted) :]
         else:  # cannot happen with prefix-stable decoding; never emit twice
             logger.warning("streamed text diverged from the final text")
             delta = ""
@@ -73,7 +74,10 @@ def sse(payload: dict[str, Any] | str) -> str:
 
 
 async def stream_choices(
-    engine: Engine, prompts: list[list[int]], params: SamplingParams, tokenizer: Any,
+    engine: Engine,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    tokenizer: Any,
     chunk: Callable[[int, str, list[TokenEvent], str | None], dict[str, Any]],
     first: Callable[[int], dict[str, Any]] | None,
     usage_chunk: Callable[[list[GenerationResult]], dict[str, Any]] | None,
@@ -84,8 +88,9 @@ async def stream_choices(
     ``first(choice_index)`` (chat) the opening role chunk; ``usage_chunk`` the final
     usage payload when the client asked for it.
     """
-    queue: asyncio.Queue[tuple[int, TokenEvent] | tuple[int, GenerationResult]
-                         | tuple[int, BaseException]] = asyncio.Queue()
+    queue: asyncio.Queue[
+        tuple[int, TokenEvent] | tuple[int, GenerationResult] | tuple[int, BaseException]
+    ] = asyncio.Queue()
     n = params.n
     deltas = TextDeltas(tokenizer, params)
     states = {p * n + i: _ChoiceState() for p in range(len(prompts)) for i in range(n)}
@@ -93,7 +98,8 @@ async def stream_choices(
     async def run(p_idx: int, ids: list[int]) -> None:
         try:
             result = await engine.generate(
-                ids, params, listener=lambda ev: queue.put_nowait((p_idx, ev)))
+                ids, params, listener=lambda ev: queue.put_nowait((p_idx, ev))
+            )
             queue.put_nowait((p_idx, result))
         except asyncio.CancelledError:
             raise

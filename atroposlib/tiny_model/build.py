@@ -35,8 +35,15 @@ DEFAULT_SIZE: dict[str, int] = {
 
 
 def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int, size: dict[str, int]) -> Any:
-    common = dict(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id,
-                  bos_token_id=None, tie_word_embeddings=True, rope_theta=10000.0, **size)
+    common = dict(
+        vocab_size=vocab_size,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        **size,
+    )
     if arch == "qwen2":
         from transformers import Qwen2Config
 
@@ -48,8 +55,12 @@ def _config(arch: str, vocab_size: int, eos_id: int, pad_id: int, size: dict[str
     raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
 
 
-def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0,
-                     arch: Literal["qwen2", "llama"] = "qwen2", **size: int) -> str:
+def build_tiny_model(
+    out_dir: str | os.PathLike[str],
+    seed: int = 0,
+    arch: Literal["qwen2", "llama"] = "qwen2",
+    **size: int,
+) -> str:
     """Write a tiny random-init causal LM plus tokenizer into ``out_dir``; return its path.
 
     ``size`` overrides entries of :data:`DEFAULT_SIZE` (``hidden_size``,
@@ -76,11 +87,17 @@ def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0,
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()
     model.generation_config = GenerationConfig(
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=True)
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, do_sample=True
+    )
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    meta = {"kit_version": KIT_VERSION, "seed": seed, "arch": arch, "size": dims,
-            "tokenizer_sha256": _tokenizer_digest()}
+    meta = {
+        "kit_version": KIT_VERSION,
+        "seed": seed,
+        "arch": arch,
+        "size": dims,
+        "tokenizer_sha256": _tokenizer_digest(),
+    }
     (out / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return str(out)
 
@@ -108,10 +125,14 @@ def _is_current(path: Path, seed: int) -> bool:
         meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (meta.get("kit_version") == KIT_VERSION and meta.get("seed") == seed
-            and meta.get("tokenizer_sha256") == _tokenizer_digest()
-            and meta.get("arch") == "qwen2" and meta.get("size") == DEFAULT_SIZE
-            and (path / "model.safetensors").exists())
+    return (
+        meta.get("kit_version") == KIT_VERSION
+        and meta.get("seed") == seed
+        and meta.get("tokenizer_sha256") == _tokenizer_digest()
+        and meta.get("arch") == "qwen2"
+        and meta.get("size") == DEFAULT_SIZE
+        and (path / "model.safetensors").exists()
+    )
 
 
 def ensure_tiny_model(path: str | os.PathLike[str] | None = None, seed: int = 0) -> str:

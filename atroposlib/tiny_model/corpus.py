@@ -59,12 +59,25 @@ WORDS = (
 
 NAMES = [w for w in WORDS if w[0].isupper()]
 ITEMS = [
-    ("apple", "apples"), ("orange", "oranges"), ("cookie", "cookies"), ("pencil", "pencils"),
-    ("marble", "marbles"), ("book", "books"), ("egg", "eggs"), ("ticket", "tickets"),
-    ("flower", "flowers"), ("bottle", "bottles"), ("ball", "balls"), ("cake", "cakes"),
+    ("apple", "apples"),
+    ("orange", "oranges"),
+    ("cookie", "cookies"),
+    ("pencil", "pencils"),
+    ("marble", "marbles"),
+    ("book", "books"),
+    ("egg", "eggs"),
+    ("ticket", "tickets"),
+    ("flower", "flowers"),
+    ("bottle", "bottles"),
+    ("ball", "balls"),
+    ("cake", "cakes"),
 ]
-OPS = [("+", "plus", lambda a, b: a + b), ("-", "minus", lambda a, b: a - b),
-       ("*", "times", lambda a, b: a * b), ("/", "divided by", None)]
+OPS = [
+    ("+", "plus", lambda a, b: a + b),
+    ("-", "minus", lambda a, b: a - b),
+    ("*", "times", lambda a, b: a * b),
+    ("/", "divided by", None),
+]
 SYSTEM_PROMPTS = [
     "You are a helpful assistant.",
     "You are a careful math tutor. Think step by step and put the final answer in \\boxed{}.",
@@ -110,19 +123,25 @@ def _word_problem(rng: random.Random) -> tuple[str, str, str]:
     a, b, price = rng.randint(2, 60), rng.randint(1, 30), rng.randint(1, 12)
     kind = rng.randint(0, 2)
     if kind == 0:
-        q = (f"{name} has {a} {plural}. {other} gives {name} {b} more {plural}. "
-             f"How many {plural} does {name} have now?")
+        q = (
+            f"{name} has {a} {plural}. {other} gives {name} {b} more {plural}. "
+            f"How many {plural} does {name} have now?"
+        )
         r = f"{name} starts with {a} {plural} and gets {b} more, so {a} + {b} = {a + b}."
         ans = a + b
     elif kind == 1:
-        q = (f"Each {single} costs ${price}. {name} buys {a} {plural}. "
-             f"How much money does {name} spend?")
+        q = (
+            f"Each {single} costs ${price}. {name} buys {a} {plural}. "
+            f"How much money does {name} spend?"
+        )
         r = f"{a} {plural} at ${price} each cost {a} * {price} = {a * price} dollars."
         ans = a * price
     else:
         total = a * b
-        q = (f"{name} shares {total} {plural} equally among {b} friends. "
-             f"How many {plural} does each friend get?")
+        q = (
+            f"{name} shares {total} {plural} equally among {b} friends. "
+            f"How many {plural} does each friend get?"
+        )
         r = f"Each friend gets {total} / {b} = {a} {plural}."
         ans = a
     return q, r, str(ans)
@@ -142,25 +161,45 @@ def _multiple_choice(rng: random.Random) -> tuple[str, str]:
 
 def _tool_call(rng: random.Random) -> tuple[dict, str]:
     tools = [
-        {"type": "function", "function": {
-            "name": "calculator", "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {
-                "expression": {"type": "string", "description": "The expression."}},
-                "required": ["expression"]}}},
-        {"type": "function", "function": {
-            "name": "get_weather", "description": "Get the current weather for a city.",
-            "parameters": {"type": "object", "properties": {
-                "location": {"type": "string"}, "unit": {"type": "string",
-                                                         "enum": ["celsius", "fahrenheit"]}},
-                "required": ["location"]}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "Evaluate an arithmetic expression.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "expression": {"type": "string", "description": "The expression."}
+                    },
+                    "required": ["expression"],
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather for a city.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "location": {"type": "string"},
+                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    },
+                    "required": ["location"],
+                },
+            },
+        },
     ]
     tool = rng.choice(tools)
     if tool["function"]["name"] == "calculator":
         _, reasoning, _ = _arithmetic(rng)
         args = {"expression": reasoning.split(" = ")[0]}
     else:
-        args = {"location": rng.choice(["Paris", "London", "Tokyo", "Berlin", "Cairo", "Lima"]),
-                "unit": rng.choice(["celsius", "fahrenheit"])}
+        args = {
+            "location": rng.choice(["Paris", "London", "Tokyo", "Berlin", "Cairo", "Lima"]),
+            "unit": rng.choice(["celsius", "fahrenheit"]),
+        }
     call = json.dumps({"name": tool["function"]["name"], "arguments": args})
     return tool, call
 
@@ -180,25 +219,60 @@ def generate_documents(seed: int = 0, n: int = 40000) -> Iterator[str]:
             q, r, a = _word_problem(rng) if kind == 1 else _arithmetic(rng)
             think = f"<think>\n{r}\n</think>\n" if rng.random() < 0.5 else ""
             final = rng.choice([f"\\boxed{{{a}}}", f"The answer is \\boxed{{{a}}}.", f"#### {a}"])
-            yield _chatml([("system", rng.choice(SYSTEM_PROMPTS)), ("user", q),
-                           ("assistant", f"{think}{r} {final}")])
+            yield _chatml(
+                [
+                    ("system", rng.choice(SYSTEM_PROMPTS)),
+                    ("user", q),
+                    ("assistant", f"{think}{r} {final}"),
+                ]
+            )
         elif kind == 3:
             q, r, a = _word_problem(rng)
             yield f"Question: {q}\nAnswer: {r}\n#### {a}"
         elif kind == 4:
             body, letter = _multiple_choice(rng)
-            yield _chatml([("user", body), ("assistant", rng.choice(
-                [letter, f"({letter})", f"The answer is {letter}.", f"\\boxed{{{letter}}}"]))])
+            yield _chatml(
+                [
+                    ("user", body),
+                    (
+                        "assistant",
+                        rng.choice(
+                            [
+                                letter,
+                                f"({letter})",
+                                f"The answer is {letter}.",
+                                f"\\boxed{{{letter}}}",
+                            ]
+                        ),
+                    ),
+                ]
+            )
         elif kind == 5:
             tool, call = _tool_call(rng)
-            yield (_chatml([("system", "# Tools\n<tools>\n" + json.dumps(tool) + "\n</tools>"),
-                            ("user", _sentence(rng))])
-                   + f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>\n"
-                   + _chatml([("tool", "<tool_response>\n{\"result\": "
-                               + str(rng.randint(-50, 999)) + "}\n</tool_response>")]))
+            yield (
+                _chatml(
+                    [
+                        ("system", "# Tools\n<tools>\n" + json.dumps(tool) + "\n</tools>"),
+                        ("user", _sentence(rng)),
+                    ]
+                )
+                + f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call><|im_end|>\n"
+                + _chatml(
+                    [
+                        (
+                            "tool",
+                            '<tool_response>\n{"result": '
+                            + str(rng.randint(-50, 999))
+                            + "}\n</tool_response>",
+                        )
+                    ]
+                )
+            )
         elif kind == 6:
             a, b = rng.randint(0, 10**6), rng.randint(0, 10**4)
-            yield (f"{a} + {b} = {a + b}; {a} - {b} = {a - b}; {a % 97} * {b % 97} = "
-                   f"{(a % 97) * (b % 97)}; x^2 + {b % 10}x = 0; 3.14 ({a % 100}%) [{b}] <= >= != ==")
+            yield (
+                f"{a} + {b} = {a + b}; {a} - {b} = {a - b}; {a % 97} * {b % 97} = "
+                f"{(a % 97) * (b % 97)}; x^2 + {b % 10}x = 0; 3.14 ({a % 100}%) [{b}] <= >= != =="
+            )
         else:
             yield _chatml([("user", _sentence(rng)), ("assistant", _sentence(rng))])

@@ -44,7 +44,8 @@ def load_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """
     if not TOKENIZER_JSON.exists():
         raise FileNotFoundError(
-            f"{TOKENIZER_JSON} is missing; run `python scripts/build_tiny_tokenizer.py`")
+            f"{TOKENIZER_JSON} is missing; run `python scripts/build_tiny_tokenizer.py`"
+        )
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(TOKENIZER_JSON),
         eos_token=EOS_TOKEN,

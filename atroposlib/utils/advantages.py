@@ -35,7 +35,9 @@ def _like(result: np.ndarray, template: Any) -> Any:
     if _is_torch(template):
         import torch
 
-        return torch.as_tensor(result, dtype=template.dtype if template.is_floating_point() else torch.float32)
+        return torch.as_tensor(
+            result, dtype=template.dtype if template.is_floating_point() else torch.float32
+        )
     return result
 
 

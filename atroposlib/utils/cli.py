@@ -76,7 +76,7 @@ def extract_namespace(values: Any, prefix: str) -> Dict[str, Any]:
     """
     data = values.model_dump() if isinstance(values, BaseModel) else dict(values)
     start = prefix + NAMESPACE_SEP
-    return {k[len(start):]: v for k, v in data.items() if k.startswith(start)}
+    return {k[len(start) :]: v for k, v in data.items() if k.startswith(start)}
 
 
 def get_prefixed_pydantic_model(base_model: Type[BaseModel], prefix: str) -> Type[BaseModel]:

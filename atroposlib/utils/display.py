@@ -15,9 +15,12 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
-def build_metrics_table(task_name: str, metrics: Mapping[str, Any],
-                        start_time: float | None = None,
-                        end_time: float | None = None) -> Table:
+def build_metrics_table(
+    task_name: str,
+    metrics: Mapping[str, Any],
+    start_time: float | None = None,
+    end_time: float | None = None,
+) -> Table:
     """A rich ``Table`` with one row per metric (sorted by name)."""
     title = task_name
     if start_time is not None and end_time is not None:
@@ -30,10 +33,13 @@ def build_metrics_table(task_name: str, metrics: Mapping[str, Any],
     return table
 
 
-def display_metrics_table(task_name: str, metrics: Mapping[str, Any],
-                          start_time: float | None = None,
-                          end_time: float | None = None,
-                          console: Console | None = None) -> str:
+def display_metrics_table(
+    task_name: str,
+    metrics: Mapping[str, Any],
+    start_time: float | None = None,
+    end_time: float | None = None,
+    console: Console | None = None,
+) -> str:
     """Print the metrics table and return its plain-text rendering."""
     table = build_metrics_table(task_name, metrics, start_time, end_time)
     buffer = io.StringIO()

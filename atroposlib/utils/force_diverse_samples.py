@@ -16,9 +16,12 @@ from typing import Any, Dict, List, Mapping
 logger = logging.getLogger(__name__)
 
 
-def select_diverse_first_tokens(top_logprobs: Mapping[str, float], n: int,
-                                temperature: float = 1.0,
-                                rng: random.Random | None = None) -> List[str]:
+def select_diverse_first_tokens(
+    top_logprobs: Mapping[str, float],
+    n: int,
+    temperature: float = 1.0,
+    rng: random.Random | None = None,
+) -> List[str]:
     """Sample up to ``n`` distinct tokens from ``{token: logprob}`` without replacement.
 
     Probabilities are ``softmax(logprob / temperature)``; ``temperature <= 0`` takes the
@@ -81,24 +84,33 @@ async def generate_with_diverse_first_tokens(
     if n <= 0:
         return []
     rng = random.Random(seed)
-    first = await server.completion(prompt=prompt, n=1, max_tokens=1, logprobs=top_logprobs,
-                                    temperature=temperature, **kwargs)
+    first = await server.completion(
+        prompt=prompt, n=1, max_tokens=1, logprobs=top_logprobs, temperature=temperature, **kwargs
+    )
     tokens = select_diverse_first_tokens(_top_logprobs_of_first_token(first), n, temperature, rng)
     if len(tokens) < n:
-        logger.info("only %d distinct first tokens for n=%d; sampling the rest freely", len(tokens), n)
+        logger.info(
+            "only %d distinct first tokens for n=%d; sampling the rest freely", len(tokens), n
+        )
     remaining = max(0, max_tokens - 1)
 
     async def continue_from(token: str) -> str:
         if remaining == 0:
             return token
-        out = await server.completion(prompt=prompt + token, n=1, max_tokens=remaining,
-                                      temperature=temperature, **kwargs)
+        out = await server.completion(
+            prompt=prompt + token, n=1, max_tokens=remaining, temperature=temperature, **kwargs
+        )
         return token + out.choices[0].text
 
     texts = list(await asyncio.gather(*(continue_from(t) for t in tokens)))
     if len(texts) < n:
-        extra = await server.completion(prompt=prompt, n=n - len(texts), max_tokens=max_tokens,
-                                        temperature=temperature, **kwargs)
+        extra = await server.completion(
+            prompt=prompt,
+            n=n - len(texts),
+            max_tokens=max_tokens,
+            temperature=temperature,
+            **kwargs,
+        )
         texts.extend(choice.text for choice in extra.choices)
     return texts[:n]
 

@@ -54,11 +54,11 @@ def truncate_thinking(response: str, tokenizer: Any, max_think_tokens: int) -> s
     end = response.find(THINK_CLOSE, start + len(THINK_OPEN)) if start != -1 else -1
     if start == -1 or end == -1:
         return response
-    inner = response[start + len(THINK_OPEN):end]
+    inner = response[start + len(THINK_OPEN) : end]
     ids = tokenizer.encode(inner, add_special_tokens=False)
     if len(ids) <= max_think_tokens:
         return response
-    kept = tokenizer.decode(ids[len(ids) - max_think_tokens:]) if max_think_tokens else ""
+    kept = tokenizer.decode(ids[len(ids) - max_think_tokens :]) if max_think_tokens else ""
     return response[:start] + THINK_OPEN + "..." + kept + response[end:]
 
 
@@ -95,8 +95,11 @@ def ensure_trajectory_token_limit(
             continue
         messages = group.get("messages")
         if not messages:
-            logger.warning("dropping step %d: over %d tokens and no messages to trim",
-                           index, max_trajectory_tokens)
+            logger.warning(
+                "dropping step %d: over %d tokens and no messages to trim",
+                index,
+                max_trajectory_tokens,
+            )
             continue
         alternatives = [list(m) for m in messages]
         fitted = None
@@ -110,7 +113,9 @@ def ensure_trajectory_token_limit(
                 fitted = encoded
                 break
         if fitted is None:
-            logger.warning("dropping step %d: cannot fit within %d tokens", index, max_trajectory_tokens)
+            logger.warning(
+                "dropping step %d: cannot fit within %d tokens", index, max_trajectory_tokens
+            )
             continue
         new_group = copy.copy(group)
         new_group["tokens"] = [e["tokens"] for e in fitted]

@@ -7,7 +7,9 @@ from typing import Any, Dict, Sequence
 import numpy as np
 
 
-def get_std_min_max_avg(name: str, data: Sequence[float], metrics_dict: Dict[str, Any]) -> Dict[str, Any]:
+def get_std_min_max_avg(
+    name: str, data: Sequence[float], metrics_dict: Dict[str, Any]
+) -> Dict[str, Any]:
     """Add ``{name}_mean``, ``_std``, ``_max`` and ``_min`` of ``data`` to ``metrics_dict``.
 
     ``metrics_dict`` is updated in place and returned. Empty ``data`` adds nothing (a

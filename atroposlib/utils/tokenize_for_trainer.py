@@ -33,8 +33,12 @@ def _as_token_list(encoded: Any) -> List[int]:
     return [int(t) for t in ids]
 
 
-def chat_token_ids(tokenizer: Any, chat: Sequence[Mapping[str, Any]],
-                   add_generation_prompt: bool = False, **template_kwargs: Any) -> List[int]:
+def chat_token_ids(
+    tokenizer: Any,
+    chat: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = False,
+    **template_kwargs: Any,
+) -> List[int]:
     """Token ids of ``chat`` rendered with the tokenizer's chat template.
 
     Works with transformers 4 (returns a list) and 5 (returns a dict unless
@@ -44,12 +48,17 @@ def chat_token_ids(tokenizer: Any, chat: Sequence[Mapping[str, Any]],
         return []
     try:
         encoded = tokenizer.apply_chat_template(
-            list(chat), tokenize=True, add_generation_prompt=add_generation_prompt,
-            return_dict=False, **template_kwargs,
+            list(chat),
+            tokenize=True,
+            add_generation_prompt=add_generation_prompt,
+            return_dict=False,
+            **template_kwargs,
         )
     except TypeError:  # an older or duck-typed tokenizer without return_dict
         encoded = tokenizer.apply_chat_template(
-            list(chat), tokenize=True, add_generation_prompt=add_generation_prompt,
+            list(chat),
+            tokenize=True,
+            add_generation_prompt=add_generation_prompt,
             **template_kwargs,
         )
     return _as_token_list(encoded)
@@ -105,7 +114,11 @@ def tokenize_for_trainer(
             end = min(len(chat_token_ids(tokenizer, chat[: i + 1])), len(tokens))
             for j in range(start, end):
                 masks[j] = tokens[j]
-    if finish_reason == "length" and tokens and tokens[-1] == getattr(tokenizer, "eos_token_id", None):
+    if (
+        finish_reason == "length"
+        and tokens
+        and tokens[-1] == getattr(tokenizer, "eos_token_id", None)
+    ):
         tokens = tokens[:-1]
         masks = masks[:-1]
     out: Dict[str, Any] = {"tokens": tokens, "masks": masks}

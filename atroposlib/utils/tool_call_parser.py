@@ -77,9 +77,7 @@ def parse_tool_call(
         return "-ERROR-", {}, True
     call = calls[0]
     if available_tools:
-        names = {
-            (t.get("function") or {}).get("name") or t.get("name") for t in available_tools
-        }
+        names = {(t.get("function") or {}).get("name") or t.get("name") for t in available_tools}
         if call["name"] not in names:
             return call["name"], call["arguments"], True
     return call["name"], call["arguments"], False

@@ -47,23 +47,43 @@ RewardSpec = Union[str, Dict[str, Any]]
 class DatasetEnvConfig(BaseEnvConfig):
     """Dataset, fields, prompt and rewards of a :class:`DatasetEnv`."""
 
-    dataset_name: str | None = Field(None, description="Hugging Face dataset name (unless data_path is set).")
+    dataset_name: str | None = Field(
+        None, description="Hugging Face dataset name (unless data_path is set)."
+    )
     dataset_config: str | None = Field(None, description="Hugging Face dataset configuration.")
     split: str = Field("train", description="Split used for training.")
-    eval_split: str | None = Field(None, description="Split used for evaluation; None = a held-out slice.")
-    data_path: str | None = Field(None, description="Local training jsonl (wins over dataset_name).")
+    eval_split: str | None = Field(
+        None, description="Split used for evaluation; None = a held-out slice."
+    )
+    data_path: str | None = Field(
+        None, description="Local training jsonl (wins over dataset_name)."
+    )
     eval_data_path: str | None = Field(None, description="Local evaluation jsonl.")
-    eval_holdout: int = Field(32, ge=0, description="Rows held out for evaluation when there is no eval split/file.")
+    eval_holdout: int = Field(
+        32, ge=0, description="Rows held out for evaluation when there is no eval split/file."
+    )
     prompt_field: str = Field("prompt", description="Row field holding the prompt.")
-    answer_field: str | None = Field("answer", description="Row field holding the reference answer (or None).")
-    answer_after: str | None = Field(None, description="Keep only the text after the last occurrence of this "
-                                        "marker in the answer (e.g. '####' for GSM8K).")
-    system_prompt: str | None = Field(None, description="System message placed before every prompt.")
-    prompt_template: str = Field("{prompt}", description="Format string for the user message; {prompt} is the field.")
+    answer_field: str | None = Field(
+        "answer", description="Row field holding the reference answer (or None)."
+    )
+    answer_after: str | None = Field(
+        None,
+        description="Keep only the text after the last occurrence of this "
+        "marker in the answer (e.g. '####' for GSM8K).",
+    )
+    system_prompt: str | None = Field(
+        None, description="System message placed before every prompt."
+    )
+    prompt_template: str = Field(
+        "{prompt}", description="Format string for the user message; {prompt} is the field."
+    )
     reward_functions: List[RewardSpec] = Field(
         default_factory=lambda: ["accuracy"],
-        description="Rewards from atroposlib.envs.reward_fns: names or {type, weight, params} dicts.")
-    reward_normalization: str = Field("none", description="How rewards are combined: none, sum or minmax.")
+        description="Rewards from atroposlib.envs.reward_fns: names or {type, weight, params} dicts.",
+    )
+    reward_normalization: str = Field(
+        "none", description="How rewards are combined: none, sum or minmax."
+    )
     temperature: float = Field(1.0, description="Sampling temperature of training rollouts.")
     eval_temperature: float = Field(0.0, description="Sampling temperature of evaluation.")
     shuffle_seed: int = Field(42, description="Seed for shuffling the rows.")
@@ -97,14 +117,22 @@ class DatasetEnv(BaseEnv):
     name = "dataset"
     env_config_cls = DatasetEnvConfig
 
-    def __init__(self, config: DatasetEnvConfig, server_configs: Any, slurm: bool = False, testing: bool = False):
+    def __init__(
+        self,
+        config: DatasetEnvConfig,
+        server_configs: Any,
+        slurm: bool = False,
+        testing: bool = False,
+    ):
         super().__init__(config, server_configs, slurm, testing)
         self.config: DatasetEnvConfig = config
         self.iter = 0
         self.skips = SkipCounter(self.name)
         self.train: List[Dict[str, Any]] = []
         self.test: List[Dict[str, Any]] = []
-        self.reward = CombinedReward(config.reward_functions, normalization=config.reward_normalization)
+        self.reward = CombinedReward(
+            config.reward_functions, normalization=config.reward_normalization
+        )
         self.score_buffer: List[float] = []
         self.eval_metrics: Dict[str, float] = {}
 
@@ -112,8 +140,15 @@ class DatasetEnv(BaseEnv):
     def config_init(cls) -> Tuple[DatasetEnvConfig, APIServerConfig]:
         model = "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
         return (
-            DatasetEnvConfig(tokenizer_name=model, group_size=8, batch_size=16, max_token_length=2048,
-                             steps_per_eval=100, total_steps=1000, wandb_name="dataset"),
+            DatasetEnvConfig(
+                tokenizer_name=model,
+                group_size=8,
+                batch_size=16,
+                max_token_length=2048,
+                steps_per_eval=100,
+                total_steps=1000,
+                wandb_name="dataset",
+            ),
             APIServerConfig(model_name=model, base_url="http://localhost:9001/v1", api_key="x"),
         )
 
@@ -130,23 +165,48 @@ class DatasetEnv(BaseEnv):
                 if not answer:
                     self.skips.skip("empty_answer_after_marker")
                     continue
-            items.append({"prompt": str(row[cfg.prompt_field]), "answer": None if answer is None else str(answer)})
+            items.append(
+                {
+                    "prompt": str(row[cfg.prompt_field]),
+                    "answer": None if answer is None else str(answer),
+                }
+            )
         return items
 
     async def setup(self) -> None:
         cfg = self.config
-        items = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, cfg.split, cfg.data_path,
-                                      self.skips, cfg.shuffle_seed))
+        items = self._items(
+            load_rows(
+                cfg.dataset_name,
+                cfg.dataset_config,
+                cfg.split,
+                cfg.data_path,
+                self.skips,
+                cfg.shuffle_seed,
+            )
+        )
         if cfg.eval_data_path or (cfg.eval_split and not cfg.data_path):
             self.train = items
-            self.test = self._items(load_rows(cfg.dataset_name, cfg.dataset_config, cfg.eval_split or "test",
-                                              cfg.eval_data_path, self.skips))
+            self.test = self._items(
+                load_rows(
+                    cfg.dataset_name,
+                    cfg.dataset_config,
+                    cfg.eval_split or "test",
+                    cfg.eval_data_path,
+                    self.skips,
+                )
+            )
         else:
             holdout = min(cfg.eval_holdout, len(items) // 2)
             self.test, self.train = items[:holdout], items[holdout:]
         if not self.train:
             raise ValueError(f"dataset env: no usable rows ({self.skips.summary()})")
-        logger.info("dataset env: %d train, %d test rows; %s", len(self.train), len(self.test), self.skips.summary())
+        logger.info(
+            "dataset env: %d train, %d test rows; %s",
+            len(self.train),
+            len(self.test),
+            self.skips.summary(),
+        )
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
@@ -158,8 +218,14 @@ class DatasetEnv(BaseEnv):
 
     def messages_for(self, item: Dict[str, Any]) -> List[Dict[str, str]]:
         """Optional system prompt, then the templated user prompt."""
-        messages = [{"role": "system", "content": self.config.system_prompt}] if self.config.system_prompt else []
-        return messages + [{"role": "user", "content": self.config.prompt_template.format(prompt=item["prompt"])}]
+        messages = (
+            [{"role": "system", "content": self.config.system_prompt}]
+            if self.config.system_prompt
+            else []
+        )
+        return messages + [
+            {"role": "user", "content": self.config.prompt_template.format(prompt=item["prompt"])}
+        ]
 
     def score(self, completions: List[str], answer: str | None) -> List[float]:
         """Combined reward of each completion against ``answer``."""
@@ -169,19 +235,26 @@ class DatasetEnv(BaseEnv):
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
         messages = self.messages_for(item)
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(messages=messages, n=self.config.group_size,
-                                                       max_tokens=self.config.max_token_length,
-                                                       temperature=self.config.temperature)
+            completion = await managed.chat_completion(
+                messages=messages,
+                n=self.config.group_size,
+                max_tokens=self.config.max_token_length,
+                temperature=self.config.temperature,
+            )
             nodes = managed.get_state()["nodes"]
         texts = [choice.message.content or "" for choice in completion.choices][: len(nodes)]
         scores = self.score(texts, item["answer"])
         self.score_buffer.extend(scores)
-        group = ScoredDataGroup(tokens=[list(n.tokens) for n in nodes[: len(texts)]],
-                                masks=[list(n.masked_tokens) for n in nodes[: len(texts)]],
-                                inference_logprobs=[list(n.logprobs) for n in nodes[: len(texts)]],
-                                messages=[messages + [{"role": "assistant", "content": t}] for t in texts],
-                                scores=scores)
-        if not group["tokens"] or (self.config.ensure_scores_are_not_same and len(set(scores)) == 1):
+        group = ScoredDataGroup(
+            tokens=[list(n.tokens) for n in nodes[: len(texts)]],
+            masks=[list(n.masked_tokens) for n in nodes[: len(texts)]],
+            inference_logprobs=[list(n.logprobs) for n in nodes[: len(texts)]],
+            messages=[messages + [{"role": "assistant", "content": t}] for t in texts],
+            scores=scores,
+        )
+        if not group["tokens"] or (
+            self.config.ensure_scores_are_not_same and len(set(scores)) == 1
+        ):
             return None, []
         return group, []
 
@@ -192,23 +265,37 @@ class DatasetEnv(BaseEnv):
         async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
             async with sem:
                 try:
-                    out = await self.server.chat_completion(messages=self.messages_for(item), n=1, split="eval",
-                                                            max_tokens=self.config.max_token_length,
-                                                            temperature=self.config.eval_temperature)
+                    out = await self.server.chat_completion(
+                        messages=self.messages_for(item),
+                        n=1,
+                        split="eval",
+                        max_tokens=self.config.max_token_length,
+                        temperature=self.config.eval_temperature,
+                    )
                 except Exception:  # counted in eval/failed_requests
                     logger.exception("dataset env eval request failed")
                     return None
             text = out.choices[0].message.content or ""
-            return {"messages": self.messages_for(item) + [{"role": "assistant", "content": text}],
-                    "gold_answer": item["answer"], "score": self.score([text], item["answer"])[0]}
+            return {
+                "messages": self.messages_for(item) + [{"role": "assistant", "content": text}],
+                "gold_answer": item["answer"],
+                "score": self.score([text], item["answer"])[0],
+            }
 
         results = await asyncio.gather(*(one(item) for item in self.test))
         samples = [r for r in results if r is not None]
-        metrics = {"eval/mean_score": sum(s["score"] for s in samples) / len(samples) if samples else 0.0,
-                   "eval/failed_requests": float(len(results) - len(samples))}
+        metrics = {
+            "eval/mean_score": sum(s["score"] for s in samples) / len(samples) if samples else 0.0,
+            "eval/failed_requests": float(len(results) - len(samples)),
+        }
         self.eval_metrics = metrics
-        await self.evaluate_log(metrics=metrics, samples=samples, start_time=start, end_time=time.time(),
-                                generation_parameters={"temperature": self.config.eval_temperature})
+        await self.evaluate_log(
+            metrics=metrics,
+            samples=samples,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters={"temperature": self.config.eval_temperature},
+        )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
         metrics = dict(wandb_metrics or {})

@@ -13,12 +13,25 @@ from tests.helpers.procs import free_port, running_process
 
 
 @pytest.fixture(scope="session")
-def serve_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, str]]:
+def serve_model(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Dict[str, str]]:
     """``{"base_url", "model"}`` of a running ``atropos-serve-model`` on the tiny model."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve_model") / "serve.log"
-    cmd = [sys.executable, "-m", "atroposlib.cli.serve_model", str(tiny_model_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--seed", "0"]
-    with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180, log_path=log):
+    cmd = [
+        sys.executable,
+        "-m",
+        "atroposlib.cli.serve_model",
+        str(tiny_model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--seed",
+        "0",
+    ]
+    with running_process(
+        cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180, log_path=log
+    ):
         yield {"base_url": f"http://127.0.0.1:{port}/v1", "model": str(tiny_model_dir)}
-

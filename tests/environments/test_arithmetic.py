@@ -19,8 +19,19 @@ from environments.arithmetic_server import (
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("7", 1.0), (" 7 ", 1.0), ("7<|im_end|>", 1.0), ("7<|im_end|>junk", 1.0), ("8", 0.0), ("7 8", 0.0),
-     ("seven", 0.0), ("", 0.0), ("07", 1.0), ("-7", 0.0), ("7.0", 0.0)],
+    [
+        ("7", 1.0),
+        (" 7 ", 1.0),
+        ("7<|im_end|>", 1.0),
+        ("7<|im_end|>junk", 1.0),
+        ("8", 0.0),
+        ("7 8", 0.0),
+        ("seven", 0.0),
+        ("", 0.0),
+        ("07", 1.0),
+        ("-7", 0.0),
+        ("7.0", 0.0),
+    ],
 )
 def test_score_is_exact_match_of_the_sum(text, expected):
     assert score_completion(text, 3, 4) == expected

@@ -14,13 +14,18 @@ from tests.environments.env_helpers import check_groups, process_argv
 
 def test_arithmetic_process_writes_groups_with_logprobs_and_binary_scores(serve_model, tmp_path):
     out = tmp_path / "arithmetic.jsonl"
-    env = build_env(ArithmeticEnv, parse_cli(ArithmeticEnv, process_argv(serve_model, out, group_size=4, steps=3)))
+    env = build_env(
+        ArithmeticEnv,
+        parse_cli(ArithmeticEnv, process_argv(serve_model, out, group_size=4, steps=3)),
+    )
     asyncio.run(env.process_manager())
     groups = check_groups(out, 4, 3, 0.0, 1.0)
     for group in groups:
         for messages, score in zip(group["messages"], group["scores"], strict=True):
             text = messages[-1]["content"]  # the decoded rollout: prompt and completion
-            match = re.search(r"user\n(\d+)\+(\d+)=<\|im_end\|>\n<\|im_start\|>assistant\n(.*)$", text, re.S)
+            match = re.search(
+                r"user\n(\d+)\+(\d+)=<\|im_end\|>\n<\|im_start\|>assistant\n(.*)$", text, re.S
+            )
             assert match, text
             a, b, completion = int(match[1]), int(match[2]), match[3]
             assert score == score_completion(completion, a, b)

@@ -46,26 +46,68 @@ def test_gsm8k_serve_sends_groups_that_a_trainer_receives(serve_model, tmp_path,
     monkeypatch.setenv("ATROPOS_OUTBOX_DIR", str(tmp_path / "outbox"))
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
-    data = write_jsonl(tmp_path / "gsm8k.jsonl", [{"question": "What is 2 + 3?", "answer": "#### 5"},
-                                                   {"question": "What is 4 - 1?", "answer": "#### 3"}])
-    argv = ["serve", "--env.rollout_server_url", api, "--env.data_path", str(data), "--env.group_size", "2",
-            "--env.max_token_length", "16", "--env.use_wandb", "false", "--env.steps_per_eval", "0",
-            "--env.ensure_scores_are_not_same", "false", "--env.tokenizer_name", serve_model["model"],
-            "--openai.base_url", serve_model["base_url"], "--openai.model_name", serve_model["model"],
-            "--openai.server_type", "vllm"]
-    api_cmd = [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(api_port)]
+    data = write_jsonl(
+        tmp_path / "gsm8k.jsonl",
+        [
+            {"question": "What is 2 + 3?", "answer": "#### 5"},
+            {"question": "What is 4 - 1?", "answer": "#### 3"},
+        ],
+    )
+    argv = [
+        "serve",
+        "--env.rollout_server_url",
+        api,
+        "--env.data_path",
+        str(data),
+        "--env.group_size",
+        "2",
+        "--env.max_token_length",
+        "16",
+        "--env.use_wandb",
+        "false",
+        "--env.steps_per_eval",
+        "0",
+        "--env.ensure_scores_are_not_same",
+        "false",
+        "--env.tokenizer_name",
+        serve_model["model"],
+        "--openai.base_url",
+        serve_model["base_url"],
+        "--openai.model_name",
+        serve_model["model"],
+        "--openai.server_type",
+        "vllm",
+    ]
+    api_cmd = [
+        sys.executable,
+        "-m",
+        "atroposlib.cli.run_api",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(api_port),
+    ]
     log = tmp_path / "api.log"
     with running_process(api_cmd, health_url=f"{api}/health", timeout=120, log_path=log):
-        register = {"wandb_group": "g", "wandb_project": "p", "batch_size": 4, "max_token_len": 4096,
-                    "checkpoint_dir": "", "save_checkpoint_interval": -1, "starting_step": 0, "num_steps": 10}
+        register = {
+            "wandb_group": "g",
+            "wandb_project": "p",
+            "batch_size": 4,
+            "max_token_len": 4096,
+            "checkpoint_dir": "",
+            "save_checkpoint_interval": -1,
+            "starting_step": 0,
+            "num_steps": 10,
+        }
         httpx.post(f"{api}/register", json=register, timeout=30).raise_for_status()
         env = build_env(GSM8kEnv, parse_cli(GSM8kEnv, argv))
         batch = asyncio.run(_serve_until_batch(env, api, timeout_s=180))
     assert sum(len(g["tokens"]) for g in batch) == 4, Path(log).read_text()[-2000:]
     for group in batch:
         assert len(group["tokens"]) == 2 and group["env_id"] is not None
-        for tokens, masks, logprobs in zip(group["tokens"], group["masks"], group["inference_logprobs"],
-                                           strict=True):
+        for tokens, masks, logprobs in zip(
+            group["tokens"], group["masks"], group["inference_logprobs"], strict=True
+        ):
             assert len(tokens) == len(masks) == len(logprobs)
             assert any(m != -100 for m in masks)
             assert all(m == -100 or m == t for t, m in zip(tokens, masks, strict=True))

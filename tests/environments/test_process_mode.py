@@ -34,22 +34,43 @@ GSM8K_ROWS = [
     {"question": "What is 10 * 100?", "answer": "10 * 100 = 1,000\n#### 1,000"},
 ]
 MCQA_ROWS = [
-    {"question": "What is the capital of France?", "choices": ["Berlin", "Paris", "Rome", "Madrid"], "answer": 1},
+    {
+        "question": "What is the capital of France?",
+        "choices": ["Berlin", "Paris", "Rome", "Madrid"],
+        "answer": 1,
+    },
     {"question": "2 + 2 = ?", "choices": ["3", "4"], "answer": "B"},
     {"question": "An answer index out of range", "choices": ["a", "b"], "answer": 7},
 ]
 TOOL_ROWS = [
-    {"query": "What's the weather in Paris?",
-     "tools": [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}],
-     "expected_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
-    {"conversations": [
-        {"from": "system", "value": "You can call <tools>[{\"name\": \"add\"}]</tools>"},
-        {"from": "human", "value": "Add 2 and 3"},
-        {"from": "gpt", "value": "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>"}]},
+    {
+        "query": "What's the weather in Paris?",
+        "tools": [
+            {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            }
+        ],
+        "expected_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}],
+    },
+    {
+        "conversations": [
+            {"from": "system", "value": 'You can call <tools>[{"name": "add"}]</tools>'},
+            {"from": "human", "value": "Add 2 and 3"},
+            {
+                "from": "gpt",
+                "value": '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+            },
+        ]
+    },
     {"query": "A row without tools"},
 ]
-PROMPT_ROWS = [{"prompt": "Say hello to a friend."}, {"prompt": "Describe the sea in one line."},
-               {"conversation": [{"role": "user", "content": "What is a cat?"}]}, {"unrelated": 1}]
+PROMPT_ROWS = [
+    {"prompt": "Say hello to a friend."},
+    {"prompt": "Describe the sea in one line."},
+    {"conversation": [{"role": "user", "content": "What is a cat?"}]},
+    {"unrelated": 1},
+]
 EVAL_EXTRA = {  # keep every evaluation to one or two short requests
     "mcqa": ["--env.max_eval_items", "1"],
     "blackjack": ["--env.eval_episodes", "1", "--env.max_turns", "1"],
@@ -58,8 +79,14 @@ EVAL_EXTRA = {  # keep every evaluation to one or two short requests
     "rlaif": ["--env.eval_holdout", "1"],
     "dataset": ["--env.eval_holdout", "1"],
 }
-EVAL_METRIC = {"mcqa": "eval/accuracy", "blackjack": "eval/mean_reward", "tool_calling": "eval/percent_correct",
-               "multiturn_tool_use": "eval/percent_correct", "rlaif": "eval/mean_rating", "dataset": "eval/mean_score"}
+EVAL_METRIC = {
+    "mcqa": "eval/accuracy",
+    "blackjack": "eval/mean_reward",
+    "tool_calling": "eval/percent_correct",
+    "multiturn_tool_use": "eval/percent_correct",
+    "rlaif": "eval/mean_rating",
+    "dataset": "eval/mean_score",
+}
 DATASET_YAML = """
 env:
   prompt_field: question
@@ -74,39 +101,141 @@ env:
 
 def _runs(tmp: Path, serve: Dict[str, str]) -> Dict[str, Any]:
     gsm = write_jsonl(tmp / "gsm8k_data.jsonl", GSM8K_ROWS)
-    out = {name: tmp / f"{name}.jsonl" for name in
-           ("gsm8k", "mcqa", "blackjack", "tool_calling", "multiturn_tool_use", "rlaif", "dataset")}
+    out = {
+        name: tmp / f"{name}.jsonl"
+        for name in (
+            "gsm8k",
+            "mcqa",
+            "blackjack",
+            "tool_calling",
+            "multiturn_tool_use",
+            "rlaif",
+            "dataset",
+        )
+    }
     (tmp / "dataset.yaml").write_text(DATASET_YAML)
     runs = {
-        "gsm8k": (GSM8kEnv, process_argv(serve, out["gsm8k"], "--env.data_path", str(gsm),
-                                         "--env.max_token_length", "16")),
-        "gsm8k_eval": (GSM8kEnv, ["evaluate", "--env.data_path", str(gsm), "--env.max_eval_items", "2",
-                                  "--env.max_token_length", "8", "--env.tokenizer_name", serve["model"],
-                                  "--env.use_wandb", "false", "--env.data_dir_to_save_evals", str(tmp / "evals"),
-                                  "--openai.base_url", serve["base_url"], "--openai.model_name", serve["model"],
-                                  "--openai.server_type", "vllm"]),
-        "mcqa": (MCQAThinkingEnv, process_argv(serve, out["mcqa"], "--env.max_token_length", "12", "--env.data_path",
-                                               str(write_jsonl(tmp / "mcqa_data.jsonl", MCQA_ROWS)))),
-        "blackjack": (BlackjackEnv, process_argv(serve, out["blackjack"], "--env.max_turns", "3",
-                                                 "--env.max_tokens_per_turn", "6", "--env.max_token_length", "512",
-                                                 "--env.on_invalid_action", "hit")),
-        "tool_calling": (SingleToolCallingEnv, process_argv(
-            serve, out["tool_calling"], "--env.max_token_length", "12", "--env.eval_holdout", "0",
-            "--env.data_path", str(write_jsonl(tmp / "tools_data.jsonl", TOOL_ROWS)))),
-        "multiturn_tool_use": (MultiTurnToolUseEnv, process_argv(
-            serve, out["multiturn_tool_use"], "--env.max_turns", "2", "--env.max_tokens_per_turn", "8",
-            "--env.max_token_length", "1024")),
-        "rlaif": (RLAIFEnv, process_argv(serve, out["rlaif"], "--env.max_token_length", "12",
-                                         "--env.judge_max_tokens", "8", "--env.eval_holdout", "0", "--env.data_path",
-                                         str(write_jsonl(tmp / "prompts.jsonl", PROMPT_ROWS)))),
-        "dataset": (DatasetEnv, process_argv(serve, out["dataset"], "--config", str(tmp / "dataset.yaml"),
-                                             "--env.data_path", str(gsm))),
+        "gsm8k": (
+            GSM8kEnv,
+            process_argv(
+                serve, out["gsm8k"], "--env.data_path", str(gsm), "--env.max_token_length", "16"
+            ),
+        ),
+        "gsm8k_eval": (
+            GSM8kEnv,
+            [
+                "evaluate",
+                "--env.data_path",
+                str(gsm),
+                "--env.max_eval_items",
+                "2",
+                "--env.max_token_length",
+                "8",
+                "--env.tokenizer_name",
+                serve["model"],
+                "--env.use_wandb",
+                "false",
+                "--env.data_dir_to_save_evals",
+                str(tmp / "evals"),
+                "--openai.base_url",
+                serve["base_url"],
+                "--openai.model_name",
+                serve["model"],
+                "--openai.server_type",
+                "vllm",
+            ],
+        ),
+        "mcqa": (
+            MCQAThinkingEnv,
+            process_argv(
+                serve,
+                out["mcqa"],
+                "--env.max_token_length",
+                "12",
+                "--env.data_path",
+                str(write_jsonl(tmp / "mcqa_data.jsonl", MCQA_ROWS)),
+            ),
+        ),
+        "blackjack": (
+            BlackjackEnv,
+            process_argv(
+                serve,
+                out["blackjack"],
+                "--env.max_turns",
+                "3",
+                "--env.max_tokens_per_turn",
+                "6",
+                "--env.max_token_length",
+                "512",
+                "--env.on_invalid_action",
+                "hit",
+            ),
+        ),
+        "tool_calling": (
+            SingleToolCallingEnv,
+            process_argv(
+                serve,
+                out["tool_calling"],
+                "--env.max_token_length",
+                "12",
+                "--env.eval_holdout",
+                "0",
+                "--env.data_path",
+                str(write_jsonl(tmp / "tools_data.jsonl", TOOL_ROWS)),
+            ),
+        ),
+        "multiturn_tool_use": (
+            MultiTurnToolUseEnv,
+            process_argv(
+                serve,
+                out["multiturn_tool_use"],
+                "--env.max_turns",
+                "2",
+                "--env.max_tokens_per_turn",
+                "8",
+                "--env.max_token_length",
+                "1024",
+            ),
+        ),
+        "rlaif": (
+            RLAIFEnv,
+            process_argv(
+                serve,
+                out["rlaif"],
+                "--env.max_token_length",
+                "12",
+                "--env.judge_max_tokens",
+                "8",
+                "--env.eval_holdout",
+                "0",
+                "--env.data_path",
+                str(write_jsonl(tmp / "prompts.jsonl", PROMPT_ROWS)),
+            ),
+        ),
+        "dataset": (
+            DatasetEnv,
+            process_argv(
+                serve,
+                out["dataset"],
+                "--config",
+                str(tmp / "dataset.yaml"),
+                "--env.data_path",
+                str(gsm),
+            ),
+        ),
     }
     for name, (cls, argv) in list(runs.items()):
         if name.endswith("_eval") or f"{name}_eval" in runs:
             continue
-        eval_argv = ["evaluate"] + [a for a in argv[1:]] + ["--env.data_dir_to_save_evals", str(tmp / f"evals_{name}"),
-                                                           *EVAL_EXTRA.get(name, [])]
+        eval_argv = (
+            ["evaluate"]
+            + [a for a in argv[1:]]
+            + [
+                "--env.data_dir_to_save_evals",
+                str(tmp / f"evals_{name}"),
+                *EVAL_EXTRA.get(name, []),
+            ]
+        )
         runs[f"{name}_eval"] = (cls, eval_argv)
     return runs, out
 
@@ -122,12 +251,16 @@ def processed(serve_model, tmp_path_factory):
         envs[name] = build_env(cls, parsed)
 
     async def run_all():
-        coros = [env.run_evaluate() if name.endswith("_eval") else env.process_manager()
-                 for name, env in envs.items()]
+        coros = [
+            env.run_evaluate() if name.endswith("_eval") else env.process_manager()
+            for name, env in envs.items()
+        ]
         return await asyncio.gather(*coros, return_exceptions=True)
 
     results = asyncio.run(run_all())
-    errors = {name: r for name, r in zip(envs, results, strict=True) if isinstance(r, BaseException)}
+    errors = {
+        name: r for name, r in zip(envs, results, strict=True) if isinstance(r, BaseException)
+    }
     return {"envs": envs, "errors": errors, "out": out, "tmp": tmp}
 
 
@@ -139,7 +272,10 @@ def _ok(processed, name):
 def test_gsm8k_process_writes_scored_groups_and_skips_bad_rows(processed):
     env = _ok(processed, "gsm8k")
     groups = check_groups(processed["out"]["gsm8k"], 2, 2, -1.0, 1.0)
-    assert all(g["messages"][0][0]["role"] == "system" and "\\boxed" in g["messages"][0][0]["content"] for g in groups)
+    assert all(
+        g["messages"][0][0]["role"] == "system" and "\\boxed" in g["messages"][0][0]["content"]
+        for g in groups
+    )
     assert dict(env.skips.counts) == {"missing_answer": 1, "not_json": 1, "no_final_answer": 1}
     assert len(env.train) == 3 and env.iter >= 2
 
@@ -150,10 +286,22 @@ def test_gsm8k_evaluate_writes_metrics_and_samples(processed):
     results = metrics["results"]["all"]
     assert 0.0 <= results["eval/percent_correct"] <= 1.0
     assert metrics["config_general"]["generation_parameters"]["temperature"] == 0.6
-    samples = [json.loads(x) for x in (processed["tmp"] / "evals" / "samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(x)
+        for x in (processed["tmp"] / "evals" / "samples.jsonl").read_text().splitlines()
+    ]
     assert len(samples) == 2
-    assert {"messages", "question", "gold_answer", "gold_parsed", "model_parsed", "score", "correct",
-            "finish_reason", "response_after_think"} <= set(samples[0])
+    assert {
+        "messages",
+        "question",
+        "gold_answer",
+        "gold_parsed",
+        "model_parsed",
+        "score",
+        "correct",
+        "finish_reason",
+        "response_after_think",
+    } <= set(samples[0])
 
 
 def test_mcqa_process_writes_scored_groups(processed):

@@ -20,15 +20,26 @@ from environments.rlaif_server import (
 )
 
 
-@pytest.mark.parametrize("text, verdict", [
-    ("A is clearer. [[A]]", "A"), ("[[a]] no wait [[B]]", "B"), ("[[tie]]", "tie"), ("[[ TIE ]]", "tie"),
-    ("B", "B"), ("Both are fine", None), ("", None), ("[[C]]", None),
-])
+@pytest.mark.parametrize(
+    "text, verdict",
+    [
+        ("A is clearer. [[A]]", "A"),
+        ("[[a]] no wait [[B]]", "B"),
+        ("[[tie]]", "tie"),
+        ("[[ TIE ]]", "tie"),
+        ("B", "B"),
+        ("Both are fine", None),
+        ("", None),
+        ("[[C]]", None),
+    ],
+)
 def test_parse_verdict(text, verdict):
     assert parse_verdict(text) == verdict
 
 
-@pytest.mark.parametrize("text, rating", [("Good. Rating: 8", 8), ("rating:10", 10), ("Rating: 0", None), ("", None)])
+@pytest.mark.parametrize(
+    "text, rating", [("Good. Rating: 8", 8), ("rating:10", 10), ("Rating: 0", None), ("", None)]
+)
 def test_parse_rating(text, rating):
     assert parse_rating(text) == rating
 
@@ -45,12 +56,19 @@ def test_preference_scores_by_hand():
 
 
 @settings(deadline=None)
-@given(st.integers(2, 8).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.sampled_from([0, 1, None]),
-                                                                            min_size=n, max_size=n))))
+@given(
+    st.integers(2, 8).flatmap(
+        lambda n: st.tuples(
+            st.just(n), st.lists(st.sampled_from([0, 1, None]), min_size=n, max_size=n)
+        )
+    )
+)
 def test_preference_scores_are_bounded_and_sum_to_zero(case):
     n, picks = case
-    outcomes = [(i, j, None if p is None else (i, j)[p]) for (i, j), p in zip(comparison_pairs(n), picks,
-                                                                                strict=False)]
+    outcomes = [
+        (i, j, None if p is None else (i, j)[p])
+        for (i, j), p in zip(comparison_pairs(n), picks, strict=False)
+    ]
     scores = preference_scores(n, outcomes)
     assert all(-1.0 <= s <= 1.0 for s in scores)
     if n > 2:  # every answer takes part in exactly two comparisons
@@ -79,10 +97,15 @@ class _LongerIsBetterJudge:
 
 
 async def test_judge_group_turns_preferences_into_scores():
-    server = APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m", server_type="vllm", health_check=False)
+    server = APIServerConfig(
+        base_url="http://127.0.0.1:9/v1", model_name="m", server_type="vllm", health_check=False
+    )
     env = RLAIFEnv(RLAIFConfig(tokenizer_name="unused"), server)
     env.judge = _LongerIsBetterJudge()
     scores = await env.judge_group("p", ["a", "aaa", "aa"])
     assert scores == [-1.0, 1.0, 0.0]
-    assert await env.judge_group("p", ["<think>long reasoning</think>x", "y"]) == [0.0, 0.0]  # thinking stripped
+    assert await env.judge_group("p", ["<think>long reasoning</think>x", "y"]) == [
+        0.0,
+        0.0,
+    ]  # thinking stripped
     assert env.unparsed_verdicts == 1

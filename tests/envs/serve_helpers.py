@@ -16,16 +16,38 @@ TRIVIAL_ENV = ROOT / "tests" / "envs" / "trivial_env.py"
 
 
 def api_cmd(port: int, *extra: str) -> List[str]:
-    return [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "atroposlib.cli.run_api",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
 
 
 def fake_server_cmd(port: int, latency_ms: int) -> List[str]:
-    return [sys.executable, "-m", "atroposlib.envs.server_handling.fake_server", "--port", str(port),
-            "--latency-ms", str(latency_ms)]
+    return [
+        sys.executable,
+        "-m",
+        "atroposlib.envs.server_handling.fake_server",
+        "--port",
+        str(port),
+        "--latency-ms",
+        str(latency_ms),
+    ]
 
 
 def env_cmd(mode: str, api_port: int | None, infer_port: int, *extra: str) -> List[str]:
-    cmd = [sys.executable, str(TRIVIAL_ENV), mode, "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1"]
+    cmd = [
+        sys.executable,
+        str(TRIVIAL_ENV),
+        mode,
+        "--openai.base_url",
+        f"http://127.0.0.1:{infer_port}/v1",
+    ]
     if api_port is not None:
         cmd += ["--env.rollout_server_url", f"http://127.0.0.1:{api_port}"]
     return cmd + list(extra)
@@ -38,7 +60,9 @@ class FakeTrainer:
     restart) are retried.
     """
 
-    def __init__(self, api_port: int, batch_size: int, num_steps: int, max_token_len: int = 4096) -> None:
+    def __init__(
+        self, api_port: int, batch_size: int, num_steps: int, max_token_len: int = 4096
+    ) -> None:
         self.url = f"http://127.0.0.1:{api_port}"
         self.batch_size = batch_size
         self.num_steps = num_steps
@@ -50,9 +74,16 @@ class FakeTrainer:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def register(self) -> None:
-        body = {"wandb_group": "g", "wandb_project": "p", "batch_size": self.batch_size,
-                "max_token_len": self.max_token_len, "checkpoint_dir": "", "save_checkpoint_interval": -1,
-                "starting_step": 0, "num_steps": self.num_steps}
+        body = {
+            "wandb_group": "g",
+            "wandb_project": "p",
+            "batch_size": self.batch_size,
+            "max_token_len": self.max_token_len,
+            "checkpoint_dir": "",
+            "save_checkpoint_interval": -1,
+            "starting_step": 0,
+            "num_steps": self.num_steps,
+        }
         httpx.post(f"{self.url}/register", json=body, timeout=10).raise_for_status()
         self.pull_once()  # the first /batch lets environments register
 

@@ -61,19 +61,43 @@ def group(n=4, scores=None, length=5, **extra) -> ScoredDataGroup:
 
 def test_config_defaults_match_the_original():
     cfg = BaseEnvConfig()
-    assert (cfg.group_size, cfg.max_num_workers, cfg.max_eval_workers, cfg.max_num_workers_per_node) == (4, -1, 16, 8)
-    assert (cfg.steps_per_eval, cfg.max_token_length, cfg.eval_handling) == (100, 2048, EvalHandlingEnum.STOP_TRAIN)
-    assert (cfg.batch_size, cfg.max_batches_offpolicy, cfg.total_steps, cfg.worker_timeout) == (-1, 3, 1000, 600)
+    assert (
+        cfg.group_size,
+        cfg.max_num_workers,
+        cfg.max_eval_workers,
+        cfg.max_num_workers_per_node,
+    ) == (4, -1, 16, 8)
+    assert (cfg.steps_per_eval, cfg.max_token_length, cfg.eval_handling) == (
+        100,
+        2048,
+        EvalHandlingEnum.STOP_TRAIN,
+    )
+    assert (cfg.batch_size, cfg.max_batches_offpolicy, cfg.total_steps, cfg.worker_timeout) == (
+        -1,
+        3,
+        1000,
+        600,
+    )
     assert cfg.rollout_server_url == "http://localhost:8000" and cfg.use_wandb is True
     assert cfg.tokenizer_name == "NousResearch/DeepHermes-3-Llama-3-3B-Preview"
-    assert (cfg.num_rollouts_to_keep, cfg.num_rollouts_per_group_for_logging, cfg.min_items_sent_before_logging) == (32, 1, 2)
-    assert cfg.min_batch_allocation is None and cfg.wandb_name is None and cfg.ensure_scores_are_not_same
+    assert (
+        cfg.num_rollouts_to_keep,
+        cfg.num_rollouts_per_group_for_logging,
+        cfg.min_items_sent_before_logging,
+    ) == (32, 1, 2)
+    assert (
+        cfg.min_batch_allocation is None
+        and cfg.wandb_name is None
+        and cfg.ensure_scores_are_not_same
+    )
     for name, info in BaseEnvConfig.model_fields.items():
         assert info.description, f"{name} has no description"
 
 
-@pytest.mark.parametrize("field, value", [("reasoning_effort", "huge"), ("max_reasoning_tokens", 10),
-                                          ("min_batch_allocation", 1.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("reasoning_effort", "huge"), ("max_reasoning_tokens", 10), ("min_batch_allocation", 1.5)],
+)
 def test_config_rejects_out_of_range_values(field, value):
     with pytest.raises(ValueError, match=field):
         BaseEnvConfig(**{field: value})
@@ -81,10 +105,26 @@ def test_config_rejects_out_of_range_values(field, value):
 
 async def test_default_collect_trajectories_assembles_a_group():
     items = [
-        ({"tokens": [1, 2], "masks": [-100, 2], "scores": 1.0, "group_overrides": {"a": 1},
-          "overrides": {"temperature": 0.5}}, ["b1"]),
-        ({"tokens": [3, 4], "masks": [-100, 4], "scores": 0.0, "group_overrides": {"b": 2},
-          "overrides": {"temperature": 0.7}}, []),
+        (
+            {
+                "tokens": [1, 2],
+                "masks": [-100, 2],
+                "scores": 1.0,
+                "group_overrides": {"a": 1},
+                "overrides": {"temperature": 0.5},
+            },
+            ["b1"],
+        ),
+        (
+            {
+                "tokens": [3, 4],
+                "masks": [-100, 4],
+                "scores": 0.0,
+                "group_overrides": {"b": 2},
+                "overrides": {"temperature": 0.7},
+            },
+            [],
+        ),
     ]
     env = make_env(group_size=2, results=None)
     env.results = items
@@ -110,8 +150,14 @@ async def test_drops_are_logged_and_counted_per_reason(tmp_path, caplog):
     await env.handle_send_to_api(group(scores=[1.0] * 4), do_send_to_api=False)
     await env.handle_send_to_api(group(length=10), do_send_to_api=False)
     await env.handle_send_to_api(None, do_send_to_api=False)
-    await env.handle_send_to_api([group(), group(n=2, group_overrides={"group_size": 2})], do_send_to_api=False)
-    assert env.items_rejected == {"wrong_group_size": 1, "scores_all_equal": 1, "max_token_len_exceeded": 1}
+    await env.handle_send_to_api(
+        [group(), group(n=2, group_overrides={"group_size": 2})], do_send_to_api=False
+    )
+    assert env.items_rejected == {
+        "wrong_group_size": 1,
+        "scores_all_equal": 1,
+        "max_token_len_exceeded": 1,
+    }
     assert "wrong_group_size" in caplog.text and "max_token_len_exceeded" in caplog.text
     env.jsonl_writer.close()
     lines = [json.loads(line) for line in (tmp_path / "g.jsonl").read_text().splitlines()]
@@ -126,7 +172,9 @@ async def test_long_sequences_kept_when_not_aborting_and_unknown_max_len():
     env = make_env(group_size=4)
     env.max_token_len = 3
     env.config.data_path_to_save_groups = None
-    await env.handle_send_to_api(group(length=10), do_send_to_api=False, abort_on_any_max_length_exceeded=False)
+    await env.handle_send_to_api(
+        group(length=10), do_send_to_api=False, abort_on_any_max_length_exceeded=False
+    )
     env.max_token_len = -1
     await env.handle_send_to_api(group(length=10), do_send_to_api=False)
     assert not env.items_rejected
@@ -159,10 +207,18 @@ def test_jsonl_writer_never_overwrites(tmp_path):
 
 async def test_evaluate_log_writes_metrics_and_samples(tmp_path):
     env = make_env(data_dir_to_save_evals=str(tmp_path / "evals"), max_token_length=99)
-    await env.evaluate_log({"eval/acc": 0.25}, start_time=100.0, end_time=102.5,
-                           generation_parameters={"temperature": 0.6}, samples=[{"q": 1}, {"q": 2}])
+    await env.evaluate_log(
+        {"eval/acc": 0.25},
+        start_time=100.0,
+        end_time=102.5,
+        generation_parameters={"temperature": 0.6},
+        samples=[{"q": 1}, {"q": 2}],
+    )
     doc = json.loads((tmp_path / "evals" / "metrics.json").read_text())
-    assert doc["results"] == {"atropos|item_env_eval|0": {"eval/acc": 0.25}, "all": {"eval/acc": 0.25}}
+    assert doc["results"] == {
+        "atropos|item_env_eval|0": {"eval/acc": 0.25},
+        "all": {"eval/acc": 0.25},
+    }
     general = doc["config_general"]
     assert general["model_name"] == "m" and general["total_evaluation_time_seconds"] == "2.5"
     assert general["generation_parameters"] == {"max_new_tokens": 99, "temperature": 0.6}
@@ -226,15 +282,27 @@ env.task_duration = [0.1, 0.3]
 asyncio.run(env.wandb_log({{"train/percent_correct": 0.5}}))
 wandb.finish()
 """
-    env = {**__import__("os").environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    env = {
+        **__import__("os").environ,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_SILENT": "true",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = list(tmp_path.rglob("*.wandb"))
     assert runs, "no offline run was written"
     data = runs[0].read_bytes()
-    for key in (b"item_env_0_train/percent_correct", b"item_env_0_train/completion_lengths",
-                b"item_env_0_train_perf/task_duration_mean", b"item_env_0_train/rollouts",
-                b"item_env_0_train/items_rejected", b"server/"):
+    for key in (
+        b"item_env_0_train/percent_correct",
+        b"item_env_0_train/completion_lengths",
+        b"item_env_0_train_perf/task_duration_mean",
+        b"item_env_0_train/rollouts",
+        b"item_env_0_train/items_rejected",
+        b"server/",
+    ):
         assert key in data, key
 
 

@@ -49,7 +49,9 @@ def test_yaml_overrides_config_init(tmp_path):
 
 
 def test_cli_overrides_yaml(tmp_path):
-    cfg = write_yaml(tmp_path, {"env": {"total_steps": 77, "group_size": 2}, "openai": {"model_name": "y"}})
+    cfg = write_yaml(
+        tmp_path, {"env": {"total_steps": 77, "group_size": 2}, "openai": {"model_name": "y"}}
+    )
     parsed = parse("serve", "--config", cfg, "--env.total_steps", "5", "--openai.model_name=cli")
     assert parsed.env_config.total_steps == 5
     assert parsed.env_config.group_size == 2  # YAML value not overridden by CLI stays
@@ -87,7 +89,13 @@ def test_yaml_list_of_servers_gives_one_config_each(tmp_path):
 def test_yaml_server_list_combined_with_openai_flag_is_an_error(tmp_path):
     servers = [{"base_url": f"http://127.0.0.1:{p}/v1"} for p in (9001, 9002)]
     with pytest.raises(CliError, match="openai"):
-        parse("serve", "--config", write_yaml(tmp_path, {"openai": servers}), "--openai.model_name", "x")
+        parse(
+            "serve",
+            "--config",
+            write_yaml(tmp_path, {"openai": servers}),
+            "--openai.model_name",
+            "x",
+        )
 
 
 def test_server_baseline_default_is_kept_without_overrides():
@@ -98,7 +106,9 @@ def test_server_baseline_default_is_kept_without_overrides():
 
     parsed = parse_cli(BaselineEnv, ["serve"], prog="x")
     assert type(parsed.server_configs) is ServerBaseline
-    converted = parse_cli(BaselineEnv, ["serve", "--openai.base_url", "http://127.0.0.1:1/v1"], prog="x")
+    converted = parse_cli(
+        BaselineEnv, ["serve", "--openai.base_url", "http://127.0.0.1:1/v1"], prog="x"
+    )
     assert isinstance(converted.server_configs[0], APIServerConfig)
     assert converted.server_configs[0].model_name == "base"
 
@@ -172,7 +182,9 @@ def test_help_lists_every_field_with_description_and_config_init_default(capsys)
 
 
 def test_evaluate_config_yaml_has_merged_values(tmp_path):
-    parsed = parse("evaluate", "--env.data_dir_to_save_evals", str(tmp_path), "--env.group_size", "2")
+    parsed = parse(
+        "evaluate", "--env.data_dir_to_save_evals", str(tmp_path), "--env.group_size", "2"
+    )
     path = write_evaluate_config(parsed)
     saved = yaml.safe_load(Path(path).read_text())
     assert saved["env"]["group_size"] == 2
@@ -183,7 +195,9 @@ def test_evaluate_config_yaml_has_merged_values(tmp_path):
 def test_script_exits_2_on_unknown_flag():
     proc = subprocess.run(
         [sys.executable, str(TRIVIAL), "serve", "--env.bogus", "1"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "--env.bogus" in proc.stderr

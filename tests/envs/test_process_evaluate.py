@@ -23,8 +23,11 @@ from .trivial_env import TrivialEnv
 def inference_port(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("fake") / "fake.log"
-    with running_process(fake_server_cmd(port, latency_ms=1), health_url=f"http://127.0.0.1:{port}/health",
-                         log_path=log):
+    with running_process(
+        fake_server_cmd(port, latency_ms=1),
+        health_url=f"http://127.0.0.1:{port}/health",
+        log_path=log,
+    ):
         yield port
 
 
@@ -41,8 +44,21 @@ def run(cmd, cwd, monkeypatch):
 
 def test_process_writes_n_groups_to_jsonl_and_html(tmp_path, inference_port, monkeypatch):
     out = tmp_path / "out" / "groups.jsonl"
-    proc = run(env_cmd("process", None, inference_port, "--env.total_steps", "5", "--env.group_size", "2",
-                       "--env.data_path_to_save_groups", str(out)), tmp_path, monkeypatch)
+    proc = run(
+        env_cmd(
+            "process",
+            None,
+            inference_port,
+            "--env.total_steps",
+            "5",
+            "--env.group_size",
+            "2",
+            "--env.data_path_to_save_groups",
+            str(out),
+        ),
+        tmp_path,
+        monkeypatch,
+    )
     assert proc == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == 5
@@ -55,7 +71,9 @@ def test_process_writes_n_groups_to_jsonl_and_html(tmp_path, inference_port, mon
 def test_process_default_path_and_no_overwrite(tmp_path, inference_port, monkeypatch):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "trivial.jsonl").write_text("earlier run\n")
-    proc = run(env_cmd("process", None, inference_port, "--env.total_steps", "2"), tmp_path, monkeypatch)
+    proc = run(
+        env_cmd("process", None, inference_port, "--env.total_steps", "2"), tmp_path, monkeypatch
+    )
     assert proc == 0
     assert (tmp_path / "data" / "trivial.jsonl").read_text() == "earlier run\n"
     assert len((tmp_path / "data" / "trivial_1.jsonl").read_text().splitlines()) == 2
@@ -64,8 +82,21 @@ def test_process_default_path_and_no_overwrite(tmp_path, inference_port, monkeyp
 def test_process_stops_when_items_run_out(tmp_path, inference_port, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     out = tmp_path / "g.jsonl"
-    proc = run(env_cmd("process", None, inference_port, "--env.total_steps", "50", "--env.max_items", "3",
-                       "--env.data_path_to_save_groups", str(out)), tmp_path, monkeypatch)
+    proc = run(
+        env_cmd(
+            "process",
+            None,
+            inference_port,
+            "--env.total_steps",
+            "50",
+            "--env.max_items",
+            "3",
+            "--env.data_path_to_save_groups",
+            str(out),
+        ),
+        tmp_path,
+        monkeypatch,
+    )
     assert proc == 0
     assert len(out.read_text().splitlines()) == 3
     assert "ran out after 3 of 50" in caplog.text
@@ -73,8 +104,19 @@ def test_process_stops_when_items_run_out(tmp_path, inference_port, monkeypatch,
 
 def test_evaluate_writes_metrics_samples_and_config(tmp_path, inference_port, monkeypatch):
     evals = tmp_path / "evals"
-    proc = run(env_cmd("evaluate", None, inference_port, "--env.data_dir_to_save_evals", str(evals),
-                       "--env.group_size", "3"), tmp_path, monkeypatch)
+    proc = run(
+        env_cmd(
+            "evaluate",
+            None,
+            inference_port,
+            "--env.data_dir_to_save_evals",
+            str(evals),
+            "--env.group_size",
+            "3",
+        ),
+        tmp_path,
+        monkeypatch,
+    )
     assert proc == 0
     metrics = json.loads((evals / "metrics.json").read_text())
     assert metrics["results"]["all"]["eval/score"] == 0.5

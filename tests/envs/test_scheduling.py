@@ -19,9 +19,16 @@ from atroposlib.envs.workers import WorkerPool
 
 def cap(**overrides):
     args = dict(
-        max_num_workers=16, eval_running=False, eval_handling="STOP_TRAIN", eval_limit_ratio=0.5,
-        max_batches_offpolicy=3, derived_batch=32, group_size=4, status=EnvStatus(),
-        min_batch_allocation=None, batch_size=32,
+        max_num_workers=16,
+        eval_running=False,
+        eval_handling="STOP_TRAIN",
+        eval_limit_ratio=0.5,
+        max_batches_offpolicy=3,
+        derived_batch=32,
+        group_size=4,
+        status=EnvStatus(),
+        min_batch_allocation=None,
+        batch_size=32,
     )
     args.update(overrides)
     return train_worker_cap(**args)
@@ -47,17 +54,29 @@ def test_min_allocation_raises_cap_to_fill_own_quota():
 
 
 @given(
-    workers=st.integers(0, 512), queued=st.integers(0, 10_000), mbo=st.integers(-1, 8),
-    gs=st.sampled_from([1, 2, 4, 8, 16]), bs=st.sampled_from([-1, 16, 64, 256]),
-    evaluating=st.booleans(), handling=st.sampled_from(["STOP_TRAIN", "LIMIT_TRAIN", "NONE"]),
+    workers=st.integers(0, 512),
+    queued=st.integers(0, 10_000),
+    mbo=st.integers(-1, 8),
+    gs=st.sampled_from([1, 2, 4, 8, 16]),
+    bs=st.sampled_from([-1, 16, 64, 256]),
+    evaluating=st.booleans(),
+    handling=st.sampled_from(["STOP_TRAIN", "LIMIT_TRAIN", "NONE"]),
 )
 def test_cap_is_never_negative_and_never_above_workers_without_min_alloc(
     workers, queued, mbo, gs, bs, evaluating, handling
 ):
     status = EnvStatus(queue_size=queued)
     derived = derived_batch_size(bs, status, None)
-    value = cap(max_num_workers=workers, status=status, max_batches_offpolicy=mbo, group_size=gs,
-                batch_size=bs, derived_batch=derived, eval_running=evaluating, eval_handling=handling)
+    value = cap(
+        max_num_workers=workers,
+        status=status,
+        max_batches_offpolicy=mbo,
+        group_size=gs,
+        batch_size=bs,
+        derived_batch=derived,
+        eval_running=evaluating,
+        eval_handling=handling,
+    )
     assert 0 <= value <= workers
     if evaluating and handling == "STOP_TRAIN":
         assert value == 0

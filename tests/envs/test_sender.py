@@ -217,7 +217,9 @@ async def test_list_too_big_for_the_free_space_is_split_into_single_groups(tmp_p
         api.received.append(data)
         return httpx.Response(200, json={"status": "received"})
 
-    sender.client = RolloutAPIClient("http://api.test", transport=httpx.MockTransport(busy_for_lists))
+    sender.client = RolloutAPIClient(
+        "http://api.test", transport=httpx.MockTransport(busy_for_lists)
+    )
     started = time.monotonic()
     results = await asyncio.gather(*(sender.send(group(i)) for i in range(6)))
     await sender.close(drain_timeout_s=1)

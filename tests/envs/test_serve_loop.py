@@ -27,8 +27,11 @@ BATCH_SIZE = 8
 @pytest.fixture(scope="module")
 def inference_port(tmp_path_factory):
     port = free_port()
-    with running_process(fake_server_cmd(port, latency_ms=5), health_url=f"http://127.0.0.1:{port}/health",
-                         log_path=tmp_path_factory.mktemp("fake") / "fake.log"):
+    with running_process(
+        fake_server_cmd(port, latency_ms=5),
+        health_url=f"http://127.0.0.1:{port}/health",
+        log_path=tmp_path_factory.mktemp("fake") / "fake.log",
+    ):
         yield port
 
 
@@ -37,7 +40,9 @@ def wait_exit(proc: subprocess.Popen, timeout: float, log: Path) -> int:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_process(proc)
-        raise AssertionError(f"env did not finish in {timeout}s:\n{log.read_text()[-3000:]}") from None
+        raise AssertionError(
+            f"env did not finish in {timeout}s:\n{log.read_text()[-3000:]}"
+        ) from None
 
 
 def assert_exactly_once(trainer: FakeTrainer, jsonl: Path, env_log: Path) -> list:
@@ -61,15 +66,28 @@ def test_every_group_reaches_exactly_one_batch(tmp_path, inference_port):
     api_port = free_port()
     jsonl = tmp_path / "groups.jsonl"
     env_log = tmp_path / "env.log"
-    with running_process(api_cmd(api_port), health_url=f"http://127.0.0.1:{api_port}/health",
-                         log_path=tmp_path / "api.log"):
+    with running_process(
+        api_cmd(api_port),
+        health_url=f"http://127.0.0.1:{api_port}/health",
+        log_path=tmp_path / "api.log",
+    ):
         trainer = FakeTrainer(api_port, BATCH_SIZE, num_steps=6)
         trainer.register()
         trainer.start()
         env = start_process(
-            env_cmd("serve", api_port, inference_port, "--env.total_steps", "6",
-                    "--env.data_path_to_save_groups", str(jsonl), "--env.max_num_workers", "8"),
-            log_path=env_log, env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
+            env_cmd(
+                "serve",
+                api_port,
+                inference_port,
+                "--env.total_steps",
+                "6",
+                "--env.data_path_to_save_groups",
+                str(jsonl),
+                "--env.max_num_workers",
+                "8",
+            ),
+            log_path=env_log,
+            env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
         )
         assert wait_exit(env, 90, env_log) == 0
         assert "enough data queued for total_steps=6" in env_log.read_text()
@@ -77,15 +95,30 @@ def test_every_group_reaches_exactly_one_batch(tmp_path, inference_port):
         assert len(trainer.batches) >= 6
         # A second env run, stopped with SIGTERM mid-run, still delivers what it produced.
         env = start_process(
-            env_cmd("serve", api_port, inference_port, "--env.total_steps", "100000",
-                    "--env.data_path_to_save_groups", str(jsonl), "--env.max_num_workers", "8",
-                    "--env.id_offset", "1000000", "--env.max_batches_offpolicy", "0"),
-            log_path=env_log, env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
+            env_cmd(
+                "serve",
+                api_port,
+                inference_port,
+                "--env.total_steps",
+                "100000",
+                "--env.data_path_to_save_groups",
+                str(jsonl),
+                "--env.max_num_workers",
+                "8",
+                "--env.id_offset",
+                "1000000",
+                "--env.max_batches_offpolicy",
+                "0",
+            ),
+            log_path=env_log,
+            env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
         )
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sum(
-            1 for gid in trainer.group_ids() if gid > 1000000
-        ) < 2 * BATCH_SIZE // GROUP_SIZE:
+        while (
+            time.monotonic() < deadline
+            and sum(1 for gid in trainer.group_ids() if gid > 1000000)
+            < 2 * BATCH_SIZE // GROUP_SIZE
+        ):
             time.sleep(0.1)
         env.send_signal(signal.SIGTERM)
         assert wait_exit(env, 90, env_log) == 0
@@ -116,10 +149,23 @@ def test_no_group_lost_across_503_and_a_persisted_api_restart(tmp_path, inferenc
         trainer.paused.set()
         trainer.start()
         env = start_process(
-            env_cmd("serve", api_port, inference_port, "--env.total_steps", "8",
-                    "--env.data_path_to_save_groups", str(jsonl), "--env.max_num_workers", "4",
-                    "--env.max_batches_offpolicy", "0", "--env.seq_len", "500"),
-            log_path=env_log, env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
+            env_cmd(
+                "serve",
+                api_port,
+                inference_port,
+                "--env.total_steps",
+                "8",
+                "--env.data_path_to_save_groups",
+                str(jsonl),
+                "--env.max_num_workers",
+                "4",
+                "--env.max_batches_offpolicy",
+                "0",
+                "--env.seq_len",
+                "500",
+            ),
+            log_path=env_log,
+            env={"ATROPOS_OUTBOX_DIR": str(tmp_path / "outbox")},
         )
         deadline = time.monotonic() + 60
         while "busy (503)" not in env_log.read_text() and time.monotonic() < deadline:

@@ -60,8 +60,15 @@ async def test_register_env_adopts_server_values_and_falls_back_to_class_name():
 
     def register(request):
         sent.update(json.loads(request.content))
-        return {"status": "success", "env_id": 3, "wandb_name": "item_env_1", "checkpoint_dir": "",
-                "starting_step": 0, "checkpoint_interval": 5, "num_steps": 42}
+        return {
+            "status": "success",
+            "env_id": 3,
+            "wandb_name": "item_env_1",
+            "checkpoint_dir": "",
+            "starting_step": 0,
+            "checkpoint_interval": 5,
+            "num_steps": 42,
+        }
 
     env = make(total_steps=-1, group_size=2)
     env._api = api({"/register-env": register, "/info": {"batch_size": 16, "max_token_len": 256}})
@@ -114,8 +121,13 @@ async def test_workers_fill_to_cap_backlog_first_fifo():
 
 
 async def test_stop_train_eval_parks_running_items_and_blocks_new_workers():
-    env = make(max_num_workers=4, steps_per_eval=1, eval_handling=EvalHandlingEnum.STOP_TRAIN,
-               batch_size=16, max_batches_offpolicy=0)
+    env = make(
+        max_num_workers=4,
+        steps_per_eval=1,
+        eval_handling=EvalHandlingEnum.STOP_TRAIN,
+        batch_size=16,
+        max_batches_offpolicy=0,
+    )
     env.max_num_workers = 4
     env.derived_batch_size = 16
     env._status = EnvStatus(current_step=0)
@@ -145,9 +157,18 @@ async def test_status_404_after_api_lost_its_registry_registers_again():
 
     def register(request):
         calls["register"] += 1
-        return httpx.Response(200, json={"status": "success", "env_id": 5, "wandb_name": "item_env_0",
-                                         "checkpoint_dir": "", "starting_step": 2, "checkpoint_interval": -1,
-                                         "num_steps": 10})
+        return httpx.Response(
+            200,
+            json={
+                "status": "success",
+                "env_id": 5,
+                "wandb_name": "item_env_0",
+                "checkpoint_dir": "",
+                "starting_step": 2,
+                "checkpoint_interval": -1,
+                "num_steps": 10,
+            },
+        )
 
     def handler(request):
         return status(request) if request.url.path == "/status-env" else register(request)

@@ -21,8 +21,11 @@ class DistillEnv(TeacherDistillationEnv):
 
     @classmethod
     def config_init(cls):
-        return TeacherDistillationConfig(wandb_name="distill", use_wandb=False, group_size=2), APIServerConfig(
-            base_url="http://127.0.0.1:9/v1", model_name="student", health_check=False)
+        return TeacherDistillationConfig(
+            wandb_name="distill", use_wandb=False, group_size=2
+        ), APIServerConfig(
+            base_url="http://127.0.0.1:9/v1", model_name="student", health_check=False
+        )
 
     async def setup(self):
         pass
@@ -37,25 +40,44 @@ class DistillEnv(TeacherDistillationEnv):
 @pytest.fixture(scope="module")
 def teacher_port(tmp_path_factory):
     port = free_port()
-    with running_process(fake_server_cmd(port, latency_ms=0), health_url=f"http://127.0.0.1:{port}/health",
-                         log_path=tmp_path_factory.mktemp("teacher") / "fake.log"):
+    with running_process(
+        fake_server_cmd(port, latency_ms=0),
+        health_url=f"http://127.0.0.1:{port}/health",
+        log_path=tmp_path_factory.mktemp("teacher") / "fake.log",
+    ):
         yield port
 
 
 def teacher(port: int, **kw) -> APIServerConfig:
-    return APIServerConfig(base_url=f"http://127.0.0.1:{port}/v1", model_name="fake", server_type="vllm",
-                           tokenizer_name="student-tok", **kw)
+    return APIServerConfig(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model_name="fake",
+        server_type="vllm",
+        tokenizer_name="student-tok",
+        **kw,
+    )
 
 
 def make_env(port: int, top_k: int = 3, **kw) -> DistillEnv:
-    config = TeacherDistillationConfig(wandb_name="distill", use_wandb=False, group_size=2, teacher_enabled=True,
-                                       teacher_top_k=top_k, tokenizer_name="student-tok")
-    return DistillEnv(config, [APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="s")],
-                      teacher_server_configs=[teacher(port, **kw)])
+    config = TeacherDistillationConfig(
+        wandb_name="distill",
+        use_wandb=False,
+        group_size=2,
+        teacher_enabled=True,
+        teacher_top_k=top_k,
+        tokenizer_name="student-tok",
+    )
+    return DistillEnv(
+        config,
+        [APIServerConfig(base_url="http://127.0.0.1:9/v1", model_name="s")],
+        teacher_server_configs=[teacher(port, **kw)],
+    )
 
 
 def group(**extra) -> ScoredDataGroup:
-    g = ScoredDataGroup(tokens=[[104, 105, 33], [111, 107]], masks=[[-100, 105, 33], [-100, 107]], scores=[1.0, 0.0])
+    g = ScoredDataGroup(
+        tokens=[[104, 105, 33], [111, 107]], masks=[[-100, 105, 33], [-100, 107]], scores=[1.0, 0.0]
+    )
     g.update(extra)
     return g
 
@@ -103,7 +125,9 @@ def test_mismatched_teacher_tokenizer_is_an_error(teacher_port, monkeypatch):
     import atroposlib.envs.teacher_distillation_env as tde
 
     loaded = []
-    monkeypatch.setattr(tde, "load_tokenizer", lambda name: loaded.append(name) or Vocab({"a": 0, "b": 1}))
+    monkeypatch.setattr(
+        tde, "load_tokenizer", lambda name: loaded.append(name) or Vocab({"a": 0, "b": 1})
+    )
     env = make_env(teacher_port)
     env.tokenizer = Vocab({"a": 0, "b": 1})
     env.teacher_server.servers[0].config.tokenizer_name = "same-vocab-other-name"
@@ -125,8 +149,19 @@ def test_teacher_enabled_without_servers_is_an_error():
 def test_teacher_cli_namespace_and_yaml(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("teacher:\n  model_name: t-yaml\n  base_url: http://127.0.0.1:1/v1\n")
-    parsed = parse_cli(DistillEnv, ["serve", "--config", str(cfg), "--teacher.model_name", "t-cli",
-                                    "--env.teacher_top_k", "4"], prog="x")
+    parsed = parse_cli(
+        DistillEnv,
+        [
+            "serve",
+            "--config",
+            str(cfg),
+            "--teacher.model_name",
+            "t-cli",
+            "--env.teacher_top_k",
+            "4",
+        ],
+        prog="x",
+    )
     assert parsed.env_config.teacher_top_k == 4
     assert parsed.extra_servers["teacher"][0].model_name == "t-cli"
     assert parsed.extra_servers["teacher"][0].base_url == "http://127.0.0.1:1/v1"

@@ -65,7 +65,10 @@ class TrivialEnv(BaseEnv):
         self.eval_calls = 0
 
     async def get_next_item(self) -> int | None:
-        if self.config.max_items >= 0 and self.next_id - self.config.id_offset >= self.config.max_items:
+        if (
+            self.config.max_items >= 0
+            and self.next_id - self.config.id_offset >= self.config.max_items
+        ):
             return None
         self.next_id += 1
         return self.next_id
@@ -83,7 +86,10 @@ class TrivialEnv(BaseEnv):
             tokens.append(seq)
             masks.append([-100, -100] + body)
         messages = [
-            [{"role": "user", "content": f"item {item}"}, {"role": "assistant", "content": texts[j % len(texts)]}]
+            [
+                {"role": "user", "content": f"item {item}"},
+                {"role": "assistant", "content": texts[j % len(texts)]},
+            ]
             for j in range(n)
         ]
         group = ScoredDataGroup(

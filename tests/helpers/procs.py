@@ -36,8 +36,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None,
-              headers: Mapping[str, str] | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout: float = 30.0,
+    proc: subprocess.Popen | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """Poll ``url`` until it answers with a status below 500, or raise TimeoutError."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -68,8 +72,12 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
 
 
-def start_process(cmd: Sequence[str], log_path: str | Path | None = None,
-                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> subprocess.Popen:
+def start_process(
+    cmd: Sequence[str],
+    log_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> subprocess.Popen:
     """Start ``cmd`` in its own process group, output to ``log_path`` (or discarded)."""
     full_env = dict(os.environ)
     full_env.setdefault("WANDB_MODE", "disabled")
@@ -78,18 +86,29 @@ def start_process(cmd: Sequence[str], log_path: str | Path | None = None,
         full_env.update(env)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
-        return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                cwd=cwd, start_new_session=True)
+        return subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     finally:
         if log_path:
             out.close()
 
 
 @contextlib.contextmanager
-def running_process(cmd: Sequence[str], health_url: str | None = None, timeout: float = 60.0,
-                    log_path: str | Path | None = None, env: Mapping[str, str] | None = None,
-                    health_headers: Mapping[str, str] | None = None,
-                    cwd: str | Path | None = None) -> Iterator[subprocess.Popen]:
+def running_process(
+    cmd: Sequence[str],
+    health_url: str | None = None,
+    timeout: float = 60.0,
+    log_path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    health_headers: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> Iterator[subprocess.Popen]:
     """Run ``cmd`` for the duration of the block; wait for ``health_url`` first."""
     proc = start_process(cmd, log_path=log_path, env=env, cwd=cwd)
     try:

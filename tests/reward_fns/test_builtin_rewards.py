@@ -30,9 +30,16 @@ def test_accuracy():
 def test_format():
     reward = registry.create("format")
     good = "<think>reasoning</think><answer>72</answer>"
-    assert reward([good, "<think>r</think> 72", "<think></think><answer>1</answer>", EMPTY]) == [1.0, 0.0, 0.0, 0.0]
+    assert reward([good, "<think>r</think> 72", "<think></think><answer>1</answer>", EMPTY]) == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
     assert reward(["<think>a</think><think>b</think><answer>1</answer>"]) == [0.0]
-    loose = registry.create({"type": "format", "require_all_tags": False, "preferred_tags": ["think"]})
+    loose = registry.create(
+        {"type": "format", "require_all_tags": False, "preferred_tags": ["think"]}
+    )
     assert loose(["<THINK>x</THINK>", "nothing"]) == [1.0, 0.0]
 
 
@@ -47,13 +54,24 @@ def test_r1():
 def test_cascading_r1_math():
     reward = registry.create("cascading_r1_math")
     no_answer = "<think>hmm</think>I am not sure."
-    assert reward([RIGHT, WRONG, no_answer, MALFORMED, EMPTY], solution="72") == [1.0, 0.2, 0.1, 0.0, 0.0]
+    assert reward([RIGHT, WRONG, no_answer, MALFORMED, EMPTY], solution="72") == [
+        1.0,
+        0.2,
+        0.1,
+        0.0,
+        0.0,
+    ]
 
 
 def test_reasoning_steps():
     reward = registry.create("reasoning_steps")
     steps = "Step 1: read.\nStep 2: multiply.\nStep 3: answer 72."
-    assert reward([steps, "First, read. Then, add.", "72", EMPTY]) == [1.0, pytest.approx(2 / 3), 0.0, 0.0]
+    assert reward([steps, "First, read. Then, add.", "72", EMPTY]) == [
+        1.0,
+        pytest.approx(2 / 3),
+        0.0,
+        0.0,
+    ]
 
 
 def test_repetition_penalty():
@@ -86,8 +104,7 @@ def test_crossword_format():
     assert reward([good, "1 Across: HELLO\n2 Down: TREE"], expected_lengths=expected) == [0.5, 1.0]
 
 
-GITA = ("dharmakṣetre kurukṣetre samavetā yuyutsavaḥ\n"
-        "māmakāḥ pāṇḍavāś caiva kim akurvata sañjaya")
+GITA = "dharmakṣetre kurukṣetre samavetā yuyutsavaḥ\nmāmakāḥ pāṇḍavāś caiva kim akurvata sañjaya"
 GITA_DEV = "धर्मक्षेत्रे कुरुक्षेत्रे समवेता युयुत्सवः ।\nमामकाः पाण्डवाश्चैव किमकुर्वत सञ्जय ॥"
 
 

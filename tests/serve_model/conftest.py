@@ -17,13 +17,17 @@ def _servers(tiny_model_dir, tmp_path_factory):
     """Start both servers at once (startup is mostly imports; overlapping them halves the
     wall time on a busy machine): a plain one and one with ``--api-key``."""
     logs = tmp_path_factory.mktemp("serve")
-    specs = {"plain": ["--served-model-name", "tiny", "alias"], "keyed": ["--api-key", KEY, "--swap-drain-timeout", "0.5"]}
+    specs = {
+        "plain": ["--served-model-name", "tiny", "alias"],
+        "keyed": ["--api-key", KEY, "--swap-drain-timeout", "0.5"],
+    }
     started = {}
     try:
         for name, extra in specs.items():
             port = free_port()
-            proc = start_process(serve_cmd(tiny_model_dir, port, *extra),
-                                 log_path=logs / f"{name}.log")
+            proc = start_process(
+                serve_cmd(tiny_model_dir, port, *extra), log_path=logs / f"{name}.log"
+            )
             started[name] = (proc, f"http://127.0.0.1:{port}", logs / f"{name}.log")
         yield started
     finally:
@@ -64,5 +68,3 @@ def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-

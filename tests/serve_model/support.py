@@ -12,6 +12,7 @@ import torch
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
+
 @dataclass
 class Served:
     """A running server: its root URL, the model directory and the served name."""
@@ -27,8 +28,19 @@ class Served:
 
 def serve_cmd(model_dir: str | Path, port: int, *extra: str) -> list[str]:
     """Command line of the server under test."""
-    return [sys.executable, "-m", "atroposlib.cli.serve_model", str(model_dir), "--host",
-            "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "atroposlib.cli.serve_model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
 
 
 def direct_logprobs(model, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
@@ -48,6 +60,8 @@ def direct_prompt_logprobs(model, prompt_ids: list[int]) -> list[float]:
     return [logp[i - 1, t].item() for i, t in enumerate(prompt_ids) if i > 0]
 
 
-def post(url: str, body: dict, headers: dict | None = None, timeout: float = 60.0) -> httpx.Response:
+def post(
+    url: str, body: dict, headers: dict | None = None, timeout: float = 60.0
+) -> httpx.Response:
     """POST JSON with a timeout."""
     return httpx.post(url, json=body, headers=headers or {}, timeout=timeout)

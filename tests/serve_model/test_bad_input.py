@@ -26,40 +26,49 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "repetition_penalty": 0}, "repetition_penalty"),
     ("/v1/chat/completions", {**CHAT, "top_k": -3}, "top_k"),
     ("/v1/chat/completions", {**CHAT, "min_p": 2}, "min_p"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}},
-     "response_format"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_object"}},
+        "response_format",
+    ),
     ("/v1/chat/completions", {"max_tokens": 2}, "messages"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]},
-     "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages.0"),
-    ("/v1/chat/completions", {**CHAT, "continue_final_message": True,
-                              "add_generation_prompt": False}, "messages"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages.0",
+    ),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "continue_final_message": True, "add_generation_prompt": False},
+        "messages",
+    ),
     ("/v1/completions", {**COMP, "prompt": []}, "prompt"),
     ("/v1/completions", {**COMP, "prompt": ""}, "prompt"),
     ("/v1/completions", {**COMP, "prompt": [[]]}, "prompt"),
-    ("/v1/completions", {**COMP, "prompt": [10 ** 9]}, "prompt"),
+    ("/v1/completions", {**COMP, "prompt": [10**9]}, "prompt"),
     ("/v1/completions", {**COMP, "prompt": [-1]}, "prompt"),
     ("/v1/completions", {"max_tokens": 2}, "prompt"),
     ("/v1/completions", {**COMP, "logprobs": 21}, "logprobs"),
     ("/v1/completions", {**COMP, "suffix": "x"}, "suffix"),
     ("/v1/completions", {**COMP, "best_of": 3}, "best_of"),
-    ("/v1/completions", {**COMP, "max_tokens": 10 ** 7}, "max_tokens"),
+    ("/v1/completions", {**COMP, "max_tokens": 10**7}, "max_tokens"),
     ("/generate", {"prompt": {"prompt_token_ids": ["a"]}}, "prompt"),
     ("/generate", {"prompt": {"ids": [1]}}, "prompt"),
     ("/generate", {**GEN, "prompt_logprobs": -1}, "prompt_logprobs"),
     ("/generate", {**GEN, "seed": "abc"}, "seed"),
     ("/generate", {**GEN, "stream": True}, "stream"),
-    ("/v1/completions", {**COMP, "stream": True, "max_tokens": 10 ** 7}, "max_tokens"),
+    ("/v1/completions", {**COMP, "stream": True, "max_tokens": 10**7}, "max_tokens"),
     ("/update_weights", {}, "path"),
     ("/update_weights", {"path": "/nonexistent/checkpoint"}, "path"),
 ]
 
 
-@pytest.mark.parametrize("route,body,param", CASES,
-                         ids=[f"{r}-{p}-{i}" for i, (r, _, p) in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "route,body,param", CASES, ids=[f"{r}-{p}-{i}" for i, (r, _, p) in enumerate(CASES)]
+)
 def test_bad_parameter_is_400_naming_it(served, route, body, param):
     r = post(f"{served.url}{route}", body)
     assert r.status_code == 400, r.text
@@ -69,8 +78,9 @@ def test_bad_parameter_is_400_naming_it(served, route, body, param):
 
 
 def test_too_long_prompt_is_400_context_length(served):
-    r = post(f"{served.url}/generate",
-             {"prompt": {"prompt_token_ids": [5] * 40000}, "max_tokens": 1})
+    r = post(
+        f"{served.url}/generate", {"prompt": {"prompt_token_ids": [5] * 40000}, "max_tokens": 1}
+    )
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
 
@@ -84,12 +94,18 @@ def test_unknown_model_is_404_in_openai_format(served):
         assert "gpt-17" in err["message"]
 
 
-@pytest.mark.parametrize("content,ctype", [(b"{not json", "application/json"),
-                                           (b"[1, 2]", "application/json"),
-                                           (b"prompt=hi", "application/x-www-form-urlencoded")])
+@pytest.mark.parametrize(
+    "content,ctype",
+    [
+        (b"{not json", "application/json"),
+        (b"[1, 2]", "application/json"),
+        (b"prompt=hi", "application/x-www-form-urlencoded"),
+    ],
+)
 def test_malformed_body_is_400(served, content, ctype):
-    r = httpx.post(f"{served.url}/v1/completions", content=content,
-                   headers={"content-type": ctype}, timeout=10)
+    r = httpx.post(
+        f"{served.url}/v1/completions", content=content, headers={"content-type": ctype}, timeout=10
+    )
     assert r.status_code == 400, r.text
     assert "error" in r.json()
 

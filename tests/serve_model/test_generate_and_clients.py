@@ -16,9 +16,17 @@ QUESTION = "Emma buys 4 cakes at $3 each. How much money does Emma spend?"
 
 def test_generate_returns_tokens_logprobs_and_finish_reasons(served, local_model, tokenizer):
     prompt_ids = tokenizer.encode(QUESTION)
-    body = post(f"{served.url}/generate",
-                {"prompt": {"prompt_token_ids": prompt_ids}, "n": 3, "max_tokens": 9,
-                 "logprobs": 0, "seed": 4, "ignore_eos": True}).json()
+    body = post(
+        f"{served.url}/generate",
+        {
+            "prompt": {"prompt_token_ids": prompt_ids},
+            "n": 3,
+            "max_tokens": 9,
+            "logprobs": 0,
+            "seed": 4,
+            "ignore_eos": True,
+        },
+    ).json()
     assert body["prompt_token_ids"] == prompt_ids
     assert len(body["text"]) == len(body["token_ids"]) == len(body["logprobs"]) == 3
     assert body["finish_reasons"] == ["length"] * 3
@@ -36,8 +44,9 @@ def test_generate_returns_tokens_logprobs_and_finish_reasons(served, local_model
 
 
 def test_generate_with_text_prompt_and_top_alternatives(served, tokenizer):
-    body = post(f"{served.url}/generate",
-                {"prompt": QUESTION, "max_tokens": 4, "logprobs": 2}).json()
+    body = post(
+        f"{served.url}/generate", {"prompt": QUESTION, "max_tokens": 4, "logprobs": 2}
+    ).json()
     assert body["prompt"] == QUESTION
     assert body["prompt_token_ids"] == tokenizer.encode(QUESTION)
     for entry in body["logprobs"][0]:
@@ -48,9 +57,15 @@ def test_generate_with_text_prompt_and_top_alternatives(served, tokenizer):
 
 def test_prompt_logprobs_match_direct_forward_pass(served, local_model, tokenizer):
     prompt_ids = tokenizer.encode(QUESTION)
-    body = post(f"{served.url}/generate",
-                {"prompt": {"prompt_token_ids": prompt_ids}, "prompt_logprobs": 2,
-                 "max_tokens": 1, "temperature": 0}).json()
+    body = post(
+        f"{served.url}/generate",
+        {
+            "prompt": {"prompt_token_ids": prompt_ids},
+            "prompt_logprobs": 2,
+            "max_tokens": 1,
+            "temperature": 0,
+        },
+    ).json()
     plp = body["prompt_logprobs"]
     assert len(plp) == len(prompt_ids) and plp[0] is None
     want = direct_prompt_logprobs(local_model, prompt_ids)
@@ -63,19 +78,26 @@ def _vllm_server(served, tiny_model_dir):
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.vllm_server import VLLMServer
 
-    cfg = APIServerConfig(base_url=served.v1, model_name="tiny",
-                          tokenizer_name=str(tiny_model_dir), api_key="x", timeout=60,
-                          server_type="vllm")
+    cfg = APIServerConfig(
+        base_url=served.v1,
+        model_name="tiny",
+        tokenizer_name=str(tiny_model_dir),
+        api_key="x",
+        timeout=60,
+        server_type="vllm",
+    )
     return VLLMServer(cfg)
 
 
-async def test_vllm_server_client_tokens_and_logprobs_match_forward(served, tiny_model_dir,
-                                                                    local_model, tokenizer):
+async def test_vllm_server_client_tokens_and_logprobs_match_forward(
+    served, tiny_model_dir, local_model, tokenizer
+):
     server = _vllm_server(served, tiny_model_dir)
     try:
         prompt_ids = tokenizer.encode(QUESTION)
         prompt, outs, lps, finish = await server.tokens_and_logprobs_completion(
-            input_ids=prompt_ids, n=2, max_tokens=6, temperature=1.0)
+            input_ids=prompt_ids, n=2, max_tokens=6, temperature=1.0
+        )
         assert prompt == prompt_ids and len(outs) == len(lps) == len(finish) == 2
         for ids, got in zip(outs, lps, strict=True):
             assert 1 <= len(ids) <= 6 and len(got) == len(ids)
@@ -85,29 +107,38 @@ async def test_vllm_server_client_tokens_and_logprobs_match_forward(served, tiny
         assert res["prompt_tokens"] == prompt_ids
         assert len(res["prompt_topk_token_ids"]) == len(prompt_ids)
         assert all(len(row) == 3 for row in res["prompt_topk_logprobs"])
-        chat = await server.chat_completion(messages=[{"role": "user", "content": QUESTION}],
-                                            max_tokens=3, n=2)
+        chat = await server.chat_completion(
+            messages=[{"role": "user", "content": QUESTION}], max_tokens=3, n=2
+        )
         assert len(chat.choices) == 2
     finally:
         await server.close_http() if hasattr(server, "close_http") else None
 
 
-async def test_managed_server_tracks_tokens_masks_and_logprobs(served, tiny_model_dir,
-                                                              local_model, tokenizer):
+async def test_managed_server_tracks_tokens_masks_and_logprobs(
+    served, tiny_model_dir, local_model, tokenizer
+):
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
-    cfg = APIServerConfig(base_url=served.v1, model_name="tiny",
-                          tokenizer_name=str(tiny_model_dir), api_key="x", timeout=60,
-                          server_type="vllm", health_check=False)
+    cfg = APIServerConfig(
+        base_url=served.v1,
+        model_name="tiny",
+        tokenizer_name=str(tiny_model_dir),
+        api_key="x",
+        timeout=60,
+        server_type="vllm",
+        health_check=False,
+    )
     manager = ServerManager([cfg])
     messages = [{"role": "user", "content": QUESTION}]
     async with manager.managed_server(tokenizer=tokenizer) as managed:
         completion = await managed.chat_completion(messages=messages, n=2, max_tokens=5)
         nodes = managed.get_state()["nodes"]
     assert len(completion.choices) == 2 and len(nodes) == 2
-    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
+    prompt_ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     for node in nodes:
         n_prompt = len(prompt_ids)
         assert node.tokens[:n_prompt] == prompt_ids
@@ -124,10 +155,10 @@ async def test_concurrent_requests_share_forward_passes(served):
     """16 concurrent 24-token requests need far fewer steps than 16 x 24 sequential ones."""
     async with httpx.AsyncClient(timeout=60) as client:
         before = (await client.get(f"{served.url}/health")).json()["steps"]
-        bodies = [{"prompt": f"request {i}", "max_tokens": 24, "ignore_eos": True}
-                  for i in range(16)]
-        rs = await asyncio.gather(*(client.post(f"{served.url}/generate", json=b)
-                                    for b in bodies))
+        bodies = [
+            {"prompt": f"request {i}", "max_tokens": 24, "ignore_eos": True} for i in range(16)
+        ]
+        rs = await asyncio.gather(*(client.post(f"{served.url}/generate", json=b) for b in bodies))
         after = (await client.get(f"{served.url}/health")).json()["steps"]
     assert all(r.status_code == 200 for r in rs)
     assert all(len(r.json()["token_ids"][0]) == 24 for r in rs)
@@ -137,8 +168,11 @@ async def test_concurrent_requests_share_forward_passes(served):
 def test_abandoned_request_stops_generating(served):
     """A client that times out frees its batch rows instead of leaving 20k tokens to run."""
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{served.url}/generate", timeout=1.0,
-                   json={"prompt": "x", "max_tokens": 20000, "ignore_eos": True})
+        httpx.post(
+            f"{served.url}/generate",
+            timeout=1.0,
+            json={"prompt": "x", "max_tokens": 20000, "ignore_eos": True},
+        )
     deadline = time.monotonic() + 15
     health = {}
     while time.monotonic() < deadline:
@@ -149,11 +183,15 @@ def test_abandoned_request_stops_generating(served):
     assert health["running"] == 0 and health["waiting"] == 0
 
 
-def test_repetition_penalty_changes_greedy_output_but_not_logprobs(served, local_model,
-                                                                     tokenizer):
+def test_repetition_penalty_changes_greedy_output_but_not_logprobs(served, local_model, tokenizer):
     prompt_ids = tokenizer.encode(QUESTION)
-    body = {"prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 12, "temperature": 0,
-            "ignore_eos": True, "logprobs": 0}
+    body = {
+        "prompt": {"prompt_token_ids": prompt_ids},
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 0,
+    }
     plain = post(f"{served.url}/generate", body).json()["token_ids"][0]
     r = post(f"{served.url}/generate", {**body, "repetition_penalty": 3.0}).json()
     ids = r["token_ids"][0]

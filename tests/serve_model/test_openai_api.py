@@ -26,12 +26,16 @@ def test_models_lists_every_served_name_with_version(served, client):
 
 
 def test_chat_completion_returns_n_choices_and_exact_usage(client, tokenizer):
-    messages = [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": PROMPT}]
-    r = client.chat.completions.create(model="tiny", messages=messages, n=3, max_tokens=7,
-                                       extra_body={"ignore_eos": True})
-    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": PROMPT},
+    ]
+    r = client.chat.completions.create(
+        model="tiny", messages=messages, n=3, max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    prompt_ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert len(r.choices) == 3
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert all(c.finish_reason == "length" and c.message.role == "assistant" for c in r.choices)
@@ -54,10 +58,16 @@ def _ids(tokens: list[str]) -> list[int]:
 
 def test_completion_logprobs_match_direct_forward_pass(client, local_model, tokenizer):
     prompt_ids = tokenizer.encode(PROMPT)
-    r = client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=12, n=2,
-                                  logprobs=3, temperature=1.0, seed=11,
-                                  extra_body={"ignore_eos": True,
-                                              "return_tokens_as_token_ids": True})
+    r = client.completions.create(
+        model="tiny",
+        prompt=prompt_ids,
+        max_tokens=12,
+        n=2,
+        logprobs=3,
+        temperature=1.0,
+        seed=11,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    )
     for choice in r.choices:
         lp = choice.logprobs
         assert lp is not None and len(lp.token_logprobs) == 12
@@ -70,14 +80,20 @@ def test_completion_logprobs_match_direct_forward_pass(client, local_model, toke
 
 def test_chat_logprobs_match_direct_forward_pass(client, local_model, tokenizer):
     messages = [{"role": "user", "content": PROMPT}]
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
-                                       logprobs=True, top_logprobs=2, seed=3,
-                                       extra_body={"ignore_eos": True,
-                                                   "return_tokens_as_token_ids": True})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=10,
+        logprobs=True,
+        top_logprobs=2,
+        seed=3,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True},
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == 10
-    prompt_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                               tokenize=True, return_dict=False)
+    prompt_ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     ids = _ids([c.token for c in content])
     want = direct_logprobs(local_model, prompt_ids, ids)
     assert max(abs(c.logprob - w) for c, w in zip(content, want, strict=True)) < 1e-4
@@ -89,8 +105,18 @@ def test_chat_logprobs_match_direct_forward_pass(client, local_model, tokenizer)
 
 def test_same_seed_gives_same_sample_and_different_seeds_differ(client):
     def text(seed: int) -> str:
-        return client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, seed=seed,
-                                          extra_body={"ignore_eos": True}).choices[0].text
+        return (
+            client.completions.create(
+                model="tiny",
+                prompt=PROMPT,
+                max_tokens=16,
+                seed=seed,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .text
+        )
+
     assert text(5) == text(5)
     assert len({text(5), text(6), text(7)}) > 1
 
@@ -100,15 +126,26 @@ def test_greedy_and_top_k_1_follow_the_argmax(served, client, local_model, token
 
     prompt_ids = tokenizer.encode(PROMPT)
     with torch.no_grad():
-        expected = local_model.generate(torch.tensor([prompt_ids]), max_new_tokens=8,
-                                        do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                                        eos_token_id=None)[0, len(prompt_ids):].tolist()
-    greedy = post(f"{served.url}/generate",
-                  {"prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 8,
-                   "temperature": 0, "ignore_eos": True}).json()
+        expected = local_model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=None,
+        )[0, len(prompt_ids) :].tolist()
+    greedy = post(
+        f"{served.url}/generate",
+        {
+            "prompt": {"prompt_token_ids": prompt_ids},
+            "max_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    ).json()
     assert greedy["token_ids"][0] == expected
-    topk = client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=8,
-                                     extra_body={"top_k": 1, "ignore_eos": True})
+    topk = client.completions.create(
+        model="tiny", prompt=prompt_ids, max_tokens=8, extra_body={"top_k": 1, "ignore_eos": True}
+    )
     assert topk.choices[0].text == tokenizer.decode(expected)
 
 
@@ -116,20 +153,25 @@ def test_stop_string_truncates_text_and_finishes_with_stop(client, tokenizer):
     # A seeded sample is reproducible, so the run with a stop string follows the same path.
     kw = dict(model="tiny", prompt=PROMPT, max_tokens=20, seed=1)
     base = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
-    stop = base[len(base) // 2: len(base) // 2 + 3]
+    stop = base[len(base) // 2 : len(base) // 2 + 3]
     assert stop.strip() and base.find(stop) > 0
     r = client.completions.create(**kw, stop=[stop], extra_body={"ignore_eos": True})
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].text == base[: base.find(stop)]
-    kept = client.completions.create(**kw, stop=stop, extra_body={"ignore_eos": True,
-                                                            "include_stop_str_in_output": True})
+    kept = client.completions.create(
+        **kw, stop=stop, extra_body={"ignore_eos": True, "include_stop_str_in_output": True}
+    )
     assert kept.choices[0].text == base[: base.find(stop) + len(stop)]
 
 
 def test_stop_token_id_ends_the_completion_inclusive(served, tokenizer):
     prompt_ids = tokenizer.encode(PROMPT)
-    body = {"prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 10, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "prompt": {"prompt_token_ids": prompt_ids},
+        "max_tokens": 10,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     full = post(f"{served.url}/generate", body).json()["token_ids"][0]
     cut = post(f"{served.url}/generate", {**body, "stop_token_ids": [full[3]]}).json()
     first = full.index(full[3])
@@ -138,8 +180,13 @@ def test_stop_token_id_ends_the_completion_inclusive(served, tokenizer):
 
 
 def test_multiple_prompts_are_ordered_prompt_major(client):
-    r = client.completions.create(model="tiny", prompt=["one", "two", "three"], n=2,
-                                  max_tokens=3, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="tiny",
+        prompt=["one", "two", "three"],
+        n=2,
+        max_tokens=3,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.index for c in r.choices] == list(range(6))
     assert r.usage.completion_tokens == 18
 
@@ -150,24 +197,37 @@ def test_echo_prepends_the_prompt(client):
 
 
 def test_chat_template_with_tools_is_applied(client, tokenizer):
-    tools = [{"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate arithmetic.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "Evaluate arithmetic.",
+                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+            },
+        }
+    ]
     messages = [{"role": "user", "content": "What is 6 * 7?"}]
-    r = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
-                                       max_tokens=2)
-    want = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
+    r = client.chat.completions.create(model="tiny", messages=messages, tools=tools, max_tokens=2)
+    want = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert r.usage.prompt_tokens == len(want)
 
 
 def test_continue_final_message_extends_the_assistant_turn(client, tokenizer):
-    messages = [{"role": "user", "content": "What is 6 * 7?"},
-                {"role": "assistant", "content": "The answer is"}]
+    messages = [
+        {"role": "user", "content": "What is 6 * 7?"},
+        {"role": "assistant", "content": "The answer is"},
+    ]
     r = client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=2,
-        extra_body={"continue_final_message": True, "add_generation_prompt": False})
-    want = tokenizer.apply_chat_template(messages, continue_final_message=True,
-                                         tokenize=True, return_dict=False)
+        model="tiny",
+        messages=messages,
+        max_tokens=2,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    want = tokenizer.apply_chat_template(
+        messages, continue_final_message=True, tokenize=True, return_dict=False
+    )
     assert r.usage.prompt_tokens == len(want)
     assert tokenizer.decode(want).endswith("The answer is")

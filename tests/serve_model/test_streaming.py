@@ -15,11 +15,18 @@ def client(served):
 
 
 def test_chat_stream_concatenates_to_the_unstreamed_text(client):
-    kw = dict(model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=20,
-              seed=9, n=2, extra_body={"ignore_eos": True})
+    kw = dict(
+        model="tiny",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=20,
+        seed=9,
+        n=2,
+        extra_body={"ignore_eos": True},
+    )
     full = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(**kw, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
     texts = {0: "", 1: ""}
     finishes = {}
     roles = set()
@@ -39,19 +46,29 @@ def test_chat_stream_concatenates_to_the_unstreamed_text(client):
 def test_completion_stream_never_leaks_the_stop_string(client):
     kw = dict(model="tiny", prompt=PROMPT, max_tokens=24, seed=2)
     base = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].text
-    stop = base[len(base) // 2: len(base) // 2 + 4]
+    stop = base[len(base) // 2 : len(base) // 2 + 4]
     assert stop.strip() and base.find(stop) > 0
     want = base[: base.find(stop)]
     streamed = "".join(
-        c.choices[0].text for c in client.completions.create(
-            **kw, stop=[stop], stream=True, extra_body={"ignore_eos": True}) if c.choices)
+        c.choices[0].text
+        for c in client.completions.create(
+            **kw, stop=[stop], stream=True, extra_body={"ignore_eos": True}
+        )
+        if c.choices
+    )
     assert streamed == want
 
 
 def test_completion_stream_with_logprobs_and_several_prompts(client):
-    stream = client.completions.create(model="tiny", prompt=["a", "b"], n=2, max_tokens=5,
-                                       logprobs=1, stream=True,
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="tiny",
+        prompt=["a", "b"],
+        n=2,
+        max_tokens=5,
+        logprobs=1,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     tokens = {i: 0 for i in range(4)}
     for ch in stream:
         for c in ch.choices:

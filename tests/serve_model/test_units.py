@@ -20,8 +20,9 @@ def _lp(values: list[float]) -> torch.Tensor:
 
 
 def test_top_k_keeps_exactly_k_tokens():
-    out = filter_logits(_lp([1.0, 4.0, 3.0, 2.0]), torch.tensor([2]), torch.tensor([1.0]),
-                        torch.tensor([0.0]))
+    out = filter_logits(
+        _lp([1.0, 4.0, 3.0, 2.0]), torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0.0])
+    )
     assert torch.isfinite(out[0]).tolist() == [False, True, True, False]
 
 
@@ -38,8 +39,12 @@ def test_min_p_drops_tokens_below_fraction_of_the_best():
 
 
 @settings(max_examples=40, deadline=None)
-@given(values=st.lists(st.floats(-20, 20), min_size=2, max_size=30),
-       k=st.integers(-1, 40), p=st.floats(0.01, 1.0), m=st.floats(0.0, 1.0))
+@given(
+    values=st.lists(st.floats(-20, 20), min_size=2, max_size=30),
+    k=st.integers(-1, 40),
+    p=st.floats(0.01, 1.0),
+    m=st.floats(0.0, 1.0),
+)
 def test_filters_always_keep_the_most_likely_token(values, k, p, m):
     lp = _lp(values)
     out = filter_logits(lp, torch.tensor([k]), torch.tensor([p]), torch.tensor([m]))
@@ -48,8 +53,11 @@ def test_filters_always_keep_the_most_likely_token(values, k, p, m):
 
 def test_sample_reports_log_softmax_of_scaled_logits_and_is_seeded():
     logits = torch.randn(3, 50)
-    params = [SamplingParams(temperature=0.7, logprobs=2), SamplingParams(temperature=0.0),
-              SamplingParams(temperature=1.3, top_k=5)]
+    params = [
+        SamplingParams(temperature=0.7, logprobs=2),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.3, top_k=5),
+    ]
 
     def run():
         gens = [torch.Generator().manual_seed(i) for i in range(3)]
@@ -86,8 +94,11 @@ def test_merge_left_pads_the_shorter_batch_and_select_trims_padding():
     a, b = _batch([3, 1], 3, 1.0), _batch([5], 5, 2.0)
     merged = KVBatch.merge(a, b)
     assert merged.mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [1, 1, 1, 1, 1]]
-    assert merged.kv[0][0][:, 0, :, 0].tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1],
-                                                    [2, 2, 2, 2, 2]]
+    assert merged.kv[0][0][:, 0, :, 0].tolist() == [
+        [0, 0, 1, 1, 1],
+        [0, 0, 0, 0, 1],
+        [2, 2, 2, 2, 2],
+    ]
     assert merged.positions.tolist() == [3, 1, 5]
     kept = merged.select([1, 0])
     assert kept.mask.tolist() == [[0, 0, 1], [1, 1, 1]]  # all-padding columns dropped
@@ -102,22 +113,46 @@ def test_cache_tensors_reads_legacy_tuples():
 
 
 def test_tool_calls_are_split_from_content():
-    text = ('Let me check.\n<tool_call>\n{"name": "calculator", "arguments": {"e": "2+2"}}\n'
-            '</tool_call>')
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "calculator", "arguments": {"e": "2+2"}}\n'
+        "</tool_call>"
+    )
     content, calls = parse_tool_calls(text)
     assert content == "Let me check."
     assert calls[0]["function"]["name"] == "calculator"
     assert json.loads(calls[0]["function"]["arguments"]) == {"e": "2+2"}
     assert parse_tool_calls("<tool_call>not json</tool_call>") == (
-        "<tool_call>not json</tool_call>", [])
+        "<tool_call>not json</tool_call>",
+        [],
+    )
 
 
 def test_cli_flags_mirror_the_config_fields():
-    ns = build_parser().parse_args(["/m", "--port", "9100", "--device", "cpu",
-                                    "--max-model-len", "512", "--served-model-name", "a", "b",
-                                    "--api-key", "k", "--dtype", "float32"])
+    ns = build_parser().parse_args(
+        [
+            "/m",
+            "--port",
+            "9100",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "512",
+            "--served-model-name",
+            "a",
+            "b",
+            "--api-key",
+            "k",
+            "--dtype",
+            "float32",
+        ]
+    )
     assert (ns.model, ns.port, ns.max_model_len, ns.served_model_name, ns.api_key) == (
-        "/m", 9100, 512, ["a", "b"], "k")
+        "/m",
+        9100,
+        512,
+        ["a", "b"],
+        "k",
+    )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["/m", "--device", "tpu"])
 
@@ -139,13 +174,17 @@ async def test_engine_joins_staggered_requests_without_changing_results(tmp_path
     engine = Engine(model, tok, max_model_len=256, max_num_seqs=8)
     await engine.start()
     try:
-        prompts = [tok.encode("Hi"), tok.encode("What is 12 + 30? Think step by step."),
-                   tok.encode("Zoe has 7 marbles.")]
+        prompts = [
+            tok.encode("Hi"),
+            tok.encode("What is 12 + 30? Think step by step."),
+            tok.encode("Zoe has 7 marbles."),
+        ]
 
         async def one(i: int):
             await asyncio.sleep(0.02 * i)
-            return await engine.generate(prompts[i], SamplingParams(
-                n=2, max_tokens=6 + 4 * i, seed=i, ignore_eos=True))
+            return await engine.generate(
+                prompts[i], SamplingParams(n=2, max_tokens=6 + 4 * i, seed=i, ignore_eos=True)
+            )
 
         results = await asyncio.gather(*(one(i) for i in range(3)))
     finally:
@@ -163,10 +202,13 @@ def test_penalties_steer_the_choice_but_not_the_reported_logprob():
     logits = torch.tensor([[3.0, 2.0, -1.0, 0.0]])
     plain = sample(logits, [SamplingParams(temperature=0)], [None], [([], [0])])
     assert plain.tokens == [0]
-    for prm in (SamplingParams(temperature=0, frequency_penalty=0.6, presence_penalty=0.5),
-                SamplingParams(temperature=0, repetition_penalty=2.0)):
-        out = sample(logits, [prm], [None], [([3], [0, 0])] if prm.frequency_penalty
-                     else [([0], [])])
+    for prm in (
+        SamplingParams(temperature=0, frequency_penalty=0.6, presence_penalty=0.5),
+        SamplingParams(temperature=0, repetition_penalty=2.0),
+    ):
+        out = sample(
+            logits, [prm], [None], [([3], [0, 0])] if prm.frequency_penalty else [([0], [])]
+        )
         assert out.tokens == [1]
         want = torch.log_softmax(logits[0], dim=-1)[1].item()
         assert abs(out.logprobs[0] - want) < 1e-6
@@ -178,6 +220,7 @@ def test_repetition_penalty_multiplies_negative_logits():
     logits = torch.tensor([[2.0, -1.0, 0.5]])
     out = apply_penalties(logits, [SamplingParams(repetition_penalty=2.0)], [([0, 1], [])])
     assert out.tolist() == [[1.0, -2.0, 0.5]]
-    counts = apply_penalties(logits, [SamplingParams(frequency_penalty=1.0,
-                                                     presence_penalty=0.5)], [([2], [0, 0])])
+    counts = apply_penalties(
+        logits, [SamplingParams(frequency_penalty=1.0, presence_penalty=0.5)], [([2], [0, 0])]
+    )
     assert counts.tolist() == [[-0.5, -1.0, 0.5]]

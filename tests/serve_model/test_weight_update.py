@@ -16,21 +16,27 @@ from tests.serve_model.support import AUTH, direct_logprobs
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
     new = build_tiny_model(root / "step_1", seed=1)
-    other = build_tiny_model(root / "other", seed=1, hidden_size=32, num_attention_heads=2,
-                             num_key_value_heads=1)
+    other = build_tiny_model(
+        root / "other", seed=1, hidden_size=32, num_attention_heads=2, num_key_value_heads=1
+    )
     build_tiny_model(root / "step_2", seed=2)
     return new, other
 
 
 def test_every_endpoint_but_health_needs_the_key(keyed):
     assert httpx.get(f"{keyed}/health", timeout=10).status_code == 200
-    for method, route in (("GET", "/v1/models"), ("POST", "/v1/completions"),
-                          ("POST", "/generate"), ("POST", "/update_weights")):
+    for method, route in (
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/generate"),
+        ("POST", "/update_weights"),
+    ):
         r = httpx.request(method, f"{keyed}{route}", json={}, timeout=10)
         assert r.status_code == 401, route
         assert r.json()["error"]["type"] == "authentication_error"
-        wrong = httpx.request(method, f"{keyed}{route}", json={}, timeout=10,
-                              headers={"Authorization": "Bearer nope"})
+        wrong = httpx.request(
+            method, f"{keyed}{route}", json={}, timeout=10, headers={"Authorization": "Bearer nope"}
+        )
         assert wrong.status_code == 401
     assert httpx.get(f"{keyed}/v1/models", headers=AUTH, timeout=10).status_code == 200
 
@@ -43,8 +49,9 @@ def test_incompatible_checkpoint_is_rejected_and_version_kept(keyed, checkpoints
     assert httpx.get(f"{keyed}/health", timeout=10).json()["version"] == 0
 
 
-async def test_weight_update_under_load_never_mixes_versions(keyed, checkpoints, tokenizer,
-                                                              local_model):
+async def test_weight_update_under_load_never_mixes_versions(
+    keyed, checkpoints, tokenizer, local_model
+):
     from transformers import AutoModelForCausalLM
 
     new_path, _ = checkpoints
@@ -58,9 +65,16 @@ async def test_weight_update_under_load_never_mixes_versions(keyed, checkpoints,
 
         async def worker(i: int) -> None:
             while not stop.is_set():
-                r = await client.post(f"{keyed}/generate", json={
-                    "prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 12,
-                    "logprobs": 0, "seed": i, "ignore_eos": True})
+                r = await client.post(
+                    f"{keyed}/generate",
+                    json={
+                        "prompt": {"prompt_token_ids": prompt_ids},
+                        "max_tokens": 12,
+                        "logprobs": 0,
+                        "seed": i,
+                        "ignore_eos": True,
+                    },
+                )
                 statuses.append(r.status_code)
                 if r.status_code == 200:
                     results.append(r.json())
@@ -104,9 +118,18 @@ async def test_long_request_is_restarted_on_the_new_weights(keyed, checkpoints, 
     prompt_ids = tokenizer.encode("Henry reads 20 pages a day.")
     async with httpx.AsyncClient(timeout=300, headers=AUTH) as client:
         before = (await client.get(f"{keyed}/health")).json()
-        long = asyncio.create_task(client.post(f"{keyed}/generate", json={
-            "prompt": {"prompt_token_ids": prompt_ids}, "max_tokens": 400, "logprobs": 0,
-            "seed": 1, "ignore_eos": True}))
+        long = asyncio.create_task(
+            client.post(
+                f"{keyed}/generate",
+                json={
+                    "prompt": {"prompt_token_ids": prompt_ids},
+                    "max_tokens": 400,
+                    "logprobs": 0,
+                    "seed": 1,
+                    "ignore_eos": True,
+                },
+            )
+        )
         while (await client.get(f"{keyed}/health")).json()["running"] == 0:
             await asyncio.sleep(0.05)
         upd = await client.post(f"{keyed}/update_weights", json={"path": step_2})
@@ -128,12 +151,19 @@ async def test_vllm_server_sends_the_key_on_generate_and_health(keyed, tiny_mode
     from atroposlib.envs.server_handling.vllm_server import VLLMServer
     from tests.serve_model.support import KEY
 
-    cfg = APIServerConfig(base_url=f"{keyed}/v1", model_name="tiny", api_key=KEY, timeout=60,
-                          tokenizer_name=str(tiny_model_dir), server_type="vllm")
+    cfg = APIServerConfig(
+        base_url=f"{keyed}/v1",
+        model_name="tiny",
+        api_key=KEY,
+        timeout=60,
+        tokenizer_name=str(tiny_model_dir),
+        server_type="vllm",
+    )
     server = VLLMServer(cfg)
     try:
         prompt, outs, lps, finish = await server.tokens_and_logprobs_completion(
-            input_ids=[5, 6, 7], n=1, max_tokens=3, temperature=1.0)
+            input_ids=[5, 6, 7], n=1, max_tokens=3, temperature=1.0
+        )
         assert prompt == [5, 6, 7] and len(outs[0]) == len(lps[0]) >= 1
     finally:
         await server.close_http()

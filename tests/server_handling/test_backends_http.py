@@ -104,7 +104,9 @@ async def test_vllm_get_logprobs_returns_pos_by_k_lists(fake_pool):
         assert [len(r) for r in out["prompt_topk_logprobs"]] == [3, 3, 3, 3]
         for pos in range(1, 4):  # the real token is the best one at each position
             assert out["prompt_topk_token_ids"][pos][0] == out["prompt_tokens"][pos]
-            assert out["prompt_topk_logprobs"][pos] == sorted(out["prompt_topk_logprobs"][pos], reverse=True)
+            assert out["prompt_topk_logprobs"][pos] == sorted(
+                out["prompt_topk_logprobs"][pos], reverse=True
+            )
     finally:
         await manager.close()
 
@@ -113,14 +115,18 @@ async def test_vllm_text_prompt_is_tokenized_and_duplicate_bos_removed(fake_pool
     server = VLLMServer(_cfg(fake_pool[0], server_type="vllm"))
     server.tokenizer = tokenizer
     try:
-        prompt, outs, _, _ = await server.tokens_and_logprobs_completion(prompt="hello", max_tokens=2)
+        prompt, outs, _, _ = await server.tokens_and_logprobs_completion(
+            prompt="hello", max_tokens=2
+        )
         assert prompt == tokenizer.encode("hello")
 
         class Bos:
             bos_token_id = 99
 
         server.tokenizer = Bos()
-        prompt, _, _, _ = await server.tokens_and_logprobs_completion(input_ids=[99, 99, 5], max_tokens=2)
+        prompt, _, _, _ = await server.tokens_and_logprobs_completion(
+            input_ids=[99, 99, 5], max_tokens=2
+        )
         assert prompt == [99, 5]
     finally:
         await server.close()
@@ -210,5 +216,7 @@ def test_fake_server_rejects_bad_input_with_field_names(fake_pool):
     assert r.status_code == 422
     r = httpx.post(f"{url}/fake/config", json={"fail_status": 200})
     assert r.status_code == 422 and "fail_status" in r.json()["error"]["message"]
-    r = httpx.post(f"{url}/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}})
+    r = httpx.post(
+        f"{url}/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}}
+    )
     assert r.status_code == 422 and "max_new_tokens" in r.json()["error"]["message"]

@@ -21,7 +21,9 @@ USER = [{"role": "user", "content": "What is 2+2?"}]
 
 
 def _prompt(tok, messages, add_generation_prompt=True):
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 async def test_chat_completion_records_masked_prompt_and_output_logprobs(tokenizer):
@@ -31,7 +33,11 @@ async def test_chat_completion_records_masked_prompt_and_output_logprobs(tokeniz
     out_a = tokenizer.encode("4", add_special_tokens=False) + [tokenizer.eos_token_id]
     out_b = tokenizer.encode("four", add_special_tokens=False)
     harness.set_tokens_and_logprobs_response(
-        prompt, prompt_ids, [out_a, out_b], [[-0.1] * len(out_a), [-0.2] * len(out_b)], ["stop", "length"]
+        prompt,
+        prompt_ids,
+        [out_a, out_b],
+        [[-0.1] * len(out_a), [-0.2] * len(out_b)],
+        ["stop", "length"],
     )
     managed = ManagedServer(harness, tokenizer)
     completion = await managed.chat_completion(messages=USER, n=2, max_tokens=8)
@@ -63,9 +69,11 @@ async def test_second_turn_extends_the_first_node_in_place(tokenizer):
     turn2 = USER + [{"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}]
     prompt2 = _prompt(tokenizer, turn2)
     assert prompt2.startswith(first.full_text)
-    suffix = tokenizer.encode(prompt2[len(first.full_text):], add_special_tokens=False)
+    suffix = tokenizer.encode(prompt2[len(first.full_text) :], add_special_tokens=False)
     out2 = tokenizer.encode("6", add_special_tokens=False)
-    harness.set_tokens_and_logprobs_response(prompt2, first.tokens + suffix, [out2], [[-0.4] * len(out2)])
+    harness.set_tokens_and_logprobs_response(
+        prompt2, first.tokens + suffix, [out2], [[-0.4] * len(out2)]
+    )
     await managed.chat_completion(messages=turn2)
     nodes = managed.get_state()["nodes"]
     assert len(nodes) == 1  # replaced in place
@@ -94,7 +102,9 @@ def test_logprobs_are_padded_with_one_or_truncated():
 async def test_tool_parser_returns_openai_tool_calls_and_node_keeps_raw_text(tokenizer):
     harness = ServerHarness()
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
-    prompt = tokenizer.apply_chat_template(USER, tools=tools, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        USER, tools=tools, tokenize=False, add_generation_prompt=True
+    )
     raw = 'Sure.<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>'
     out = tokenizer.encode(raw, add_special_tokens=False)
     harness.set_tokens_and_logprobs_response(prompt, None, [out], [[-0.5] * len(out)])
@@ -121,7 +131,9 @@ def test_think_blocks_are_shielded_from_a_stripping_template(tokenizer):
     ]
     shielded = ManagedServer(ServerHarness(), tok)._convert_messages_to_prompt(msgs)
     assert "<think>hmm</think>A" in shielded
-    plain = ManagedServer(ServerHarness(), tok, preserve_think_blocks=True)._convert_messages_to_prompt(msgs)
+    plain = ManagedServer(
+        ServerHarness(), tok, preserve_think_blocks=True
+    )._convert_messages_to_prompt(msgs)
     assert "<think>" not in plain
 
 
@@ -141,7 +153,9 @@ async def test_completion_and_get_logprobs_pass_through(tokenizer):
     harness = ServerHarness()
     harness.set_tokens_and_logprobs_response("Once", None, [[7, 8]], [[-0.1, -0.2]])
     ids = tokenizer.encode("Once", add_special_tokens=False)
-    harness.set_logprobs_response(ids, {"prompt_tokens": ids, "prompt_topk_token_ids": [[1]], "prompt_topk_logprobs": [[0.0]]})
+    harness.set_logprobs_response(
+        ids, {"prompt_tokens": ids, "prompt_topk_token_ids": [[1]], "prompt_topk_logprobs": [[0.0]]}
+    )
     managed = ManagedServer(harness, tokenizer)
     completion = await managed.completion(prompt="Once", max_tokens=2)
     assert completion.choices[0].text == tokenizer.decode([7, 8], skip_special_tokens=True)
@@ -163,7 +177,9 @@ async def test_adapter_duck_types_async_openai(tokenizer):
 async def test_manager_managed_server_uses_harness_and_resets_on_exit(tokenizer):
     manager = ServerManager([], testing=True)
     harness = manager.servers[0]
-    harness.set_tokens_and_logprobs_response(_prompt(tokenizer, USER), None, [[5, 6]], [[-1.0, -1.0]])
+    harness.set_tokens_and_logprobs_response(
+        _prompt(tokenizer, USER), None, [[5, 6]], [[-1.0, -1.0]]
+    )
     async with manager.managed_server(tokenizer=tokenizer) as managed:
         assert isinstance(managed, ManagedServer)
         await managed.chat_completion(messages=USER)

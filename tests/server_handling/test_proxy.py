@@ -24,8 +24,18 @@ def proxy(fake_pool, tokenizer, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("proxy")
     config = {
         "servers": [
-            {"base_url": fake_pool[2].base_url, "server_type": "vllm", "model_name": "fake", "timeout": 10},
-            {"base_url": fake_pool[0].base_url, "server_type": "openai", "model_name": "fake", "timeout": 10},
+            {
+                "base_url": fake_pool[2].base_url,
+                "server_type": "vllm",
+                "model_name": "fake",
+                "timeout": 10,
+            },
+            {
+                "base_url": fake_pool[0].base_url,
+                "server_type": "openai",
+                "model_name": "fake",
+                "timeout": 10,
+            },
         ],
         "tool_parser": "hermes",
     }
@@ -56,13 +66,18 @@ def test_health_models_and_servers(proxy):
 async def test_openai_client_session_records_nodes_and_delete_ends_it(proxy, tokenizer):
     sid = httpx.post(f"{proxy}/sessions/create", json={}).json()["uuid"]
     client = openai.AsyncOpenAI(base_url=f"{proxy}/{sid}/v1", api_key="x", max_retries=0)
-    completion = await client.chat.completions.create(model="fake", messages=USER, n=2, max_tokens=5)
+    completion = await client.chat.completions.create(
+        model="fake", messages=USER, n=2, max_tokens=5
+    )
     await client.close()
     assert len(completion.choices) == 2
     nodes = httpx.get(f"{proxy}/{sid}/nodes").json()["nodes"]
     assert len(nodes) == 2
-    prompt_len = len(tokenizer.apply_chat_template(USER, add_generation_prompt=True, tokenize=True,
-                                                   return_dict=False))
+    prompt_len = len(
+        tokenizer.apply_chat_template(
+            USER, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
     for node in nodes:
         assert node["masked_tokens"][:prompt_len] == [-100] * prompt_len
         assert len(node["tokens"]) == len(node["logprobs"]) > prompt_len
@@ -116,8 +131,14 @@ async def test_setup_configures_a_proxy_started_without_servers(fake_pool, token
         assert early.status_code == 409
         bad = await client.post("/setup", json={"servers": []})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "servers"
-        ok = await client.post("/setup", json={"servers": [
-            {"base_url": fake_pool[1].base_url, "server_type": "vllm", "timeout": 10}]})
+        ok = await client.post(
+            "/setup",
+            json={
+                "servers": [
+                    {"base_url": fake_pool[1].base_url, "server_type": "vllm", "timeout": 10}
+                ]
+            },
+        )
         assert ok.json() == {"status": "ok", "servers": 1}
         sid = (await client.post("/sessions/create", json={})).json()["uuid"]
         done = await client.post(f"/{sid}/v1/completions", json={"prompt": "abc", "max_tokens": 3})

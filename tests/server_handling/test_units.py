@@ -66,7 +66,11 @@ def test_config_defaults_match_the_original():
     b = ServerBaseline()
     assert (b.timeout, b.num_max_requests_at_once, b.num_requests_for_eval) == (1200, 512, 64)
     assert (b.model_name, b.rolling_buffer_length, b.server_type, b.tokenizer_name) == (
-        "default", 1000, "openai", "none")
+        "default",
+        1000,
+        "openai",
+        "none",
+    )
     c = APIServerConfig()
     assert (c.api_key, c.base_url, c.n_kwarg_is_ignored, c.health_check) == ("", "", False, True)
     m = ServerManagerConfig()
@@ -131,23 +135,30 @@ def test_reasoning_config_builds_extra_body_per_provider():
     assert effort.enabled
     assert effort.build_extra_body("https://api.openai.com/v1") == {"reasoning_effort": "high"}
     assert effort.build_extra_body("https://openrouter.ai/api/v1") == {
-        "reasoning": {"enabled": True, "effort": "high"}}
+        "reasoning": {"enabled": True, "effort": "high"}
+    }
     assert effort.build_extra_body("http://x", use_max_tokens=True) == {
-        "reasoning": {"enabled": True, "max_tokens": 25600}}
+        "reasoning": {"enabled": True, "max_tokens": 25600}
+    }
     both = ReasoningConfig(effort="low", max_tokens=100)
     assert both.build_extra_body("http://x") == {"reasoning": {"enabled": True, "effort": "low"}}
     assert ReasoningConfig(max_tokens=100).build_extra_body("http://x") == {
-        "reasoning": {"enabled": True, "max_tokens": 100}}
+        "reasoning": {"enabled": True, "max_tokens": 100}
+    }
     assert ReasoningConfig(enabled=True).build_extra_body("https://api.openai.com/v1") == {
-        "reasoning_effort": "medium"}
+        "reasoning_effort": "medium"
+    }
     assert ReasoningConfig(enabled=None).enabled is False
     with pytest.raises(ValidationError, match="effort"):
         ReasoningConfig(effort="extreme")
 
 
 async def test_reasoning_is_injected_in_chat_only_and_can_be_skipped():
-    server = SleepServer(_cfg(base_url="https://api.openai.com/v1"), delay=0,
-                         reasoning_config=ReasoningConfig(effort="low"))
+    server = SleepServer(
+        _cfg(base_url="https://api.openai.com/v1"),
+        delay=0,
+        reasoning_config=ReasoningConfig(effort="low"),
+    )
     await server.chat_completion(messages=MESSAGES, max_tokens=10, temperature=0.2)
     sent = server.seen_kwargs[-1]
     assert sent["extra_body"] == {"reasoning_effort": "low"}
@@ -160,7 +171,12 @@ async def test_reasoning_is_injected_in_chat_only_and_can_be_skipped():
 def test_slurm_discovery_reads_infer_tp_as_int():
     env = {"NUM_TRAINING_NODES": "1", "INFER_TP": "4"}
     urls = slurm_inference_urls(env, hostnames=["train0", "inf0", "inf1"])
-    assert urls == ["http://inf0:9000/v1", "http://inf0:9001/v1", "http://inf1:9000/v1", "http://inf1:9001/v1"]
+    assert urls == [
+        "http://inf0:9000/v1",
+        "http://inf0:9001/v1",
+        "http://inf1:9000/v1",
+        "http://inf1:9001/v1",
+    ]
     assert slurm_inference_urls(env, hostnames=["only"]) is None
     with pytest.raises(ValueError, match="INFER_TP"):
         slurm_inference_urls({"INFER_TP": "two"}, hostnames=["a", "b"])
@@ -182,8 +198,15 @@ def test_server_class_is_chosen_by_server_type_and_unknown_class_rejected():
     from atroposlib.envs.server_handling.vllm_server import VLLMServer
 
     types = ["openai", "vllm", "sglang", "trl"]
-    manager = ServerManager([_cfg(base_url=f"http://h{i}/v1", server_type=t) for i, t in enumerate(types)])
-    assert [type(s) for s in manager.servers] == [OpenAIServer, VLLMServer, SGLangServer, TrlVllmServer]
+    manager = ServerManager(
+        [_cfg(base_url=f"http://h{i}/v1", server_type=t) for i, t in enumerate(types)]
+    )
+    assert [type(s) for s in manager.servers] == [
+        OpenAIServer,
+        VLLMServer,
+        SGLangServer,
+        TrlVllmServer,
+    ]
     custom = ServerManager([_cfg(base_url="http://h/v1")], server_class=SleepServer)
     assert isinstance(custom.servers[0], SleepServer)
     with pytest.raises(ValueError):
@@ -198,8 +221,10 @@ def test_split_n_chunks():
 
 async def test_routing_prefers_most_free_slots_and_never_oversubscribes():
     manager = ServerManager(
-        [_cfg(base_url="http://a/v1", num_max_requests_at_once=2),
-         _cfg(base_url="http://b/v1", num_max_requests_at_once=6)],
+        [
+            _cfg(base_url="http://a/v1", num_max_requests_at_once=2),
+            _cfg(base_url="http://b/v1", num_max_requests_at_once=6),
+        ],
         server_class=SleepServer,
     )
     await asyncio.gather(*(manager.chat_completion(messages=MESSAGES) for _ in range(40)))
@@ -210,18 +235,22 @@ async def test_routing_prefers_most_free_slots_and_never_oversubscribes():
 
 
 async def test_unhealthy_server_gets_no_traffic():
-    manager = ServerManager([_cfg(base_url="http://a/v1"), _cfg(base_url="http://b/v1")],
-                            server_class=SleepServer)
+    manager = ServerManager(
+        [_cfg(base_url="http://a/v1"), _cfg(base_url="http://b/v1")], server_class=SleepServer
+    )
     manager.servers[0].server_healthy = False
     await asyncio.gather(*(manager.chat_completion(messages=MESSAGES) for _ in range(10)))
     assert manager.servers[0].calls == 0 and manager.servers[1].calls == 10
 
 
 async def test_eval_split_uses_eval_semaphore_and_eval_metrics():
-    manager = ServerManager([_cfg(base_url="http://a/v1", num_requests_for_eval=1)],
-                            server_class=SleepServer)
+    manager = ServerManager(
+        [_cfg(base_url="http://a/v1", num_requests_for_eval=1)], server_class=SleepServer
+    )
     server = manager.servers[0]
-    await asyncio.gather(*(manager.chat_completion(messages=MESSAGES, split="eval") for _ in range(3)))
+    await asyncio.gather(
+        *(manager.chat_completion(messages=MESSAGES, split="eval") for _ in range(3))
+    )
     assert server.peak == 1  # eval concurrency is 1
     assert len(server.eval_request_timings) == 3 and len(server.request_timings) == 0
     assert "split" not in server.seen_kwargs[-1]
@@ -241,22 +270,29 @@ async def test_timings_honour_rolling_buffer_length_and_all_servers_are_reported
     assert all(len(s.request_timings) <= 5 for s in manager.servers)
     metrics = await manager.wandb_metrics({})
     for i in range(2):
-        for key in ("request_time_avg", "request_time_std", "request_time_99p", "average_num_attempts"):
+        for key in (
+            "request_time_avg",
+            "request_time_std",
+            "request_time_99p",
+            "average_num_attempts",
+        ):
             assert f"server/server_{i}_{key}" in metrics
     assert metrics["server/healthy_servers"] == 2
 
 
 async def test_update_weight_scales_capacity_on_every_server():
-    manager = ServerManager([_cfg(base_url="http://a/v1", num_max_requests_at_once=10)],
-                            server_class=SleepServer)
+    manager = ServerManager(
+        [_cfg(base_url="http://a/v1", num_max_requests_at_once=10)], server_class=SleepServer
+    )
     manager.update_weight(0.3)
     await asyncio.gather(*(manager.chat_completion(messages=MESSAGES) for _ in range(20)))
     assert manager.servers[0].peak == 3
 
 
 async def test_dedicated_server_holds_a_slot():
-    manager = ServerManager([_cfg(base_url="http://a/v1", num_max_requests_at_once=3)],
-                            server_class=SleepServer)
+    manager = ServerManager(
+        [_cfg(base_url="http://a/v1", num_max_requests_at_once=3)], server_class=SleepServer
+    )
     async with manager.dedicated_server() as server:
         assert server.sem.in_use() == 1
     assert manager.servers[0].sem.in_use() == 0
@@ -270,11 +306,19 @@ async def test_harness_works_directly_and_through_manager():
     harness.set_desired_completion("p", create_completion("c"))
     direct = await harness.chat_completion(messages=MESSAGES, n=2)
     routed = await manager.chat_completion(messages=MESSAGES, n=2)
-    assert [c.message.content for c in routed.choices] == ["a", "b"] == [
-        c.message.content for c in direct.choices]
+    assert (
+        [c.message.content for c in routed.choices]
+        == ["a", "b"]
+        == [c.message.content for c in direct.choices]
+    )
     assert (await manager.completion(prompt="p")).choices[0].text == "c"
     harness.set_tokens_and_logprobs_response([1, 2], None, [[3]], [[-0.1]], ["length"])
-    assert await manager.tokens_and_logprobs_completion(input_ids=[1, 2]) == ([1, 2], [[3]], [[-0.1]], ["length"])
+    assert await manager.tokens_and_logprobs_completion(input_ids=[1, 2]) == (
+        [1, 2],
+        [[3]],
+        [[-0.1]],
+        ["length"],
+    )
     with pytest.raises(KeyError, match="no response"):
         await manager.chat_completion(messages=[{"role": "user", "content": "unknown"}])
 
@@ -282,7 +326,7 @@ async def test_harness_works_directly_and_through_manager():
 def test_tool_call_parser_extracts_calls_and_keeps_malformed_text():
     content, calls = extract_tool_calls(
         'x<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>'
-        '<tool_call>{not json}</tool_call>'
+        "<tool_call>{not json}</tool_call>"
     )
     assert calls == [{"name": "f", "arguments": {"a": 1}}]
     assert content == "x<tool_call>{not json}</tool_call>"
@@ -290,8 +334,14 @@ def test_tool_call_parser_extracts_calls_and_keeps_malformed_text():
     assert cut == [{"name": "g", "arguments": {}}]
     assert parse_tool_call("nothing") == ("-ERROR-", {}, True)
     tools = [{"type": "function", "function": {"name": "f"}}]
-    assert parse_tool_call('<tool_call>{"name": "f", "arguments": {}}</tool_call>', tools) == ("f", {}, False)
-    assert parse_tool_call('<tool_call>{"name": "h", "arguments": {}}</tool_call>', tools)[2] is True
+    assert parse_tool_call('<tool_call>{"name": "f", "arguments": {}}</tool_call>', tools) == (
+        "f",
+        {},
+        False,
+    )
+    assert (
+        parse_tool_call('<tool_call>{"name": "h", "arguments": {}}</tool_call>', tools)[2] is True
+    )
 
 
 def test_unknown_tool_parser_is_rejected():
@@ -309,7 +359,9 @@ class HangingServer(SleepServer):
 
 
 async def test_hanging_server_times_out_and_request_moves_on():
-    manager = ServerManager([_cfg(base_url="http://hang/v1", timeout=1)], server_class=HangingServer)
+    manager = ServerManager(
+        [_cfg(base_url="http://hang/v1", timeout=1)], server_class=HangingServer
+    )
     manager.servers.append(SleepServer(_cfg(base_url="http://ok/v1", timeout=1), delay=0))
     ok = manager.servers[1]
     ok.sem.add_listener(manager._dispatch)
@@ -324,7 +376,9 @@ async def test_hanging_server_times_out_and_request_moves_on():
 async def test_only_server_hanging_raises_after_the_timeout_instead_of_hanging():
     from atroposlib.envs.server_handling.errors import NoHealthyServerError
 
-    manager = ServerManager([_cfg(base_url="http://hang/v1", timeout=1)], server_class=HangingServer)
+    manager = ServerManager(
+        [_cfg(base_url="http://hang/v1", timeout=1)], server_class=HangingServer
+    )
     loop = asyncio.get_running_loop()
     start = loop.time()
     with pytest.raises(NoHealthyServerError, match="http://hang/v1"):
@@ -348,8 +402,15 @@ def test_generate_body_drops_openai_only_keys_and_merges_extra_body():
     from atroposlib.envs.server_handling.vllm_server import VLLMServer
 
     body = VLLMServer._sampling_kwargs(
-        {"model": "m", "max_completion_tokens": 5, "stream": False, "top_logprobs": 3,
-         "extra_body": {"top_k": 20}, "temperature": 0.7, "stop": None}
+        {
+            "model": "m",
+            "max_completion_tokens": 5,
+            "stream": False,
+            "top_logprobs": 3,
+            "extra_body": {"top_k": 20},
+            "temperature": 0.7,
+            "stop": None,
+        }
     )
     assert body == {"max_tokens": 5, "top_k": 20, "temperature": 0.7}
 

@@ -50,11 +50,17 @@ def test_tokenizer_is_compact_on_demo_text():
 def test_chat_template_renders_tools_and_generation_prompt():
     tok = load_tiny_tokenizer()
     tools = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
-    msgs = [{"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "",
-             "tool_calls": [{"type": "function",
-                             "function": {"name": "calculator", "arguments": {"e": "2+2"}}}]},
-            {"role": "tool", "content": "4"}]
+    msgs = [
+        {"role": "user", "content": "2+2?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"e": "2+2"}}}
+            ],
+        },
+        {"role": "tool", "content": "4"},
+    ]
     text = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n")
     assert '"name": "calculator"' in text and "<tools>" in text
@@ -75,8 +81,14 @@ def test_build_is_deterministic_for_a_seed(tmp_path):
 
 @pytest.mark.parametrize("arch,cls", [("qwen2", "Qwen2ForCausalLM"), ("llama", "LlamaForCausalLM")])
 def test_built_model_loads_with_auto_classes_and_generates(tmp_path, arch, cls):
-    path = build_tiny_model(tmp_path / arch, seed=1, arch=arch, hidden_size=32,
-                            num_attention_heads=2, num_key_value_heads=1)
+    path = build_tiny_model(
+        tmp_path / arch,
+        seed=1,
+        arch=arch,
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     assert type(model).__name__ == cls
@@ -132,8 +144,9 @@ def test_cli_builds_into_out_dir(tmp_path, capsys):
 
 
 def test_build_script_reproduces_the_shipped_tokenizer():
-    spec = importlib.util.spec_from_file_location("build_tiny_tokenizer",
-                                                  ROOT / "scripts" / "build_tiny_tokenizer.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_tiny_tokenizer", ROOT / "scripts" / "build_tiny_tokenizer.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     trained = json.loads(module.train_tokenizer().to_str())

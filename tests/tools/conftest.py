@@ -18,7 +18,9 @@ def _build_byte_tokenizer(out_dir: Path) -> Path:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
     fast.save_pretrained(str(out_dir))
     return out_dir
 
@@ -40,20 +42,31 @@ def tokenizer(tokenizer_dir: Path) -> Any:
 def make_group(tokenizer: Any) -> Callable[..., dict[str, Any]]:
     """Build a ScoredDataGroup like ``process`` writes: shared prompt, one completion per score."""
 
-    def make(prompt: str, completions: list[str], scores: list[float], **extra: Any) -> dict[str, Any]:
+    def make(
+        prompt: str, completions: list[str], scores: list[float], **extra: Any
+    ) -> dict[str, Any]:
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        group: dict[str, Any] = {"tokens": [], "masks": [], "scores": list(scores), "messages": [],
-                                 "inference_logprobs": []}
+        group: dict[str, Any] = {
+            "tokens": [],
+            "masks": [],
+            "scores": list(scores),
+            "messages": [],
+            "inference_logprobs": [],
+        }
         for k, completion in enumerate(completions):
             comp_ids = tokenizer.encode(completion, add_special_tokens=False)
             group["tokens"].append(prompt_ids + comp_ids)
             group["masks"].append([-100] * len(prompt_ids) + comp_ids)
-            group["inference_logprobs"].append([1.0] * len(prompt_ids) + [-0.5 - 0.01 * k] * len(comp_ids))
-            group["messages"].append([
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": prompt},
-                {"role": "assistant", "content": completion},
-            ])
+            group["inference_logprobs"].append(
+                [1.0] * len(prompt_ids) + [-0.5 - 0.01 * k] * len(comp_ids)
+            )
+            group["messages"].append(
+                [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": completion},
+                ]
+            )
         group.update(extra)
         return group
 
@@ -88,7 +101,16 @@ def keyed_api(tmp_path_factory: pytest.TempPathFactory):
 
     port = free_port()
     log = tmp_path_factory.mktemp("api") / "api.log"
-    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port),
-           "--api-key", API_KEY]
+    cmd = [
+        PYTHON,
+        "-m",
+        "atroposlib.cli.run_api",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-key",
+        API_KEY,
+    ]
     with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=log):
         yield f"http://127.0.0.1:{port}"

@@ -20,7 +20,11 @@ from atroposlib.frontend.rollouts import longest_common_prefix, split_prefix
 
 
 def test_sft_sorts_by_score_and_drops_non_positive_scores() -> None:
-    assert select_sft([0.2, 1.0, 0.0, -1.0, 0.5], top_n=10, allow_negative=False, min_diff=0.0) == [1, 4, 0]
+    assert select_sft([0.2, 1.0, 0.0, -1.0, 0.5], top_n=10, allow_negative=False, min_diff=0.0) == [
+        1,
+        4,
+        0,
+    ]
 
 
 def test_sft_allow_negative_keeps_everything_in_score_order() -> None:
@@ -38,7 +42,9 @@ def test_sft_top_n_caps_the_number_kept() -> None:
 
 
 def test_dpo_pairs_best_positive_with_a_negative_below_the_margin() -> None:
-    pairs = pair_dpo([1.0, -1.0], n_pairs=3, allow_negative=False, min_diff=0.5, rng=random.Random(0))
+    pairs = pair_dpo(
+        [1.0, -1.0], n_pairs=3, allow_negative=False, min_diff=0.5, rng=random.Random(0)
+    )
     assert pairs == [(0, 1)]
 
 
@@ -51,14 +57,29 @@ def test_dpo_negative_is_used_once_and_drawn_from_the_lowest_n_pairs() -> None:
 
 
 def test_dpo_positive_without_a_far_enough_negative_gets_no_pair() -> None:
-    assert pair_dpo([1.0, 0.8], n_pairs=3, allow_negative=False, min_diff=0.5, rng=random.Random(0)) == []
-    assert pair_dpo([-0.2, -1.0], n_pairs=3, allow_negative=False, min_diff=0.5, rng=random.Random(0)) == []
-    assert pair_dpo([-0.2, -1.0], n_pairs=3, allow_negative=True, min_diff=0.5, rng=random.Random(0)) == [(0, 1)]
+    assert (
+        pair_dpo([1.0, 0.8], n_pairs=3, allow_negative=False, min_diff=0.5, rng=random.Random(0))
+        == []
+    )
+    assert (
+        pair_dpo([-0.2, -1.0], n_pairs=3, allow_negative=False, min_diff=0.5, rng=random.Random(0))
+        == []
+    )
+    assert pair_dpo(
+        [-0.2, -1.0], n_pairs=3, allow_negative=True, min_diff=0.5, rng=random.Random(0)
+    ) == [(0, 1)]
 
 
-@given(st.lists(st.floats(-5, 5, allow_nan=False), max_size=12), st.integers(0, 6),
-       st.floats(0, 2, allow_nan=False), st.booleans(), st.integers(0, 99))
-def test_dpo_pairs_respect_margin_and_never_reuse_a_negative(scores, n_pairs, min_diff, allow_neg, seed) -> None:
+@given(
+    st.lists(st.floats(-5, 5, allow_nan=False), max_size=12),
+    st.integers(0, 6),
+    st.floats(0, 2, allow_nan=False),
+    st.booleans(),
+    st.integers(0, 99),
+)
+def test_dpo_pairs_respect_margin_and_never_reuse_a_negative(
+    scores, n_pairs, min_diff, allow_neg, seed
+) -> None:
     pairs = pair_dpo(scores, n_pairs, allow_neg, min_diff, random.Random(seed))
     negatives = [n for _, n in pairs]
     assert len(negatives) == len(set(negatives))
@@ -88,16 +109,27 @@ def test_conversation_pair_prompt_is_the_shared_leading_turns() -> None:
 
 
 def test_trl_records_have_exactly_trl_columns() -> None:
-    view = GroupView([1.0, -1.0], "P:", ["good", "bad"],
-                     [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "good"}],
-                      [{"role": "user", "content": "q"}, {"role": "assistant", "content": "bad"}]])
+    view = GroupView(
+        [1.0, -1.0],
+        "P:",
+        ["good", "bad"],
+        [
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "good"}],
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "bad"}],
+        ],
+    )
     assert sft_records(view, [0], False, "trl") == [{"prompt": "P:", "completion": "good"}]
     assert set(sft_records(view, [0], True, "trl")[0]) == {"messages"}
-    assert dpo_records(view, [(0, 1)], False, "trl") == [{"prompt": "P:", "chosen": "good", "rejected": "bad"}]
+    assert dpo_records(view, [(0, 1)], False, "trl") == [
+        {"prompt": "P:", "chosen": "good", "rejected": "bad"}
+    ]
     assert set(dpo_records(view, [(0, 1)], True, "trl")[0]) == {"prompt", "chosen", "rejected"}
-    assert sft_records(view, [0], False, "atropos") == [{"prefix": "P:", "completion": "good", "score": 1.0}]
+    assert sft_records(view, [0], False, "atropos") == [
+        {"prefix": "P:", "completion": "good", "score": 1.0}
+    ]
     assert dpo_records(view, [(0, 1)], False, "atropos") == [
-        {"prefix": "P:", "pos": "good", "score": 1.0, "neg": "bad"}]
+        {"prefix": "P:", "pos": "good", "score": 1.0, "neg": "bad"}
+    ]
     assert set(dpo_records(view, [(0, 1)], True, "atropos")[0]) == {"pos", "score", "neg"}
 
 

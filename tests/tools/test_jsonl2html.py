@@ -27,7 +27,10 @@ def test_generate_html_defaults_to_stem_html_next_to_input(tmp_path: Path) -> No
 def test_string_and_nested_message_formats_render_with_roles_and_score_classes() -> None:
     group = {
         "messages": [
-            [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "**4**"}],
+            [
+                {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "**4**"},
+            ],
             "plain string rollout",
             [{"role": "assistant", "content": "zero"}],
         ],
@@ -59,20 +62,25 @@ def test_markdown_fenced_code_and_tables_render() -> None:
 
 
 def test_raw_html_and_javascript_links_in_rollouts_are_neutralised() -> None:
-    evil = '<script>alert(1)</script> [click](javascript:alert(2)) <img src=x onerror=alert(3)>'
+    evil = "<script>alert(1)</script> [click](javascript:alert(2)) <img src=x onerror=alert(3)>"
     block = create_html_for_group({"messages": [evil], "scores": [1]}, 0)
     assert "<script>" not in block and "&lt;script&gt;" in block
     assert "javascript:" not in block
     assert "<img" not in block
 
 
-def test_lines_without_messages_or_scores_and_malformed_json_are_skipped(tmp_path: Path, caplog) -> None:
-    src = _write_jsonl(tmp_path / "mixed.jsonl", [
-        {"messages": ["good one"], "scores": [1.0]},
-        "{not json",
-        {"tokens": [[1, 2]], "scores": [1.0]},
-        {"messages": ["second good"], "scores": [-1.0]},
-    ])
+def test_lines_without_messages_or_scores_and_malformed_json_are_skipped(
+    tmp_path: Path, caplog
+) -> None:
+    src = _write_jsonl(
+        tmp_path / "mixed.jsonl",
+        [
+            {"messages": ["good one"], "scores": [1.0]},
+            "{not json",
+            {"tokens": [[1, 2]], "scores": [1.0]},
+            {"messages": ["second good"], "scores": [-1.0]},
+        ],
+    )
     with caplog.at_level("WARNING"):
         page = Path(generate_html(str(src), str(tmp_path / "o" / "out.html"))).read_text()
     assert "Group 0" in page and "Group 1" in page and "Group 2" not in page
@@ -103,8 +111,18 @@ def test_module_runs_as_a_script_with_fire_style_flags(tmp_path: Path) -> None:
     src = _write_jsonl(tmp_path / "s.jsonl", [{"messages": ["via module"], "scores": [0.25]}])
     out = tmp_path / "custom.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "atroposlib.frontend.jsonl2html", "--input_path", str(src),
-         "--output_path", str(out)], capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "atroposlib.frontend.jsonl2html",
+            "--input_path",
+            str(src),
+            "--output_path",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert "via module" in out.read_text()

@@ -16,8 +16,16 @@ from atroposlib.frontend.api_client import ApiError, TrainerClient
 from tests.helpers.procs import PYTHON, free_port, start_process, stop_process
 
 KEY = "test-secret-key"  # the key of the keyed_api fixture
-REGISTRATION = {"wandb_group": "grp", "wandb_project": "proj", "batch_size": 4, "max_token_len": 512,
-                "checkpoint_dir": "c", "save_checkpoint_interval": 1, "starting_step": 3, "num_steps": 10}
+REGISTRATION = {
+    "wandb_group": "grp",
+    "wandb_project": "proj",
+    "batch_size": 4,
+    "max_token_len": 512,
+    "checkpoint_dir": "c",
+    "save_checkpoint_interval": 1,
+    "starting_step": 3,
+    "num_steps": 10,
+}
 
 
 @pytest.fixture
@@ -37,10 +45,15 @@ def _h(api: str) -> httpx.Client:
 
 def _group(n: int, score_hi: float = 1.0) -> dict:
     toks = [[65, 66, 67, 68 + i] for i in range(n)]
-    return {"tokens": toks, "masks": [[-100, -100, -100, t[-1]] for t in toks],
-            "scores": [score_hi] + [-1.0] * (n - 1),
-            "messages": [[{"role": "user", "content": "ABC"}, {"role": "assistant", "content": chr(68 + i)}]
-                         for i in range(n)]}
+    return {
+        "tokens": toks,
+        "masks": [[-100, -100, -100, t[-1]] for t in toks],
+        "scores": [score_hi] + [-1.0] * (n - 1),
+        "messages": [
+            [{"role": "user", "content": "ABC"}, {"role": "assistant", "content": chr(68 + i)}]
+            for i in range(n)
+        ],
+    }
 
 
 def test_client_without_key_gets_a_clear_401_message(api: str, monkeypatch) -> None:
@@ -68,22 +81,54 @@ def test_sft_gen_live_collects_from_batches(api: str, keyed, tmp_path: Path) -> 
     out = tmp_path / "sft.jsonl"
     with _h(api) as h:
         h.get("/reset_data")
-        proc = start_process([PYTHON, "-m", "atroposlib.cli.sft", str(out), "--api-url", api, "--save-messages",
-                              "--group-size", "2", "--tasks-per-step", "2", "--num-seqs-to-save", "2",
-                              "--format", "trl", "--poll-interval", "0.2", "--no-progress"],
-                             log_path=tmp_path / "sft.log")
+        proc = start_process(
+            [
+                PYTHON,
+                "-m",
+                "atroposlib.cli.sft",
+                str(out),
+                "--api-url",
+                api,
+                "--save-messages",
+                "--group-size",
+                "2",
+                "--tasks-per-step",
+                "2",
+                "--num-seqs-to-save",
+                "2",
+                "--format",
+                "trl",
+                "--poll-interval",
+                "0.2",
+                "--no-progress",
+            ],
+            log_path=tmp_path / "sft.log",
+        )
         try:
             deadline = time.monotonic() + 60
             while h.get("/info").json()["batch_size"] != 4:
                 assert proc.poll() is None, (tmp_path / "sft.log").read_text()
                 assert time.monotonic() < deadline, "sft-gen never registered"
                 time.sleep(0.2)
-            h.post("/scored_data_list", json=[_group(2), _group(2, score_hi=0.5)]).raise_for_status()
+            h.post(
+                "/scored_data_list", json=[_group(2), _group(2, score_hi=0.5)]
+            ).raise_for_status()
             assert proc.wait(timeout=60) == 0, (tmp_path / "sft.log").read_text()
         finally:
             stop_process(proc)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert rows == [{"messages": [{"role": "user", "content": "ABC"}, {"role": "assistant", "content": "D"}]}] * 2
+    assert (
+        rows
+        == [
+            {
+                "messages": [
+                    {"role": "user", "content": "ABC"},
+                    {"role": "assistant", "content": "D"},
+                ]
+            }
+        ]
+        * 2
+    )
 
 
 class _Health(BaseHTTPRequestHandler):
@@ -108,7 +153,9 @@ def test_watcher_logs_server_health_when_the_step_changes(api: str, keyed) -> No
             assert watcher_cli.wait_for_wandb_info(client, timeout=5)["project"] == "proj"
             urls = watcher_cli.health_urls(tp=4, host="127.0.0.1", base_port=base, gpus_per_node=8)
             assert len(urls) == 2
-            w = watcher_cli.Watcher(client, node_num=7, urls=urls, log=lambda m, s: logged.append((m, s)))
+            w = watcher_cli.Watcher(
+                client, node_num=7, urls=urls, log=lambda m, s: logged.append((m, s))
+            )
             assert w.tick() == 3  # starting_step=3 is a new step
             assert w.tick() is None  # unchanged step: nothing logged
             h.post("/scored_data_list", json=[_group(2), _group(2)]).raise_for_status()
@@ -121,14 +168,38 @@ def test_watcher_logs_server_health_when_the_step_changes(api: str, keyed) -> No
     assert logged == [(health, 3), (health, 4)]
 
 
-def test_watcher_cli_runs_with_wandb_disabled_and_fails_clearly_without_api(api: str, keyed, capsys) -> None:
+def test_watcher_cli_runs_with_wandb_disabled_and_fails_clearly_without_api(
+    api: str, keyed, capsys
+) -> None:
     with _h(api) as h:
         h.get("/reset_data")
         h.post("/register", json=REGISTRATION).raise_for_status()
-    assert watcher_cli.main(["--api_addr", api, "--tp", "8", "--node_num", "0", "--max-iterations", "1",
-                             "--base-port", str(free_port()), "--health-host", "127.0.0.1"]) == 0
+    assert (
+        watcher_cli.main(
+            [
+                "--api_addr",
+                api,
+                "--tp",
+                "8",
+                "--node_num",
+                "0",
+                "--max-iterations",
+                "1",
+                "--base-port",
+                str(free_port()),
+                "--health-host",
+                "127.0.0.1",
+            ]
+        )
+        == 0
+    )
     dead = f"http://127.0.0.1:{free_port()}"
-    assert watcher_cli.main(["--api_addr", dead, "--tp", "1", "--node_num", "0", "--wait-timeout", "0.5"]) == 1
+    assert (
+        watcher_cli.main(
+            ["--api_addr", dead, "--tp", "1", "--node_num", "0", "--wait-timeout", "0.5"]
+        )
+        == 1
+    )
     assert "no W&B project" in capsys.readouterr().err
     assert watcher_cli.main(["--api_addr", dead, "--tp", "0", "--node_num", "0"]) == 2
 

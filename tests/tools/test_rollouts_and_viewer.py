@@ -31,14 +31,17 @@ def test_token_spans_mark_trained_tokens_and_hide_placeholder_logprobs() -> None
     assert all(s.logprob is None for s in token_spans([1, 2], [1, 2], None, str))
 
 
-@pytest.mark.parametrize("scores, low, high, mode, expected", [
-    ([1.0, -1.0], 0.5, None, "any", True),
-    ([1.0, -1.0], 0.5, None, "all", False),
-    ([1.0, -1.0], -0.1, 0.1, "mean", True),
-    ([0.2, 0.3], None, 0.25, "any", True),
-    ([0.2, 0.3], None, None, "all", True),
-    ([], 0.0, None, "any", False),
-])
+@pytest.mark.parametrize(
+    "scores, low, high, mode, expected",
+    [
+        ([1.0, -1.0], 0.5, None, "any", True),
+        ([1.0, -1.0], 0.5, None, "all", False),
+        ([1.0, -1.0], -0.1, 0.1, "mean", True),
+        ([0.2, 0.3], None, 0.25, "any", True),
+        ([0.2, 0.3], None, None, "all", True),
+        ([], 0.0, None, "any", False),
+    ],
+)
 def test_score_in_range(scores, low, high, mode, expected) -> None:
     assert score_in_range(scores, low, high, mode) is expected
 
@@ -48,13 +51,16 @@ def test_score_in_range_rejects_unknown_mode() -> None:
         score_in_range([1.0], None, None, "median")
 
 
-@pytest.mark.parametrize("group, message", [
-    ([1, 2], "expected a JSON object"),
-    ({"tokens": [[1]]}, "'scores' is missing"),
-    ({"scores": [1.0, "x"], "tokens": [[1]]}, "scores[1] is not a number"),
-    ({"scores": [1.0]}, "needs 'tokens' or 'messages'"),
-    ({"scores": [1.0], "tokens": "abc"}, "'tokens' must be a list"),
-])
+@pytest.mark.parametrize(
+    "group, message",
+    [
+        ([1, 2], "expected a JSON object"),
+        ({"tokens": [[1]]}, "'scores' is missing"),
+        ({"scores": [1.0, "x"], "tokens": [[1]]}, "scores[1] is not a number"),
+        ({"scores": [1.0]}, "needs 'tokens' or 'messages'"),
+        ({"scores": [1.0], "tokens": "abc"}, "'tokens' must be a list"),
+    ],
+)
 def test_check_group_names_the_problem(group, message) -> None:
     with pytest.raises(RolloutFileError, match=re.escape(message)):
         check_group(group, "f.jsonl:1")
@@ -71,12 +77,20 @@ def test_iter_groups_reports_line_numbers(tmp_path: Path) -> None:
 
 def test_index_filters_by_env_score_and_text_and_reloads_groups(tmp_path: Path) -> None:
     a = tmp_path / "alpha.jsonl"
-    a.write_text("\n".join(json.dumps(g) for g in [
-        {"scores": [1.0, 0.0], "messages": ["Paris is nice", "no"]},
-        {"scores": [-1.0, -1.0], "messages": ["wrong", "also wrong"], "env_id": 3},
-    ]) + "\n")
+    a.write_text(
+        "\n".join(
+            json.dumps(g)
+            for g in [
+                {"scores": [1.0, 0.0], "messages": ["Paris is nice", "no"]},
+                {"scores": [-1.0, -1.0], "messages": ["wrong", "also wrong"], "env_id": 3},
+            ]
+        )
+        + "\n"
+    )
     b = tmp_path / "beta.jsonl"
-    b.write_text(json.dumps({"scores": [0.5], "messages": [[{"role": "user", "content": "PARIS?"}]]}) + "\n")
+    b.write_text(
+        json.dumps({"scores": [0.5], "messages": [[{"role": "user", "content": "PARIS?"}]]}) + "\n"
+    )
     index = RolloutIndex.build([a, b])
     assert len(index) == 3
     assert index.envs() == ["alpha", "beta", "env_id=3"]
@@ -99,9 +113,13 @@ def test_index_refuses_empty_and_malformed_files(tmp_path: Path) -> None:
 
 
 def test_group_html_escapes_text_and_shows_scores_and_token_stats() -> None:
-    group = {"scores": [1.0, -0.5], "tokens": [[1, 2, 3], [1, 2]], "masks": [[-100, 2, 3], [-100, 2]],
-             "inference_logprobs": [[1.0, -1.0, -3.0], [1.0, -0.5]],
-             "messages": ["<script>x()</script>", [{"role": "assistant", "content": "ok"}]]}
+    group = {
+        "scores": [1.0, -0.5],
+        "tokens": [[1, 2, 3], [1, 2]],
+        "masks": [[-100, 2, 3], [-100, 2]],
+        "inference_logprobs": [[1.0, -1.0, -3.0], [1.0, -0.5]],
+        "messages": ["<script>x()</script>", [{"role": "assistant", "content": "ok"}]],
+    }
     out = render_group_html(group, lambda t: "&" if t == 3 else f"t{t}", title="env · line 1")
     assert "<script>" not in out and "&lt;script&gt;x()&lt;/script&gt;" in out
     assert "Rollout 0 · score 1 · 2/3 tokens trained · mean logprob -2" in out
@@ -127,7 +145,10 @@ def test_multimodal_image_from_images_field_or_text_and_text_prompt() -> None:
     assert group_image({"images": [b64]}).size == (3, 2)
     assert group_image({}, f"look: data:image/png;base64,{b64} done").size == (3, 2)
     assert group_image({}, "no image here") is None
-    assert extract_text_prompt('[{"type": "text", "text": "How many \\"apples\\"?"}]') == 'How many "apples"?'
+    assert (
+        extract_text_prompt('[{"type": "text", "text": "How many \\"apples\\"?"}]')
+        == 'How many "apples"?'
+    )
     assert extract_text_prompt("<img> [Image] What colour?") == "What colour?"
     assert render_group_html({"scores": [1.0], "images": [b64]}, None).count("<img") == 1
     assert "<img" not in render_group_html({"scores": [1.0], "images": ['"><script>']}, None)
@@ -137,8 +158,12 @@ def test_live_group_fields_split_prefix_and_pad_boxes(tokenizer) -> None:
     from atroposlib.frontend.viewer import live_group_fields
 
     p = tokenizer.encode("Q: hi A: ", add_special_tokens=False)
-    group = {"tokens": [p + tokenizer.encode(c, add_special_tokens=False) for c in ("yes", "no", "maybe")],
-             "scores": [1.0, -1.0, 0.0]}
+    group = {
+        "tokens": [
+            p + tokenizer.encode(c, add_special_tokens=False) for c in ("yes", "no", "maybe")
+        ],
+        "scores": [1.0, -1.0, 0.0],
+    }
     prefix, outs, scores = live_group_fields(group, tokenizer, 2)
     assert prefix == "Q: hi A: " and outs == ["yes", "no"] and scores == ["1.0", "-1.0"]
     _, outs, scores = live_group_fields(group, tokenizer, 4)
@@ -151,13 +176,22 @@ def test_live_outputs_multimodal_adds_image_and_text_prompt(tokenizer) -> None:
     b64 = _png_b64()
     prompt = '[{"type": "text", "text": "Count the squares"}] '
     p = tokenizer.encode(prompt, add_special_tokens=False)
-    group = {"tokens": [p + tokenizer.encode(c, add_special_tokens=False) for c in ("3", "4")],
-             "scores": [1.0, -1.0], "images": [f"data:image/png;base64,{b64}"], "env_id": 2}
-    image, text, prefix, out0, out1, s0, s1, status = live_outputs([group, group], tokenizer, 2, multimodal=True)
+    group = {
+        "tokens": [p + tokenizer.encode(c, add_special_tokens=False) for c in ("3", "4")],
+        "scores": [1.0, -1.0],
+        "images": [f"data:image/png;base64,{b64}"],
+        "env_id": 2,
+    }
+    image, text, prefix, out0, out1, s0, s1, status = live_outputs(
+        [group, group], tokenizer, 2, multimodal=True
+    )
     assert image.size == (3, 2) and text == "Count the squares"
     assert (prefix, out0, out1, s0, s1) == (prompt, "3", "4", "1.0", "-1.0")
     assert status == "Batch of 2 groups; showing the first (2 rollouts, env_id=2)."
-    assert live_outputs(None, tokenizer, 2, poll_timeout=5)[-1] == "No batch arrived within 5 s; press again to keep waiting."
+    assert (
+        live_outputs(None, tokenizer, 2, poll_timeout=5)[-1]
+        == "No batch arrived within 5 s; press again to keep waiting."
+    )
     assert live_outputs(None, tokenizer, 1, multimodal=True)[:2] == [None, ""]
 
 
@@ -186,11 +220,19 @@ def test_loads_line_accepts_what_python_json_writes() -> None:
 def test_group_html_shows_shared_turns_once_and_folds_shared_prompt_tokens() -> None:
     from atroposlib.frontend.viewer import shared_masked_prefix, shared_turns
 
-    prompt = [{"role": "system", "content": "SYSTEM-PROMPT"}, {"role": "user", "content": "QUESTION"}]
-    group = {"scores": [1.0, 0.0],
-             "messages": [prompt + [{"role": "assistant", "content": "yes"}],
-                          prompt + [{"role": "assistant", "content": "no"}]],
-             "tokens": [[7, 8, 9, 1], [7, 8, 9, 2, 3]], "masks": [[-100, -100, -100, 1], [-100, -100, -100, 2, 3]]}
+    prompt = [
+        {"role": "system", "content": "SYSTEM-PROMPT"},
+        {"role": "user", "content": "QUESTION"},
+    ]
+    group = {
+        "scores": [1.0, 0.0],
+        "messages": [
+            prompt + [{"role": "assistant", "content": "yes"}],
+            prompt + [{"role": "assistant", "content": "no"}],
+        ],
+        "tokens": [[7, 8, 9, 1], [7, 8, 9, 2, 3]],
+        "masks": [[-100, -100, -100, 1], [-100, -100, -100, 2, 3]],
+    }
     assert shared_turns(group["messages"]) == 2
     assert shared_masked_prefix(group["tokens"], group["masks"]) == 3
     out = render_group_html(group, None)

@@ -13,10 +13,21 @@ import pytest
 
 from tests.helpers.procs import PYTHON, free_port, start_process, stop_process, wait_http
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=15000", "--window-size=1280,1400"]
+CHROMIUM = shutil.which("chromium") or (
+    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+)
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=15000",
+    "--window-size=1280,1400",
+]
 
 
 def _visible_text(dom: str) -> str:
@@ -28,38 +39,106 @@ def _visible_text(dom: str) -> str:
 def _tokenized(tokenizer, prompt: str, completions: list[str], scores: list[float]) -> dict:
     p = tokenizer.encode(prompt, add_special_tokens=False)
     toks = [p + tokenizer.encode(c, add_special_tokens=False) for c in completions]
-    return {"tokens": toks, "masks": [[-100] * len(p) + t[len(p):] for t in toks], "scores": scores}
+    return {
+        "tokens": toks,
+        "masks": [[-100] * len(p) + t[len(p) :] for t in toks],
+        "scores": scores,
+    }
 
 
 @pytest.fixture(scope="module")
-def viewers(tmp_path_factory, make_group, write_jsonl, tokenizer, tokenizer_dir, keyed_api, api_key):
+def viewers(
+    tmp_path_factory, make_group, write_jsonl, tokenizer, tokenizer_dir, keyed_api, api_key
+):
     """Two view-run processes started side by side (their Gradio start-up overlaps):
     ``--file`` over two rollouts files, and live mode against a keyed run-api that
     already holds one queued group.
     """
     d = tmp_path_factory.mktemp("viewrun")
-    math = write_jsonl(d / "math.jsonl", [
-        make_group("Q: two plus two? A: ", ["the answer is four", "five <b>bold</b>"], [0.75, -1.0]),
-        make_group("Q: three plus three? A: ", ["six", "seven"], [1.0, 0.0]),
-    ])
-    code = write_jsonl(d / "code.jsonl", [make_group("Write hello: ", ["print('hello')", "echo"], [0.5, 0.25])])
+    math = write_jsonl(
+        d / "math.jsonl",
+        [
+            make_group(
+                "Q: two plus two? A: ", ["the answer is four", "five <b>bold</b>"], [0.75, -1.0]
+            ),
+            make_group("Q: three plus three? A: ", ["six", "seven"], [1.0, 0.0]),
+        ],
+    )
+    code = write_jsonl(
+        d / "code.jsonl", [make_group("Write hello: ", ["print('hello')", "echo"], [0.5, 0.25])]
+    )
     file_port, live_port, mm_port = free_port(), free_port(), free_port()
-    with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
+    with httpx.Client(
+        base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}
+    ) as h:
         h.get("/reset_data").raise_for_status()
-        h.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 4,
-                                  "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
-                                  "starting_step": 0, "num_steps": 10}).raise_for_status()
-        h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
-               ).raise_for_status()
+        h.post(
+            "/register",
+            json={
+                "wandb_group": "g",
+                "wandb_project": "p",
+                "batch_size": 4,
+                "max_token_len": 512,
+                "checkpoint_dir": "c",
+                "save_checkpoint_interval": 1,
+                "starting_step": 0,
+                "num_steps": 10,
+            },
+        ).raise_for_status()
+        h.post(
+            "/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["2", "3"], [1.0, -1.0])
+        ).raise_for_status()
     procs = [
-        start_process([PYTHON, "-m", "atroposlib.cli.view_run", "--file", str(math), "--file", str(code),
-                       "--tokenizer", str(tokenizer_dir), "--port", str(file_port)], log_path=d / "file.log"),
-        start_process([PYTHON, "-m", "atroposlib.cli.view_run", "--api-url", keyed_api,
-                       "--tokenizer", str(tokenizer_dir), "--port", str(live_port), "--poll-timeout", "20"],
-                      log_path=d / "live.log", env={"ATROPOS_API_KEY": api_key}),
-        start_process([PYTHON, "-m", "atroposlib.cli.view_run_multimodal", "--api-url", keyed_api,
-                       "--tokenizer", str(tokenizer_dir), "--port", str(mm_port), "--poll-timeout", "20"],
-                      log_path=d / "multimodal.log", env={"ATROPOS_API_KEY": api_key}),
+        start_process(
+            [
+                PYTHON,
+                "-m",
+                "atroposlib.cli.view_run",
+                "--file",
+                str(math),
+                "--file",
+                str(code),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--port",
+                str(file_port),
+            ],
+            log_path=d / "file.log",
+        ),
+        start_process(
+            [
+                PYTHON,
+                "-m",
+                "atroposlib.cli.view_run",
+                "--api-url",
+                keyed_api,
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--port",
+                str(live_port),
+                "--poll-timeout",
+                "20",
+            ],
+            log_path=d / "live.log",
+            env={"ATROPOS_API_KEY": api_key},
+        ),
+        start_process(
+            [
+                PYTHON,
+                "-m",
+                "atroposlib.cli.view_run_multimodal",
+                "--api-url",
+                keyed_api,
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--port",
+                str(mm_port),
+                "--poll-timeout",
+                "20",
+            ],
+            log_path=d / "multimodal.log",
+            env={"ATROPOS_API_KEY": api_key},
+        ),
     ]
     try:
         ports, logs = (file_port, live_port, mm_port), ("file.log", "live.log", "multimodal.log")
@@ -69,20 +148,37 @@ def viewers(tmp_path_factory, make_group, write_jsonl, tokenizer, tokenizer_dir,
             except (TimeoutError, RuntimeError):
                 print((d / log).read_text(errors="replace")[-4000:])
                 raise
-        yield {"file": f"http://127.0.0.1:{file_port}/", "live": f"http://127.0.0.1:{live_port}/",
-               "multimodal": f"http://127.0.0.1:{mm_port}/", "dir": d}
+        yield {
+            "file": f"http://127.0.0.1:{file_port}/",
+            "live": f"http://127.0.0.1:{live_port}/",
+            "multimodal": f"http://127.0.0.1:{mm_port}/",
+            "dir": d,
+        }
     finally:
         for proc in procs:
             stop_process(proc)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (the Makefile / .ci/run installs it with apt)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium not installed (the Makefile / .ci/run installs it with apt)"
+)
 def test_file_mode_page_shows_group_text_and_score_in_chromium(viewers) -> None:
     url, d = viewers["file"], viewers["dir"]
     shot = d / "view.png"
     # One headless run writes both the screenshot and the DOM after scripts ran.
-    dom = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={d / 'chrome'}", f"--screenshot={shot}",
-                          "--dump-dom", url], capture_output=True, text=True, timeout=90).stdout
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={d / 'chrome'}",
+            f"--screenshot={shot}",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    ).stdout
     text = _visible_text(dom)
     assert "user: Q: two plus two? A:" in text
     assert "assistant: the answer is four" in text
@@ -108,7 +204,9 @@ def test_file_mode_filters_and_navigation_via_gradio_client(viewers) -> None:
     assert "print(&#x27;hello&#x27;)" in body
     _, status, body = client.predict("(all environments)", "0.9", "", "any", "", api_name="/search")
     assert "Group 1 of 1 matching" in status and "three plus three" in body
-    _, status, body = client.predict("(all environments)", "", "", "any", "FOUR", api_name="/search")
+    _, status, body = client.predict(
+        "(all environments)", "", "", "any", "FOUR", api_name="/search"
+    )
     assert "Group 1 of 1 matching" in status and "the answer is four" in body
     _, status, _ = client.predict("(all environments)", "0.3", "0.6", "all", "", api_name="/search")
     assert "No group matches" in status
@@ -125,11 +223,14 @@ def test_file_mode_filters_and_navigation_via_gradio_client(viewers) -> None:
         client.predict("(all environments)", "abc", "", "any", "", api_name="/search")
 
 
-def test_bad_file_input_and_unreachable_api_exit_with_a_message(tmp_path: Path, write_jsonl, port: int,
-                                                                tokenizer_dir: Path, capsys) -> None:
+def test_bad_file_input_and_unreachable_api_exit_with_a_message(
+    tmp_path: Path, write_jsonl, port: int, tokenizer_dir: Path, capsys
+) -> None:
     from atroposlib.cli import view_run
 
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"scores": [1.0], "messages": ["ok"]}, '["not", "a group"]'])
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl", [{"scores": [1.0], "messages": ["ok"]}, '["not", "a group"]']
+    )
     assert view_run.main(["--file", str(bad), "--port", str(port)]) == 2
     assert "bad.jsonl:2: expected a JSON object" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
@@ -141,18 +242,27 @@ def test_bad_file_input_and_unreachable_api_exit_with_a_message(tmp_path: Path, 
     assert view_run.main(["--tokenizer", str(tmp_path), "--port", str(port)]) == 2
     assert "cannot load tokenizer" in capsys.readouterr().err
     unreachable = f"http://127.0.0.1:{free_port()}"
-    assert view_run.main(["--api-url", unreachable, "--tokenizer", str(tokenizer_dir), "--port", str(port)]) == 1
+    assert (
+        view_run.main(
+            ["--api-url", unreachable, "--tokenizer", str(tokenizer_dir), "--port", str(port)]
+        )
+        == 1
+    )
     assert f"cannot reach the rollout API at {unreachable}" in capsys.readouterr().err
 
 
 def test_live_mode_shows_first_group_of_next_batch_without_resetting_the_api(
-        viewers, tokenizer, keyed_api: str, api_key: str) -> None:
+    viewers, tokenizer, keyed_api: str, api_key: str
+) -> None:
     from gradio_client import Client
 
-    with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
+    with httpx.Client(
+        base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}
+    ) as h:
         assert h.get("/status").json()["queue_size"] == 1  # view-run did not wipe the queue
-        h.post("/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
-               ).raise_for_status()
+        h.post(
+            "/scored_data", json=_tokenized(tokenizer, "Q: 1+1? A: ", ["two", "11"], [0.5, 0.0])
+        ).raise_for_status()
     client = Client(viewers["live"], verbose=False)
     prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
     assert prefix == "Q: 1+1? A: "
@@ -161,7 +271,9 @@ def test_live_mode_shows_first_group_of_next_batch_without_resetting_the_api(
     assert "Batch of 2 groups" in status
 
 
-def test_multimodal_live_mode_shows_image_and_text_prompt(viewers, tokenizer, keyed_api: str, api_key: str) -> None:
+def test_multimodal_live_mode_shows_image_and_text_prompt(
+    viewers, tokenizer, keyed_api: str, api_key: str
+) -> None:
     import base64
     import io
 
@@ -172,13 +284,19 @@ def test_multimodal_live_mode_shows_image_and_text_prompt(viewers, tokenizer, ke
     Image.new("RGB", (5, 4), (0, 128, 255)).save(buf, format="PNG")
     image = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     prompt = '[{"type": "text", "text": "How many squares?"}] '
-    groups = [dict(_tokenized(tokenizer, prompt, ["one", "three"], [1.0, -1.0]), images=[image])] * 3
-    with httpx.Client(base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}) as h:
+    groups = [
+        dict(_tokenized(tokenizer, prompt, ["one", "three"], [1.0, -1.0]), images=[image])
+    ] * 3
+    with httpx.Client(
+        base_url=keyed_api, timeout=10, headers={"Authorization": f"Bearer {api_key}"}
+    ) as h:
         h.post("/scored_data_list", json=groups).raise_for_status()
     client = Client(viewers["multimodal"], verbose=False)
     # A group left queued by the live-mode test (when run alone) may come first.
     for _ in range(2):
-        picture, text, prefix, out0, out1, score0, score1, status = client.predict(api_name="/grab_next_batch")
+        picture, text, prefix, out0, out1, score0, score1, status = client.predict(
+            api_name="/grab_next_batch"
+        )
         if picture is not None:
             break
     assert picture is not None, status

@@ -8,15 +8,24 @@ from typing import Any, Dict, List
 import pytest
 
 
-def make_batch(tokenizer: Any, n_groups: int = 2, group_size: int = 4, seed: int = 0,
-               with_logprobs: bool = False) -> List[Dict[str, Any]]:
+def make_batch(
+    tokenizer: Any,
+    n_groups: int = 2,
+    group_size: int = 4,
+    seed: int = 0,
+    with_logprobs: bool = False,
+) -> List[Dict[str, Any]]:
     """A /batch-shaped list of groups of chat-formatted arithmetic answers."""
     rng = random.Random(seed)
     groups = []
     for _ in range(n_groups):
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"{a}+{b}="}], tokenize=True,
-                                               add_generation_prompt=True, return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{a}+{b}="}],
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+        )
         tokens, masks, scores, lps = [], [], [], []
         for _ in range(group_size):
             guess = rng.randint(0, 18)

@@ -15,18 +15,31 @@ from tests.trainer.conftest import make_batch
 
 
 def _config(model_dir, save_path, **kw) -> TrainingConfig:
-    return TrainingConfig(model_name=str(model_dir), save_path=str(save_path), device="cpu", optimizer="adamw",
-                          lr=1e-3, batch_size=4, gradient_accumulation_steps=2, pad_to_multiple=8,
-                          progress=False, **kw)
+    return TrainingConfig(
+        model_name=str(model_dir),
+        save_path=str(save_path),
+        device="cpu",
+        optimizer="adamw",
+        lr=1e-3,
+        batch_size=4,
+        gradient_accumulation_steps=2,
+        pad_to_multiple=8,
+        progress=False,
+        **kw,
+    )
 
 
-def test_train_step_changes_weights_and_reports_finite_loss(tiny_model_dir, tiny_tokenizer, tmp_path):
+def test_train_step_changes_weights_and_reports_finite_loss(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
     trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path))
     before = [p.detach().clone() for p in trainer.model.parameters()]
     m = trainer.train_on_batch(make_batch(tiny_tokenizer, with_logprobs=True))
     assert torch.isfinite(torch.tensor(m["train/loss"]))
     assert m["train/tokens_per_second"] > 0 and m["train/num_tokens"] > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=False))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=False)
+    )
 
 
 def test_resume_restores_step_weights_and_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
@@ -67,7 +80,9 @@ def test_kl_reference_model_is_frozen_copy(tiny_model_dir, tiny_tokenizer, tmp_p
     ref_before = [p.clone() for p in trainer.ref_model.parameters()]
     m = trainer.train_on_batch(make_batch(tiny_tokenizer))
     assert "train/kl" in m
-    assert all(torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters(), strict=False))
+    assert all(
+        torch.equal(a, b) for a, b in zip(ref_before, trainer.ref_model.parameters(), strict=False)
+    )
 
 
 def test_wandb_offline_logging_works_without_a_key(tmp_path, monkeypatch):
@@ -76,7 +91,9 @@ def test_wandb_offline_logging_works_without_a_key(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    writer = MetricsWriter(TrainingConfig(model_name="m", use_wandb=True, wandb_project="p", save_path=str(tmp_path)))
+    writer = MetricsWriter(
+        TrainingConfig(model_name="m", use_wandb=True, wandb_project="p", save_path=str(tmp_path))
+    )
     writer.log({"train/loss": 0.5, "grpo/mean_ratio": 1.0}, step=1)
     writer.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))

@@ -28,18 +28,48 @@ def test_every_spec_flag_exists():
 
 def test_defaults_match_original():
     c = config_from_args(["--model-name", "m"])
-    assert (c.lr, c.training_steps, c.batch_size, c.seq_len, c.gradient_accumulation_steps) == (1e-5, 10, 2, 2048, 32)
-    assert (c.clip_eps, c.checkpoint_interval, c.warmup_steps, c.optimizer) == (0.2, 3, 0, "adamw_8bit")
-    assert (c.kl_coef, c.weight_bridge_mode, c.atropos_url, c.vllm_port) == (0.0, "none", "http://localhost:8000", 9001)
+    assert (c.lr, c.training_steps, c.batch_size, c.seq_len, c.gradient_accumulation_steps) == (
+        1e-5,
+        10,
+        2,
+        2048,
+        32,
+    )
+    assert (c.clip_eps, c.checkpoint_interval, c.warmup_steps, c.optimizer) == (
+        0.2,
+        3,
+        0,
+        "adamw_8bit",
+    )
+    assert (c.kl_coef, c.weight_bridge_mode, c.atropos_url, c.vllm_port) == (
+        0.0,
+        "none",
+        "http://localhost:8000",
+        9001,
+    )
     assert c.lora_target_modules == ["q_proj", "v_proj"]
     assert c.api_batch_size == 64
 
 
 def test_flags_are_parsed_into_config():
-    c = config_from_args([
-        "--model-name", "m", "--lr", "3e-4", "--use-wandb", "--resume", "false", "--train-layer-indices", "0", "1",
-        "--weight-bridge-mode", "http_reload", "--atropos-url", "http://127.0.0.1:1234/",
-    ])
+    c = config_from_args(
+        [
+            "--model-name",
+            "m",
+            "--lr",
+            "3e-4",
+            "--use-wandb",
+            "--resume",
+            "false",
+            "--train-layer-indices",
+            "0",
+            "1",
+            "--weight-bridge-mode",
+            "http_reload",
+            "--atropos-url",
+            "http://127.0.0.1:1234/",
+        ]
+    )
     assert c.lr == 3e-4 and c.use_wandb is True and c.resume is False
     assert c.train_layer_indices == [0, 1]
     assert c.weight_bridge_mode == "http_reload"
@@ -66,8 +96,12 @@ def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
 
 
 def test_console_entry_exits_2_on_unknown_flag():
-    proc = subprocess.run([sys.executable, "-m", "example_trainer.grpo", "--model-name", "m", "--bogus"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "example_trainer.grpo", "--model-name", "m", "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "unrecognized arguments: --bogus" in proc.stderr
     assert "Traceback" not in proc.stderr

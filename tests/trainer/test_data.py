@@ -19,7 +19,12 @@ from example_trainer.data import (
 def _group(n=2, length=6, scores=None, **extra):
     tokens = [[10 + i + j for j in range(length)] for i in range(n)]
     masks = [[IGNORE_INDEX] * 3 + t[3:] for t in tokens]
-    return {"tokens": tokens, "masks": masks, "scores": scores or [float(i) for i in range(n)], **extra}
+    return {
+        "tokens": tokens,
+        "masks": masks,
+        "scores": scores or [float(i) for i in range(n)],
+        **extra,
+    }
 
 
 def test_inputs_drop_last_token_and_labels_are_masks_shifted_by_one():
@@ -71,8 +76,12 @@ def test_temperature_priority():
 
 def test_inference_logprobs_aligned_to_labels_and_padded_with_one():
     lp = [[1.0, 1.0, 1.0, -0.3, -0.4, -0.5]]
-    mb = pad_data_to_good_offset([_group(n=1, scores=[1.0], inference_logprobs=lp)], 4, pad_to_multiple=8)[0]
-    assert mb.inference_logprobs[0].tolist() == pytest.approx([1.0, 1.0, -0.3, -0.4, -0.5, 1.0, 1.0, 1.0])
+    mb = pad_data_to_good_offset(
+        [_group(n=1, scores=[1.0], inference_logprobs=lp)], 4, pad_to_multiple=8
+    )[0]
+    assert mb.inference_logprobs[0].tolist() == pytest.approx(
+        [1.0, 1.0, -0.3, -0.4, -0.5, 1.0, 1.0, 1.0]
+    )
 
 
 def test_missing_inference_logprobs_gives_none():
@@ -97,7 +106,8 @@ def test_mismatched_group_lengths_raise_clear_error():
 
 
 def test_padding_uses_pad_token_and_max_len_truncates():
-    mb = pad_data_to_good_offset([_group(n=1, length=10, scores=[1.0])], 1, pad_token_id=7,
-                                 pad_to_multiple=64, max_len=12)[0]
+    mb = pad_data_to_good_offset(
+        [_group(n=1, length=10, scores=[1.0])], 1, pad_token_id=7, pad_to_multiple=64, max_len=12
+    )[0]
     assert mb.input_ids.shape == (1, 12)
     assert mb.input_ids[0, 9:].tolist() == [7, 7, 7]

@@ -20,9 +20,24 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TRAINER_ARGS = ["--batch-size", "16", "--gradient-accumulation-steps", "1", "--lr", "1e-3",
-                "--optimizer", "adamw", "--vllm-restart-interval", "1", "--batch-poll-interval", "0.2",
-                "--pad-to-multiple", "8", "--checkpoint-interval", "2"]
+TRAINER_ARGS = [
+    "--batch-size",
+    "16",
+    "--gradient-accumulation-steps",
+    "1",
+    "--lr",
+    "1e-3",
+    "--optimizer",
+    "adamw",
+    "--vllm-restart-interval",
+    "1",
+    "--batch-poll-interval",
+    "0.2",
+    "--pad-to-multiple",
+    "8",
+    "--checkpoint-interval",
+    "2",
+]
 
 
 def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
@@ -33,7 +48,12 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
         "inference_port": 0,
         "envs": ["environments/arithmetic_server.py"],
         # A random-init model rarely scores; keep all-equal groups so batches form quickly.
-        "env_args": ["--env.ensure_scores_are_not_same", "false", "--env.max_batches_offpolicy", "2"],
+        "env_args": [
+            "--env.ensure_scores_are_not_same",
+            "false",
+            "--env.max_batches_offpolicy",
+            "2",
+        ],
         "trainer": {"training_steps": steps},
         "trainer_args": TRAINER_ARGS,
         "startup_timeout": 120,
@@ -49,10 +69,18 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
 
 def test_one_command_run_trains_syncs_weights_and_writes_summary(tmp_path):
     config = _write_config(tmp_path, steps=3, with_eval=True)
-    proc = subprocess.run([sys.executable, "-m", "example_trainer.run", "--config", str(config)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=170)
+    proc = subprocess.run(
+        [sys.executable, "-m", "example_trainer.run", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     run_dir = tmp_path / "run"
-    logs = "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in (run_dir / "logs").glob("*.log"))
+    logs = "\n".join(
+        f"== {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+        for p in (run_dir / "logs").glob("*.log")
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:] + logs
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -72,7 +100,9 @@ def test_one_command_run_trains_syncs_weights_and_writes_summary(tmp_path):
         assert (run_dir / "logs" / f"{name}.log").exists()
 
 
-def _descendants_when_ready(runner: psutil.Process, names: int, timeout: float) -> list[psutil.Process]:
+def _descendants_when_ready(
+    runner: psutil.Process, names: int, timeout: float
+) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         kids = runner.children(recursive=True)
@@ -86,8 +116,13 @@ def _descendants_when_ready(runner: psutil.Process, names: int, timeout: float) 
 def test_killing_the_runner_leaves_no_child_processes(tmp_path, sig, n_children):
     """SIGKILL (no cleanup possible: the kernel's parent-death signal) and SIGTERM (clean shutdown)."""
     config = _write_config(tmp_path, steps=1000, with_eval=False)
-    runner = subprocess.Popen([sys.executable, "-m", "example_trainer.run", "--config", str(config)], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "example_trainer.run", "--config", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     kids: list[psutil.Process] = []
     try:
         kids = _descendants_when_ready(psutil.Process(runner.pid), n_children, timeout=90)

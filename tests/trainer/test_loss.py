@@ -91,11 +91,15 @@ def test_positive_advantage_is_clipped_above_one_plus_eps():
 def test_negative_advantage_is_clipped_below_one_minus_eps_but_not_above():
     logits, labels = _setup()
     lp = token_logprobs(logits, labels).detach()
-    low = compute_grpo_loss(logits, labels, -torch.ones(2, 5), inference_logprobs=lp - math.log(0.5))
+    low = compute_grpo_loss(
+        logits, labels, -torch.ones(2, 5), inference_logprobs=lp - math.log(0.5)
+    )
     low.loss.backward()
     assert torch.allclose(logits.grad, torch.zeros_like(logits.grad))  # ratio 0.5 < 0.8: clipped
     logits.grad = None
-    high = compute_grpo_loss(logits, labels, -torch.ones(2, 5), inference_logprobs=lp - math.log(1.5))
+    high = compute_grpo_loss(
+        logits, labels, -torch.ones(2, 5), inference_logprobs=lp - math.log(1.5)
+    )
     high.loss.backward()
     # Pessimistic: a harmful ratio above 1+eps is not clipped, so the loss is 1.5 and there is gradient.
     assert high.loss.item() == pytest.approx(1.5, abs=1e-4)

@@ -24,13 +24,17 @@ def test_demo_config_is_valid_and_uses_http_reload_on_arithmetic():
     assert cfg.weight_bridge_mode == "http_reload"
     assert cfg.envs == ["environments/arithmetic_server.py"]
     assert cfg.warmup is not None and cfg.eval is not None
-    assert callable(load_function(cfg.warmup.examples)) and callable(load_function(cfg.eval.function))
+    assert callable(load_function(cfg.warmup.examples)) and callable(
+        load_function(cfg.eval.function)
+    )
 
 
 def test_flags_override_yaml_and_trainer_args_pass_through(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"model": "tiny", "trainer": {"lr": 0.01, "training_steps": 5}}))
-    cfg = config_from_args(["--config", str(path), "--training-steps", "7", "--no-warmup", "--", "--clip-eps", "0.1"])
+    cfg = config_from_args(
+        ["--config", str(path), "--training-steps", "7", "--no-warmup", "--", "--clip-eps", "0.1"]
+    )
     assert cfg.trainer == {"lr": 0.01, "training_steps": 7}
     assert cfg.trainer_args == ["--clip-eps", "0.1"]
     assert cfg.warmup is None

@@ -70,8 +70,12 @@ def fake_server():
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir, tmp_path_factory):
-    cfg = TrainingConfig(model_name=str(tiny_model_dir), device="cpu", progress=False,
-                         save_path=str(tmp_path_factory.mktemp("ckpt")))
+    cfg = TrainingConfig(
+        model_name=str(tiny_model_dir),
+        device="cpu",
+        progress=False,
+        save_path=str(tmp_path_factory.mktemp("ckpt")),
+    )
     model, tok = setup_model(cfg)
     return cfg, model, tok
 
@@ -83,8 +87,12 @@ def _cfg(base: TrainingConfig, **kw) -> TrainingConfig:
 def test_http_reload_posts_saved_weights_dir_and_tracks_version(fake_server, tiny):
     cfg, model, tok = tiny
     versions = iter(range(1, 10))
-    srv = fake_server(lambda m, p, b: (200, {"status": "ok"} if p == "/health" else {"version": next(versions)}))
-    sync = HttpReloadSync(_cfg(cfg, inference_url=srv.url, weight_bridge_mode="http_reload"), model, tok)
+    srv = fake_server(
+        lambda m, p, b: (200, {"status": "ok"} if p == "/health" else {"version": next(versions)})
+    )
+    sync = HttpReloadSync(
+        _cfg(cfg, inference_url=srv.url, weight_bridge_mode="http_reload"), model, tok
+    )
     sync.start()
     sync.sync(1)
     sync.sync(2)
@@ -93,7 +101,9 @@ def test_http_reload_posts_saved_weights_dir_and_tracks_version(fake_server, tin
     assert sync.last_version == 2
     from pathlib import Path
 
-    assert (Path(posted[1]) / "config.json").exists() and not Path(posted[0]).exists()  # old dir cleaned
+    assert (Path(posted[1]) / "config.json").exists() and not Path(
+        posted[0]
+    ).exists()  # old dir cleaned
 
 
 def test_http_reload_fails_when_version_does_not_advance(fake_server, tiny):
@@ -122,7 +132,9 @@ def test_http_reload_times_out_instead_of_hanging(fake_server, tiny):
 
 def test_http_reload_reports_unreachable_server_and_error_status(fake_server, tiny):
     cfg, model, tok = tiny
-    sync = HttpReloadSync(_cfg(cfg, inference_url=f"http://127.0.0.1:{free_port()}", sync_timeout=2), model, tok)
+    sync = HttpReloadSync(
+        _cfg(cfg, inference_url=f"http://127.0.0.1:{free_port()}", sync_timeout=2), model, tok
+    )
     with pytest.raises(WeightSyncError, match="not reachable"):
         sync.start()
     srv = fake_server(lambda m, p, b: (400, {"error": {"message": "bad path"}}))
@@ -131,9 +143,18 @@ def test_http_reload_reports_unreachable_server_and_error_status(fake_server, ti
         sync.sync(1)
 
 
-def test_lora_only_falls_back_to_update_weights_without_lora_endpoint(fake_server, tiny_model_dir, tmp_path):
-    cfg = TrainingConfig(model_name=str(tiny_model_dir), device="cpu", progress=False, save_path=str(tmp_path),
-                         weight_bridge_mode="lora_only", lora_r=4, lora_alpha=8)
+def test_lora_only_falls_back_to_update_weights_without_lora_endpoint(
+    fake_server, tiny_model_dir, tmp_path
+):
+    cfg = TrainingConfig(
+        model_name=str(tiny_model_dir),
+        device="cpu",
+        progress=False,
+        save_path=str(tmp_path),
+        weight_bridge_mode="lora_only",
+        lora_r=4,
+        lora_alpha=8,
+    )
     model, tok = setup_model(cfg)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -145,11 +166,18 @@ def test_lora_only_falls_back_to_update_weights_without_lora_endpoint(fake_serve
     assert paths == ["/lora/load", "/update_weights"]
     merged = merged_copy(model)
     assert not any("lora_" in n for n, _ in merged.named_parameters())
-    assert any("lora_" in n for n, _ in model.named_parameters())  # the trained model keeps its adapter
+    assert any(
+        "lora_" in n for n, _ in model.named_parameters()
+    )  # the trained model keeps its adapter
 
 
 def test_get_batch_raises_on_error_payload_and_returns_none_when_empty(fake_server):
-    srv = fake_server(lambda m, p, b: (200, {"status": "error", "message": "Trainer not registered.", "batch": []}))
+    srv = fake_server(
+        lambda m, p, b: (
+            200,
+            {"status": "error", "message": "Trainer not registered.", "batch": []},
+        )
+    )
     with pytest.raises(api.AtroposAPIError, match="not registered"):
         api.get_batch(srv.url)
     srv2 = fake_server(lambda m, p, b: (200, {"batch": None}))
@@ -166,12 +194,28 @@ def test_api_key_is_sent_and_401_explained(fake_server, monkeypatch):
 
 def test_register_sends_original_payload_and_requires_uuid(fake_server, monkeypatch):
     srv = fake_server(lambda m, p, b: (200, {"uuid": 42}))
-    cfg = TrainingConfig(model_name="m", atropos_url=srv.url, batch_size=4, gradient_accumulation_steps=8,
-                         seq_len=512, training_steps=7, checkpoint_interval=0, wandb_project=None)
+    cfg = TrainingConfig(
+        model_name="m",
+        atropos_url=srv.url,
+        batch_size=4,
+        gradient_accumulation_steps=8,
+        seq_len=512,
+        training_steps=7,
+        checkpoint_interval=0,
+        wandb_project=None,
+    )
     assert api.register_trainer(cfg, starting_step=3)["uuid"] == 42
     body = json.loads(srv.requests[0][2])
-    assert body == {"wandb_group": cfg.wandb_group, "wandb_project": "", "batch_size": 32, "max_token_len": 512,
-                    "checkpoint_dir": cfg.save_path, "save_checkpoint_interval": 7, "starting_step": 3, "num_steps": 7}
+    assert body == {
+        "wandb_group": cfg.wandb_group,
+        "wandb_project": "",
+        "batch_size": 32,
+        "max_token_len": 512,
+        "checkpoint_dir": cfg.save_path,
+        "save_checkpoint_interval": 7,
+        "starting_step": 3,
+        "num_steps": 7,
+    }
 
 
 def test_check_api_gives_up_after_timeout():
@@ -188,8 +232,13 @@ def test_wait_for_batch_times_out(fake_server):
 
 
 def test_layer_selection_freezes_other_layers(tiny_model_dir, tmp_path):
-    cfg = TrainingConfig(model_name=str(tiny_model_dir), device="cpu", progress=False, save_path=str(tmp_path),
-                         train_layer_indices=[1])
+    cfg = TrainingConfig(
+        model_name=str(tiny_model_dir),
+        device="cpu",
+        progress=False,
+        save_path=str(tmp_path),
+        train_layer_indices=[1],
+    )
     model, _ = setup_model(cfg)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert names and all(".layers.1." in n for n in names)
@@ -202,8 +251,17 @@ def test_restart_mode_refuses_busy_port_with_clear_error(fake_server, tiny, tmp_
     cfg, model, tok = tiny
     srv = fake_server(lambda m, p, b: (200, {}))
     port = int(srv.url.rsplit(":", 1)[1])
-    sync = RestartSync(_cfg(cfg, vllm_port=port, weight_bridge_mode="none", inference_backend="serve_model",
-                            save_path=str(tmp_path)), model, tok)
+    sync = RestartSync(
+        _cfg(
+            cfg,
+            vllm_port=port,
+            weight_bridge_mode="none",
+            inference_backend="serve_model",
+            save_path=str(tmp_path),
+        ),
+        model,
+        tok,
+    )
     with pytest.raises(WeightSyncError, match="already in use"):
         sync.start()
     sync.close()
@@ -213,9 +271,15 @@ def test_server_commands_for_both_backends():
     from example_trainer.vllm_manager import server_command
 
     sm = server_command("serve_model", "/m", 9100, served_model_name="name")
-    assert sm[1:4] == ["-m", "atroposlib.cli.serve_model", "/m"] and sm[-2:] == ["--served-model-name", "name"]
+    assert sm[1:4] == ["-m", "atroposlib.cli.serve_model", "/m"] and sm[-2:] == [
+        "--served-model-name",
+        "name",
+    ]
     vl = server_command("vllm", "/m", 9100, gpu_memory_utilization=0.3)
-    assert "vllm.entrypoints.openai.api_server" in vl and vl[vl.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert (
+        "vllm.entrypoints.openai.api_server" in vl
+        and vl[vl.index("--gpu-memory-utilization") + 1] == "0.3"
+    )
 
 
 def test_linear_warmup_schedule():
@@ -238,8 +302,19 @@ def test_restart_mode_restarts_a_real_server_on_new_weights(tiny, tmp_path):
 
     cfg, model, tok = tiny
     port = free_port()
-    sync = RestartSync(_cfg(cfg, vllm_port=port, weight_bridge_mode="none", inference_backend="serve_model",
-                            save_path=str(tmp_path), sync_timeout=120, vllm_restart_interval=1), model, tok)
+    sync = RestartSync(
+        _cfg(
+            cfg,
+            vllm_port=port,
+            weight_bridge_mode="none",
+            inference_backend="serve_model",
+            save_path=str(tmp_path),
+            sync_timeout=120,
+            vllm_restart_interval=1,
+        ),
+        model,
+        tok,
+    )
     try:
         sync.start()
         first_pid = sync.server.proc.pid
@@ -259,9 +334,19 @@ def test_lora_restart_serves_the_merged_adapter_from_a_restarted_server(tiny_mod
     from example_trainer.weight_sync import RestartSync, make_weight_sync
 
     port = free_port()
-    cfg = TrainingConfig(model_name=str(tiny_model_dir), device="cpu", progress=False, save_path=str(tmp_path),
-                         weight_bridge_mode="lora_restart", lora_r=4, lora_alpha=8, vllm_port=port,
-                         inference_backend="serve_model", sync_timeout=120, vllm_restart_interval=1)
+    cfg = TrainingConfig(
+        model_name=str(tiny_model_dir),
+        device="cpu",
+        progress=False,
+        save_path=str(tmp_path),
+        weight_bridge_mode="lora_restart",
+        lora_r=4,
+        lora_alpha=8,
+        vllm_port=port,
+        inference_backend="serve_model",
+        sync_timeout=120,
+        vllm_restart_interval=1,
+    )
     model, tok = setup_model(cfg)
     with torch.no_grad():  # a trained adapter: make the merged weights differ from the base
         for name, param in model.named_parameters():

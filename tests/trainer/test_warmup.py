@@ -15,12 +15,30 @@ def test_warmup_stops_at_score_and_is_cached(tiny_model_dir, tmp_path):
         calls.append(1)
         return 0.1 * len(calls)
 
-    out = sft_warmup(str(tiny_model_dir), sft_examples(64), tmp_path / "w", steps=50, lr=1e-3, batch_size=8,
-                     score_fn=score, stop_at_score=0.3, check_every=2)
+    out = sft_warmup(
+        str(tiny_model_dir),
+        sft_examples(64),
+        tmp_path / "w",
+        steps=50,
+        lr=1e-3,
+        batch_size=8,
+        score_fn=score,
+        stop_at_score=0.3,
+        check_every=2,
+    )
     marker = json.loads((tmp_path / "w" / "warmup.json").read_text())
     assert marker["steps"] == 6 and marker["score"] >= 0.3 and len(calls) == 3
-    again = sft_warmup(str(tiny_model_dir), sft_examples(64), tmp_path / "w", steps=50, lr=1e-3, batch_size=8,
-                       score_fn=score, stop_at_score=0.3, check_every=2)
+    again = sft_warmup(
+        str(tiny_model_dir),
+        sft_examples(64),
+        tmp_path / "w",
+        steps=50,
+        lr=1e-3,
+        batch_size=8,
+        score_fn=score,
+        stop_at_score=0.3,
+        check_every=2,
+    )
     assert again == out and len(calls) == 3  # cache hit: no training, no scoring
 
 

@@ -25,11 +25,14 @@ def build_throwaway_tokenizer():
         special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    corpus = ["system user assistant The answer is 42. Let me think step by step.",
-              "<think> reasoning </think> \\boxed{72} hello world tool call"] * 20
+    corpus = [
+        "system user assistant The answer is 42. Let me think step by step.",
+        "<think> reasoning </think> \\boxed{72} hello world tool call",
+    ] * 20
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token=None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
     fast.chat_template = CHATML
     return fast
 

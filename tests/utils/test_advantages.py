@@ -83,7 +83,11 @@ def test_torch_inputs_give_torch_outputs():
 def test_allclose_to_first():
     assert allclose_to_first([1.0, 1.0 + 1e-10, 1.0]) is True
     assert allclose_to_first([1.0, 2.0]) is False
-    assert list(allclose_to_first([[1, 2], [1, 2], [1, 3]], return_vector=True)) == [True, True, False]
+    assert list(allclose_to_first([[1, 2], [1, 2], [1, 3]], return_vector=True)) == [
+        True,
+        True,
+        False,
+    ]
 
 
 @settings(deadline=None)

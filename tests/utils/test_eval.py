@@ -13,7 +13,11 @@ from atroposlib.envs.eval import EvalBase, evaluate_log, pass_at_k, run_eval
 
 
 @settings(deadline=None)
-@given(st.integers(1, 30).flatmap(lambda m: st.tuples(st.just(m), st.integers(0, m), st.integers(1, m))))
+@given(
+    st.integers(1, 30).flatmap(
+        lambda m: st.tuples(st.just(m), st.integers(0, m), st.integers(1, m))
+    )
+)
 def test_pass_at_k_equals_the_combinatorial_definition(mck):
     m, c, k = mck
     assert pass_at_k(m, c, k) == pytest.approx(1 - comb(m - c, k) / comb(m, k), abs=1e-9)
@@ -26,16 +30,31 @@ def test_pass_at_k_rejects_impossible_counts(m, c, k):
 
 
 def test_evaluate_log_writes_metrics_and_samples(tmp_path):
-    record = evaluate_log({"eval/percent_correct": 0.5}, eval_dir=str(tmp_path / "e"), task_name="gsm8k_eval",
-                          model_name="m", start_time=10.0, end_time=12.5,
-                          generation_parameters={"temperature": 0.6}, samples=[{"score": 1}], verbose=False)
+    record = evaluate_log(
+        {"eval/percent_correct": 0.5},
+        eval_dir=str(tmp_path / "e"),
+        task_name="gsm8k_eval",
+        model_name="m",
+        start_time=10.0,
+        end_time=12.5,
+        generation_parameters={"temperature": 0.6},
+        samples=[{"score": 1}],
+        verbose=False,
+    )
     on_disk = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert on_disk == record
-    assert on_disk["config_general"] == {"model_name": "m", "total_evaluation_time_seconds": "2.5",
-                                         "generation_parameters": {"temperature": 0.6}}
-    assert on_disk["results"] == {"atropos|gsm8k_eval|0": {"eval/percent_correct": 0.5},
-                                  "all": {"eval/percent_correct": 0.5}}
-    assert [json.loads(x) for x in (tmp_path / "e" / "samples.jsonl").read_text().splitlines()] == [{"score": 1}]
+    assert on_disk["config_general"] == {
+        "model_name": "m",
+        "total_evaluation_time_seconds": "2.5",
+        "generation_parameters": {"temperature": 0.6},
+    }
+    assert on_disk["results"] == {
+        "atropos|gsm8k_eval|0": {"eval/percent_correct": 0.5},
+        "all": {"eval/percent_correct": 0.5},
+    }
+    assert [json.loads(x) for x in (tmp_path / "e" / "samples.jsonl").read_text().splitlines()] == [
+        {"score": 1}
+    ]
 
 
 def test_evaluate_log_without_a_dir_writes_nothing(tmp_path, caplog):
@@ -57,7 +76,9 @@ class _ToyEval(EvalBase):
             raise RuntimeError("broken item")
         answer = await server.chat_completion(messages=[{"role": "user", "content": item}])
         ok = answer == "4"
-        return {"accuracy": float(ok), **self.pass_metrics(2, 2 if ok else 0)}, [{"item": item, "ok": ok}]
+        return {"accuracy": float(ok), **self.pass_metrics(2, 2 if ok else 0)}, [
+            {"item": item, "ok": ok}
+        ]
 
 
 async def test_eval_base_averages_metrics_and_counts_failed_items(tmp_path):

@@ -15,8 +15,11 @@ from atroposlib.utils.force_diverse_samples import (
 
 
 @settings(deadline=None)
-@given(st.dictionaries(st.text(min_size=1, max_size=3), st.floats(-20, 0), max_size=20),
-       st.integers(0, 25), st.floats(0, 2))
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=3), st.floats(-20, 0), max_size=20),
+    st.integers(0, 25),
+    st.floats(0, 2),
+)
 def test_selected_first_tokens_are_distinct_and_from_the_pool(pool, n, temperature):
     chosen = select_diverse_first_tokens(pool, n, temperature, random.Random(0))
     assert len(chosen) == min(n, len(pool))
@@ -39,7 +42,9 @@ class _FakeCompletionServer:
         if logprobs:
             lp = SimpleNamespace(top_logprobs=[self.top])
             return SimpleNamespace(choices=[SimpleNamespace(text="?", logprobs=lp)])
-        return SimpleNamespace(choices=[SimpleNamespace(text=f"<{prompt}>", logprobs=None) for _ in range(n)])
+        return SimpleNamespace(
+            choices=[SimpleNamespace(text=f"<{prompt}>", logprobs=None) for _ in range(n)]
+        )
 
 
 async def test_generation_continues_from_each_distinct_first_token():

@@ -12,14 +12,17 @@ from atroposlib.utils.message_history_utils import (
 from atroposlib.utils.tokenize_for_trainer import MASK_ID, tokenize_for_trainer
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("<think>let me see</think>The answer is 4.", "The answer is 4."),
-    ("a<think>x</think>b<think>y</think>c", "abc"),
-    ("reasoning without open tag</think> final", "final"),
-    ("answer first <think>never closed", "answer first"),
-    ("no thinking at all", "no thinking at all"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<think>let me see</think>The answer is 4.", "The answer is 4."),
+        ("a<think>x</think>b<think>y</think>c", "abc"),
+        ("reasoning without open tag</think> final", "final"),
+        ("answer first <think>never closed", "answer first"),
+        ("no thinking at all", "no thinking at all"),
+        ("", ""),
+    ],
+)
 def test_strip_thinking(text, expected):
     assert strip_thinking(text) == expected
 
@@ -30,7 +33,7 @@ def test_truncate_thinking_keeps_the_tail_of_the_reasoning(chat_tokenizer):
     out = truncate_thinking(text, chat_tokenizer, 10)
     assert out.startswith("<think>...") and out.endswith("</think>final answer")
     assert "w199" in out and "w0 " not in out
-    kept = out[len("<think>..."):out.index("</think>")]
+    kept = out[len("<think>...") : out.index("</think>")]
     assert len(chat_tokenizer.encode(kept, add_special_tokens=False)) <= 11
     assert truncate_thinking("<think>short</think>x", chat_tokenizer, 50) == "<think>short</think>x"
     assert truncate_thinking("no block", chat_tokenizer, 1) == "no block"
@@ -40,15 +43,22 @@ def test_truncate_thinking_keeps_the_tail_of_the_reasoning(chat_tokenizer):
 
 def _group(tokenizer, chats):
     encoded = [tokenize_for_trainer(tokenizer, c) for c in chats]
-    return {"tokens": [e["tokens"] for e in encoded], "masks": [e["masks"] for e in encoded],
-            "scores": [1.0] * len(chats), "messages": chats, "inference_logprobs": [[1.0]] * len(chats)}
+    return {
+        "tokens": [e["tokens"] for e in encoded],
+        "masks": [e["masks"] for e in encoded],
+        "scores": [1.0] * len(chats),
+        "messages": chats,
+        "inference_logprobs": [[1.0]] * len(chats),
+    }
 
 
 def _long_chat(n_turns, final):
     chat = [{"role": "system", "content": "sys"}]
     for i in range(n_turns):
-        chat += [{"role": "user", "content": f"question {i} " * 5},
-                 {"role": "assistant", "content": f"answer {i} " * 5}]
+        chat += [
+            {"role": "user", "content": f"question {i} " * 5},
+            {"role": "assistant", "content": f"answer {i} " * 5},
+        ]
     chat += [{"role": "user", "content": "last"}, {"role": "assistant", "content": final}]
     return chat
 
@@ -61,7 +71,9 @@ def test_trajectory_limit_trims_oldest_turns_keeps_system_and_final(chat_tokeniz
     out = ensure_trajectory_token_limit([short, long], chat_tokenizer, limit)
     assert out[0] is short
     trimmed = out[1]
-    for tokens, masks, messages in zip(trimmed["tokens"], trimmed["masks"], trimmed["messages"], strict=True):
+    for tokens, masks, messages in zip(
+        trimmed["tokens"], trimmed["masks"], trimmed["messages"], strict=True
+    ):
         assert len(tokens) == len(masks) <= limit
         assert messages[0]["role"] == "system" and messages[-1]["content"] in ("ok", "fine")
         assert [m for m in masks if m != MASK_ID]

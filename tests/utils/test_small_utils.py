@@ -96,9 +96,20 @@ def test_length_penalty_is_in_unit_interval_and_non_increasing(max_len, a, b):
 def test_type_definitions_are_importable_with_their_spec_names():
     from atroposlib import type_definitions as td
 
-    for name in ("Message", "Item", "UUID", "AgentStep", "AgentHistory", "Observation", "GameStep",
-                 "GameHistory", "EvaluationConfigGeneral", "EvaluationResults", "EvaluationMetrics",
-                 "EvaluationSample"):
+    for name in (
+        "Message",
+        "Item",
+        "UUID",
+        "AgentStep",
+        "AgentHistory",
+        "Observation",
+        "GameStep",
+        "GameHistory",
+        "EvaluationConfigGeneral",
+        "EvaluationResults",
+        "EvaluationMetrics",
+        "EvaluationSample",
+    ):
         assert hasattr(td, name), name
     msg: td.Message = {"role": "user", "content": "hi"}
     assert msg["role"] == "user"

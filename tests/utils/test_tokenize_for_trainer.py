@@ -22,7 +22,9 @@ def _unmasked(out):
     return [t for t in out["masks"] if t != MASK_ID]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(turns=st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3))
 def test_default_mode_unmasks_exactly_the_last_turn(chat_tokenizer, turns):
     chat = _chat(turns)
@@ -32,13 +34,17 @@ def test_default_mode_unmasks_exactly_the_last_turn(chat_tokenizer, turns):
     prefix = chat_token_ids(chat_tokenizer, chat[:-1], add_generation_prompt=True)
     assert out["tokens"][: len(prefix)] == prefix
     assert out["masks"][: len(prefix)] == [MASK_ID] * len(prefix)
-    assert out["masks"][len(prefix):] == out["tokens"][len(prefix):]
+    assert out["masks"][len(prefix) :] == out["tokens"][len(prefix) :]
     assert chat_tokenizer.decode(_unmasked(out)).startswith(turns[-1][1])
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(turns=st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3))
-def test_all_assistant_turns_mode_unmasks_every_assistant_turn_and_nothing_else(chat_tokenizer, turns):
+def test_all_assistant_turns_mode_unmasks_every_assistant_turn_and_nothing_else(
+    chat_tokenizer, turns
+):
     chat = _chat(turns)
     out = tokenize_for_trainer(chat_tokenizer, chat, train_on_all_assistant_turns=True)
     assert len(out["tokens"]) == len(out["masks"])
@@ -82,16 +88,21 @@ def test_length_finish_reason_drops_a_trailing_eos():
 
 def test_transformers5_dict_return_is_handled(chat_tokenizer):
     chat = _chat([("hi", "hello")])
-    expected = chat_tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+    expected = chat_tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
     assert tokenize_for_trainer(chat_tokenizer, chat)["tokens"] == list(expected)
 
 
-@pytest.mark.parametrize("chat, field", [
-    ([], "empty"),
-    ([{"role": "user"}], "content"),
-    ([{"content": "x"}], "role"),
-    (["not a dict"], "not a dict"),
-])
+@pytest.mark.parametrize(
+    "chat, field",
+    [
+        ([], "empty"),
+        ([{"role": "user"}], "content"),
+        ([{"content": "x"}], "role"),
+        (["not a dict"], "not a dict"),
+    ],
+)
 def test_bad_chat_raises_naming_the_problem(chat_tokenizer, chat, field):
     with pytest.raises(ValueError, match=field):
         tokenize_for_trainer(chat_tokenizer, chat)

@@ -30,8 +30,13 @@ class AccuracyReward(RewardFunction):
     and is logged.
     """
 
-    def __init__(self, correct_score: float = 1.0, incorrect_score: float = 0.0,
-                 weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        correct_score: float = 1.0,
+        incorrect_score: float = 0.0,
+        weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         self.correct_score = correct_score
         self.incorrect_score = incorrect_score
@@ -40,7 +45,9 @@ class AccuracyReward(RewardFunction):
         golds = gold_from_kwargs(kwargs, len(completions))
         scores = []
         for completion, gold in zip(completions, golds, strict=True):
-            ok = verify_answer(self.get_content(completion), str(gold)) if gold is not None else None
+            ok = (
+                verify_answer(self.get_content(completion), str(gold)) if gold is not None else None
+            )
             if ok is None:
                 logger.warning("accuracy: gold answer %r cannot be parsed", gold)
             scores.append(self.correct_score if ok else self.incorrect_score)

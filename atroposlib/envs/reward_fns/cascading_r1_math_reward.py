@@ -26,9 +26,15 @@ class CascadingR1MathReward(RewardFunction):
     """``malformed_score`` (0.0) < ``formatted_score`` (0.1) < ``answered_score``
     (0.2) < ``correct_score`` (1.0). Needs the gold as ``solution``/``answer``."""
 
-    def __init__(self, malformed_score: float = 0.0, formatted_score: float = 0.1,
-                 answered_score: float = 0.2, correct_score: float = 1.0,
-                 weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        malformed_score: float = 0.0,
+        formatted_score: float = 0.1,
+        answered_score: float = 0.2,
+        correct_score: float = 1.0,
+        weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         self.malformed_score = malformed_score
         self.formatted_score = formatted_score

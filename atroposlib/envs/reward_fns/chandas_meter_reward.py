@@ -34,14 +34,73 @@ _VOWELS_LONG = {"ā", "ī", "ū", "ṝ", "ḹ", "e", "ai", "o", "au"}
 _VOWELS_SHORT = {"a", "i", "u", "ṛ", "ḷ"}
 _VOWEL_RE = re.compile(r"ai|au|[aāiīuūṛṝḷḹeo]")
 
-_DEV_INDEPENDENT = {"अ": "a", "आ": "ā", "इ": "i", "ई": "ī", "उ": "u", "ऊ": "ū", "ऋ": "ṛ", "ॠ": "ṝ",
-                    "ऌ": "ḷ", "ॡ": "ḹ", "ए": "e", "ऐ": "ai", "ओ": "o", "औ": "au"}
-_DEV_MATRA = {"ा": "ā", "ि": "i", "ी": "ī", "ु": "u", "ू": "ū", "ृ": "ṛ", "ॄ": "ṝ", "ॢ": "ḷ",
-              "ॣ": "ḹ", "े": "e", "ै": "ai", "ो": "o", "ौ": "au"}
+_DEV_INDEPENDENT = {
+    "अ": "a",
+    "आ": "ā",
+    "इ": "i",
+    "ई": "ī",
+    "उ": "u",
+    "ऊ": "ū",
+    "ऋ": "ṛ",
+    "ॠ": "ṝ",
+    "ऌ": "ḷ",
+    "ॡ": "ḹ",
+    "ए": "e",
+    "ऐ": "ai",
+    "ओ": "o",
+    "औ": "au",
+}
+_DEV_MATRA = {
+    "ा": "ā",
+    "ि": "i",
+    "ी": "ī",
+    "ु": "u",
+    "ू": "ū",
+    "ृ": "ṛ",
+    "ॄ": "ṝ",
+    "ॢ": "ḷ",
+    "ॣ": "ḹ",
+    "े": "e",
+    "ै": "ai",
+    "ो": "o",
+    "ौ": "au",
+}
 _DEV_CONSONANTS = "कखगघङचछजझञटठडढणतथदधनपफबभमयरलवशषसह"
-_DEV_CONSONANT_LATIN = ["k", "kh", "g", "gh", "ṅ", "c", "ch", "j", "jh", "ñ", "ṭ", "ṭh", "ḍ", "ḍh",
-                        "ṇ", "t", "th", "d", "dh", "n", "p", "ph", "b", "bh", "m", "y", "r", "l",
-                        "v", "ś", "ṣ", "s", "h"]
+_DEV_CONSONANT_LATIN = [
+    "k",
+    "kh",
+    "g",
+    "gh",
+    "ṅ",
+    "c",
+    "ch",
+    "j",
+    "jh",
+    "ñ",
+    "ṭ",
+    "ṭh",
+    "ḍ",
+    "ḍh",
+    "ṇ",
+    "t",
+    "th",
+    "d",
+    "dh",
+    "n",
+    "p",
+    "ph",
+    "b",
+    "bh",
+    "m",
+    "y",
+    "r",
+    "l",
+    "v",
+    "ś",
+    "ṣ",
+    "s",
+    "h",
+]
 _DEV_CONS = dict(zip(_DEV_CONSONANTS, _DEV_CONSONANT_LATIN, strict=True))
 _VIRAMA, _ANUSVARA, _VISARGA, _CANDRABINDU = "्", "ं", "ः", "ँ"
 
@@ -94,9 +153,13 @@ def scan(text: str) -> str:
     for index, match in enumerate(vowels):
         vowel = match.group(0)
         end = vowels[index + 1].start() if index + 1 < len(vowels) else len(line)
-        following = line[match.end():end]
-        heavy = (vowel in _VOWELS_LONG or "ṃ" in following or "ḥ" in following
-                 or _consonant_units(following.replace("ṃ", "").replace("ḥ", "")) >= 2)
+        following = line[match.end() : end]
+        heavy = (
+            vowel in _VOWELS_LONG
+            or "ṃ" in following
+            or "ḥ" in following
+            or _consonant_units(following.replace("ṃ", "").replace("ḥ", "")) >= 2
+        )
         pattern.append("G" if heavy else "L")
     return "".join(pattern)
 
@@ -156,9 +219,18 @@ class ChandasMeterReward(RewardFunction):
         meter_score("", meter)  # validates the name
         self.meter = meter
 
-    def compute(self, completions: List[Any], meter: str | None = None, **kwargs: Any) -> List[float]:
+    def compute(
+        self, completions: List[Any], meter: str | None = None, **kwargs: Any
+    ) -> List[float]:
         chosen = meter or self.meter
         return [meter_score(self.get_content(c).split("</think>")[-1], chosen) for c in completions]
 
 
-__all__ = ["ChandasMeterReward", "FIXED_METERS", "METERS", "devanagari_to_iast", "meter_score", "scan"]
+__all__ = [
+    "ChandasMeterReward",
+    "FIXED_METERS",
+    "METERS",
+    "devanagari_to_iast",
+    "meter_score",
+    "scan",
+]

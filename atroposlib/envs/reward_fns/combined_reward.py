@@ -24,11 +24,18 @@ class CombinedReward(RewardFunction):
                                 {"type": "format", "weight": 0.2}], normalization="sum")
     """
 
-    def __init__(self, rewards: Sequence[Union[str, Mapping[str, Any], RewardFunction]],
-                 normalization: str = "none", weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        rewards: Sequence[Union[str, Mapping[str, Any], RewardFunction]],
+        normalization: str = "none",
+        weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         if normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+            raise ValueError(
+                f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}"
+            )
         if not rewards:
             raise ValueError("CombinedReward needs at least one reward")
         self.normalization = normalization

@@ -29,10 +29,17 @@ class CosineScaledReward(RewardFunction):
     Length is counted in tokens when a ``tokenizer`` is given, else in characters.
     """
 
-    def __init__(self, min_value_wrong: float = -1.0, max_value_wrong: float = -0.5,
-                 min_value_correct: float = 0.5, max_value_correct: float = 1.0,
-                 max_len: int = 1000, tokenizer: Any | None = None, weight: float = 1.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        min_value_wrong: float = -1.0,
+        max_value_wrong: float = -0.5,
+        min_value_correct: float = 0.5,
+        max_value_correct: float = 1.0,
+        max_len: int = 1000,
+        tokenizer: Any | None = None,
+        weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         if max_len <= 0:
             raise ValueError("max_len must be > 0")

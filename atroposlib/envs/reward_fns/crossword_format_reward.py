@@ -8,7 +8,9 @@ from typing import Any, Dict, List
 from atroposlib.envs.reward_fns.registry import registry
 from atroposlib.envs.reward_fns.reward_function import RewardFunction
 
-ANSWER_LINE = re.compile(r"^\s*(\d+)\s*[-\s]?\s*(across|down|a|d)\s*[:=]\s*([A-Za-z]+)\s*$", re.IGNORECASE)
+ANSWER_LINE = re.compile(
+    r"^\s*(\d+)\s*[-\s]?\s*(across|down|a|d)\s*[:=]\s*([A-Za-z]+)\s*$", re.IGNORECASE
+)
 
 
 def parse_crossword_answers(text: str) -> Dict[str, str]:
@@ -32,13 +34,15 @@ class CrosswordFormatReward(RewardFunction):
     length. Empty output scores 0.0.
     """
 
-    def __init__(self, expected_lengths: Dict[str, int] | None = None, weight: float = 1.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, expected_lengths: Dict[str, int] | None = None, weight: float = 1.0, **kwargs: Any
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         self.expected_lengths = expected_lengths
 
-    def compute(self, completions: List[Any], expected_lengths: Dict[str, int] | None = None,
-                **kwargs: Any) -> List[float]:
+    def compute(
+        self, completions: List[Any], expected_lengths: Dict[str, int] | None = None, **kwargs: Any
+    ) -> List[float]:
         expected = expected_lengths or self.expected_lengths
         scores = []
         for completion in completions:

@@ -18,8 +18,14 @@ class FormatReward(RewardFunction):
     1.0 or 0.0.
     """
 
-    def __init__(self, preferred_tags: Sequence[str] | None = None, require_all_tags: bool = True,
-                 case_sensitive: bool = False, weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        preferred_tags: Sequence[str] | None = None,
+        require_all_tags: bool = True,
+        case_sensitive: bool = False,
+        weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         self.preferred_tags = list(preferred_tags or ["think", "answer"])
         self.require_all_tags = require_all_tags

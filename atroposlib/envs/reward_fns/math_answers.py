@@ -21,8 +21,12 @@ logger = logging.getLogger(__name__)
 _PRED_CONFIG = [
     LatexExtractionConfig(
         normalization_config=NormalizationConfig(
-            nits=False, malformed_operators=False, basic_latex=True, equations=False,
-            boxed="all", units=True,
+            nits=False,
+            malformed_operators=False,
+            basic_latex=True,
+            equations=False,
+            boxed="all",
+            units=True,
         ),
         boxed_match_priority=0,
         try_extract_without_anchor=False,
@@ -52,13 +56,19 @@ def parse_gold(answer: str) -> List[Any]:
     """Parse a gold answer (plain or already boxed); an empty list means unparseable."""
     answer = str(answer).strip()
     boxed = answer if "\\boxed" in answer else "\\boxed{" + answer + "}"
-    return parse(boxed, extraction_mode="first_match", extraction_config=_GOLD_CONFIG, **_timeouts())
+    return parse(
+        boxed, extraction_mode="first_match", extraction_config=_GOLD_CONFIG, **_timeouts()
+    )
 
 
 def parse_prediction(text: str) -> List[Any]:
     """Parse the model's final answer from the text after ``</think>``."""
-    return parse(answer_after_think(text), extraction_config=_PRED_CONFIG,
-                 extraction_mode="first_match", **_timeouts())
+    return parse(
+        answer_after_think(text),
+        extraction_config=_PRED_CONFIG,
+        extraction_mode="first_match",
+        **_timeouts(),
+    )
 
 
 def verify_parsed(gold_parsed: List[Any], pred_parsed: List[Any]) -> bool:

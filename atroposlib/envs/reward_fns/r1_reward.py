@@ -27,8 +27,13 @@ class R1Reward(RewardFunction):
     ``</think>``. Needs the gold as ``solution``/``answer``.
     """
 
-    def __init__(self, format_weight: float = 1.0, accuracy_weight: float = 1.0,
-                 weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        format_weight: float = 1.0,
+        accuracy_weight: float = 1.0,
+        weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         self.format_weight = format_weight
         self.accuracy_weight = accuracy_weight

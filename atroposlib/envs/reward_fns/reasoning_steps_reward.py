@@ -26,8 +26,10 @@ class ReasoningStepsReward(RewardFunction):
         self.min_steps = min_steps
 
     def compute(self, completions: List[Any], **kwargs: Any) -> List[float]:
-        return [min(1.0, len(STEP_PATTERN.findall(self.get_content(c))) / self.min_steps)
-                for c in completions]
+        return [
+            min(1.0, len(STEP_PATTERN.findall(self.get_content(c))) / self.min_steps)
+            for c in completions
+        ]
 
 
 __all__ = ["ReasoningStepsReward", "STEP_PATTERN"]

@@ -27,8 +27,9 @@ class RewardRegistry:
     def __init__(self) -> None:
         self._registry: Dict[str, Type[RewardFunction]] = {}
 
-    def register(self, cls: Type[RewardFunction] | None = None, name: str | None = None
-                 ) -> Union[Type[RewardFunction], Callable[[Type[RewardFunction]], Type[RewardFunction]]]:
+    def register(
+        self, cls: Type[RewardFunction] | None = None, name: str | None = None
+    ) -> Union[Type[RewardFunction], Callable[[Type[RewardFunction]], Type[RewardFunction]]]:
         """Register a class, as ``@registry.register`` or ``@registry.register(name="x")``.
 
         Without a name the class name is used, lower-cased, with a trailing ``reward``
@@ -67,7 +68,9 @@ class RewardRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._registry
 
-    def create(self, name_or_config: Union[str, Mapping[str, Any]], **kwargs: Any) -> RewardFunction:
+    def create(
+        self, name_or_config: Union[str, Mapping[str, Any]], **kwargs: Any
+    ) -> RewardFunction:
         """Instantiate a reward from a name or a config dict (kwargs override the config).
 
         Raises:
@@ -77,7 +80,9 @@ class RewardRegistry:
         if isinstance(name_or_config, str):
             return self.get(name_or_config)(**kwargs)
         if not isinstance(name_or_config, Mapping):
-            raise ValueError(f"reward config must be a name or a dict, got {type(name_or_config).__name__}")
+            raise ValueError(
+                f"reward config must be a name or a dict, got {type(name_or_config).__name__}"
+            )
         config = dict(name_or_config)
         reward_type = config.pop("type", None) or config.pop("name", None)
         if not reward_type:
@@ -89,7 +94,10 @@ class RewardRegistry:
 
     @staticmethod
     def _import_module_for(name: str) -> None:
-        for module in (f"atroposlib.envs.reward_fns.{name}_reward", f"atroposlib.envs.reward_fns.{name}"):
+        for module in (
+            f"atroposlib.envs.reward_fns.{name}_reward",
+            f"atroposlib.envs.reward_fns.{name}",
+        ):
             try:
                 importlib.import_module(module)
                 return

@@ -13,7 +13,7 @@ def repeated_ngram_fraction(text: str, ngram_size: int) -> float:
     words = text.lower().split()
     if len(words) < ngram_size:
         return 0.0
-    ngrams = [tuple(words[i:i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
+    ngrams = [tuple(words[i : i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
     return 1.0 - len(set(ngrams)) / len(ngrams)
 
 
@@ -22,8 +22,9 @@ class RepetitionPenaltyReward(RewardFunction):
     """``max_penalty * repeated_ngram_fraction`` — 0.0 for no repetition, down to
     ``max_penalty`` (negative) for pure repetition."""
 
-    def __init__(self, ngram_size: int = 3, max_penalty: float = -1.0, weight: float = 1.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, ngram_size: int = 3, max_penalty: float = -1.0, weight: float = 1.0, **kwargs: Any
+    ) -> None:
         super().__init__(weight=weight, **kwargs)
         if max_penalty > 0:
             raise ValueError(f"max_penalty must be <= 0, got {max_penalty}")
@@ -33,8 +34,10 @@ class RepetitionPenaltyReward(RewardFunction):
         self.max_penalty = max_penalty
 
     def compute(self, completions: List[Any], **kwargs: Any) -> List[float]:
-        return [self.max_penalty * repeated_ngram_fraction(self.get_content(c), self.ngram_size)
-                for c in completions]
+        return [
+            self.max_penalty * repeated_ngram_fraction(self.get_content(c), self.ngram_size)
+            for c in completions
+        ]
 
 
 __all__ = ["RepetitionPenaltyReward", "repeated_ngram_fraction"]

@@ -26,7 +26,9 @@ class RewardFunction(ABC):
 
     def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs: Any) -> None:
         self.weight = float(weight)
-        self.name = name or getattr(type(self), "registry_name", None) or type(self).__name__.lower()
+        self.name = (
+            name or getattr(type(self), "registry_name", None) or type(self).__name__.lower()
+        )
         self.config: Dict[str, Any] = kwargs
         self.wandb_logger: Any = None
         self.error_count = 0
@@ -41,12 +43,18 @@ class RewardFunction(ABC):
             raw = self.compute(completions, **kwargs)
         except Exception:  # a reward must never take the worker down; logged and counted
             self.error_count += 1
-            logger.exception("reward %s failed; scoring %d completions 0.0", self.name, len(completions))
+            logger.exception(
+                "reward %s failed; scoring %d completions 0.0", self.name, len(completions)
+            )
             return [0.0] * len(completions)
         if len(raw) != len(completions):
             self.error_count += 1
-            logger.error("reward %s returned %d scores for %d completions; scoring 0.0",
-                         self.name, len(raw), len(completions))
+            logger.error(
+                "reward %s returned %d scores for %d completions; scoring 0.0",
+                self.name,
+                len(raw),
+                len(completions),
+            )
             return [0.0] * len(completions)
         weighted = [float(s) * self.weight for s in raw]
         if self.wandb_logger is not None:
@@ -61,10 +69,12 @@ class RewardFunction(ABC):
         """Log the mean raw and weighted scores under ``reward/{name}/...``."""
         if not raw_scores or self.wandb_logger is None:
             return
-        self.wandb_logger.log({
-            f"reward/{self.name}/mean_raw": sum(raw_scores) / len(raw_scores),
-            f"reward/{self.name}/mean_weighted": sum(weighted_scores) / len(weighted_scores),
-        })
+        self.wandb_logger.log(
+            {
+                f"reward/{self.name}/mean_raw": sum(raw_scores) / len(raw_scores),
+                f"reward/{self.name}/mean_weighted": sum(weighted_scores) / len(weighted_scores),
+            }
+        )
 
     @staticmethod
     def get_content(completion: Any) -> str:

@@ -18,7 +18,9 @@ from typing import Any
 
 def qwen_fixed_chat_template() -> str:
     """The jinja source of the fixed template."""
-    return (resources.files(__package__) / "qwen_fixed_chat_template.jinja").read_text(encoding="utf-8")
+    return (resources.files(__package__) / "qwen_fixed_chat_template.jinja").read_text(
+        encoding="utf-8"
+    )
 
 
 def apply_qwen_fixed_template(tokenizer: Any) -> Any:
