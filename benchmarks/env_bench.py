@@ -37,6 +37,9 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup  # noqa
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig  # noqa: E402
 
 
+SLEEP_MS = float(os.environ.get("ENV_BENCH_SLEEP_MS", "0"))
+
+
 class BenchEnv(BaseEnv):
     """One completion request per group; sequences of 32 fake tokens."""
 
@@ -60,7 +63,7 @@ class BenchEnv(BaseEnv):
 
     async def collect_trajectories(self, item: int) -> Tuple[ScoredDataGroup | None, List[Any]]:
         n = self.config.group_size
-        sleep_ms = float(os.environ.get("ENV_BENCH_SLEEP_MS", "0"))
+        sleep_ms = SLEEP_MS
         if sleep_ms > 0:  # no inference call: measures the env runtime alone
             await asyncio.sleep(sleep_ms / 1000)
             bodies = [[97 + j] * 8 for j in range(n)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import os
 from typing import Any
 
 from pydantic import BaseModel
@@ -95,6 +96,7 @@ def main() -> None:
         module_name, cls_name = path.split(":")
         model = getattr(importlib.import_module(module_name), cls_name)
         out += [f"## {title}", "", f"`{path.replace(':', '.')}` — {how}", "", table(model), ""]
+    os.environ["COLUMNS"] = "100"  # argparse wraps help to the terminal: keep the output stable
     run_api = importlib.import_module("atroposlib.cli.run_api")
     parser = getattr(run_api, "build_parser", None)
     if parser is not None:

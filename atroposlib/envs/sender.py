@@ -79,7 +79,10 @@ class GroupSender:
         self.attempts = attempts
         self.busy_wait_s = busy_wait_s
         self.max_groups_per_post = max_groups_per_post
-        self.high_water = max(4, max_groups_per_post // 4)
+        # Workers block on their own delivery only past this many waiting groups. It
+        # must cover several POST round trips' worth of groups: a lower mark makes
+        # workers wait on the API at every POST at high rates, which idles their slots.
+        self.high_water = max(4, 4 * max_groups_per_post)
         self.degraded = False
         self.rejected: Counter[str] = Counter()
         self.delivered = 0
