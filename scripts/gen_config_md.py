@@ -60,6 +60,8 @@ def _default(field: Any) -> str:
             value = field.default_factory()
         except TypeError:
             return "(computed)"
+        if value != field.default_factory():  # e.g. a random W&B group name
+            return "(random)"
     else:
         return "**required**"
     if isinstance(value, enum.Enum):
