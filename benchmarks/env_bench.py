@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT))
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup  # noqa: E402
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig  # noqa: E402
 
-
 SLEEP_MS = float(os.environ.get("ENV_BENCH_SLEEP_MS", "0"))
 
 
@@ -48,10 +47,21 @@ class BenchEnv(BaseEnv):
     @classmethod
     def config_init(cls) -> Tuple[BaseEnvConfig, APIServerConfig]:
         return (
-            BaseEnvConfig(group_size=4, use_wandb=False, wandb_name="bench", total_steps=10**9,
-                          steps_per_eval=0, max_batches_offpolicy=0, tokenizer_name="none"),
-            APIServerConfig(model_name="fake", base_url="http://127.0.0.1:9001/v1", api_key="x",
-                            num_max_requests_at_once=4096),
+            BaseEnvConfig(
+                group_size=4,
+                use_wandb=False,
+                wandb_name="bench",
+                total_steps=10**9,
+                steps_per_eval=0,
+                max_batches_offpolicy=0,
+                tokenizer_name="none",
+            ),
+            APIServerConfig(
+                model_name="fake",
+                base_url="http://127.0.0.1:9001/v1",
+                api_key="x",
+                num_max_requests_at_once=4096,
+            ),
         )
 
     async def setup(self) -> None:
@@ -84,8 +94,16 @@ class BenchEnv(BaseEnv):
         return None
 
 
-def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_dir: Path,
-             server_type: str, fake_mode: str, profile: str | None = None) -> dict:
+def _measure(
+    workers: int,
+    latency_ms: int,
+    seconds: float,
+    warmup: float,
+    log_dir: Path,
+    server_type: str,
+    fake_mode: str,
+    profile: str | None = None,
+) -> dict:
     import httpx
     import psutil
 
@@ -94,29 +112,72 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
     api_port, infer_port = free_port(), free_port()
     procs = []
     try:
-        fake = start_process([sys.executable, "-m", "atroposlib.envs.server_handling.fake_server",
-                              "--port", str(infer_port), "--latency-ms", str(latency_ms),
-                              *(["--lean"] if fake_mode == "lean" else [])],
-                             log_path=log_dir / "fake.log")
-        api = start_process([sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(api_port),
-                             "--log-level", "warning"], log_path=log_dir / "api.log")
+        fake = start_process(
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.envs.server_handling.fake_server",
+                "--port",
+                str(infer_port),
+                "--latency-ms",
+                str(latency_ms),
+                *(["--lean"] if fake_mode == "lean" else []),
+            ],
+            log_path=log_dir / "fake.log",
+        )
+        api = start_process(
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.cli.run_api",
+                "--port",
+                str(api_port),
+                "--log-level",
+                "warning",
+            ],
+            log_path=log_dir / "api.log",
+        )
         procs += [fake, api]
         wait_http(f"http://127.0.0.1:{infer_port}/health", proc=fake)
         wait_http(f"http://127.0.0.1:{api_port}/health", proc=api)
         api_url = f"http://127.0.0.1:{api_port}"
-        httpx.post(f"{api_url}/register", timeout=10, json={
-            "wandb_group": "b", "wandb_project": "b", "batch_size": 64, "max_token_len": 4096,
-            "checkpoint_dir": "", "save_checkpoint_interval": -1, "starting_step": 0, "num_steps": 10**9,
-        }).raise_for_status()
+        httpx.post(
+            f"{api_url}/register",
+            timeout=10,
+            json={
+                "wandb_group": "b",
+                "wandb_project": "b",
+                "batch_size": 64,
+                "max_token_len": 4096,
+                "checkpoint_dir": "",
+                "save_checkpoint_interval": -1,
+                "starting_step": 0,
+                "num_steps": 10**9,
+            },
+        ).raise_for_status()
         httpx.get(f"{api_url}/batch", timeout=10)
-        env = start_process([sys.executable, str(Path(__file__).resolve()), "env", "serve",
-                             "--env.rollout_server_url", api_url, "--env.max_num_workers", str(workers),
-                             "--openai.base_url", f"http://127.0.0.1:{infer_port}/v1",
-                             "--openai.server_type", "openai" if server_type == "none" else server_type],
-                            log_path=log_dir / "env.log",
-                            env={"ATROPOS_OUTBOX_DIR": str(log_dir / "outbox"),
-                                 **({"ENV_BENCH_PROFILE": str(profile)} if profile else {}),
-                                 "ENV_BENCH_SLEEP_MS": str(latency_ms) if server_type == "none" else "0"})
+        env = start_process(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "env",
+                "serve",
+                "--env.rollout_server_url",
+                api_url,
+                "--env.max_num_workers",
+                str(workers),
+                "--openai.base_url",
+                f"http://127.0.0.1:{infer_port}/v1",
+                "--openai.server_type",
+                "openai" if server_type == "none" else server_type,
+            ],
+            log_path=log_dir / "env.log",
+            env={
+                "ATROPOS_OUTBOX_DIR": str(log_dir / "outbox"),
+                **({"ENV_BENCH_PROFILE": str(profile)} if profile else {}),
+                "ENV_BENCH_SLEEP_MS": str(latency_ms) if server_type == "none" else "0",
+            },
+        )
         procs.append(env)
 
         def queued() -> int:
@@ -128,8 +189,11 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
                 raise RuntimeError("env did not start; see " + str(log_dir / "env.log"))
             time.sleep(0.2)
         time.sleep(warmup)
-        watched = {"env": psutil.Process(env.pid), "infer": psutil.Process(fake.pid),
-                   "api": psutil.Process(api.pid)}
+        watched = {
+            "env": psutil.Process(env.pid),
+            "infer": psutil.Process(fake.pid),
+            "api": psutil.Process(api.pid),
+        }
 
         def cpu() -> dict:
             return {k: sum(p.cpu_times()[:2]) for k, p in watched.items()}
@@ -141,9 +205,16 @@ def _measure(workers: int, latency_ms: int, seconds: float, warmup: float, log_d
         rate = groups / (t1 - t0)
         ideal = workers / (latency_ms / 1000)
         per_group = {k: 1000 * (c1[k] - c0[k]) / max(1, groups) for k in watched}
-        return {"workers": workers, "groups": groups, "groups_per_s": rate, "ideal": ideal,
-                "ratio": rate / ideal, "cpu_ms_per_group": per_group["env"],
-                "infer_cpu_ms_per_group": per_group["infer"], "api_cpu_ms_per_group": per_group["api"]}
+        return {
+            "workers": workers,
+            "groups": groups,
+            "groups_per_s": rate,
+            "ideal": ideal,
+            "ratio": rate / ideal,
+            "cpu_ms_per_group": per_group["env"],
+            "infer_cpu_ms_per_group": per_group["infer"],
+            "api_cpu_ms_per_group": per_group["api"],
+        }
     finally:
         for proc in reversed(procs):
             stop_process(proc)
@@ -168,36 +239,66 @@ def main(argv: List[str] | None = None) -> None:
             profiler.disable()
             profiler.dump_stats(profile_path)
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--latency-ms", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--log-dir", default="/tmp/atropos-env-bench")
-    parser.add_argument("--server-type", choices=["openai", "vllm", "none"], default="openai",
-                        help="openai: completion() through the OpenAI client; "
-                        "vllm: tokens_and_logprobs_completion() through /generate; "
-                        "none: no inference call, the rollout just sleeps the latency "
-                        "(measures the env runtime and API path alone)")
-    parser.add_argument("--fake-server", choices=["lean", "uvicorn"], default="lean",
-                        help="lean: the fake server on its minimal asyncio HTTP server (so the stand-in "
-                        "is not the bottleneck); uvicorn: the same app under uvicorn")
-    parser.add_argument("--profile", default=None,
-                        help="write a cProfile of the env process to PATH.<workers> (pstats format)")
+    parser.add_argument(
+        "--server-type",
+        choices=["openai", "vllm", "none"],
+        default="openai",
+        help="openai: completion() through the OpenAI client; "
+        "vllm: tokens_and_logprobs_completion() through /generate; "
+        "none: no inference call, the rollout just sleeps the latency "
+        "(measures the env runtime and API path alone)",
+    )
+    parser.add_argument(
+        "--fake-server",
+        choices=["lean", "uvicorn"],
+        default="lean",
+        help="lean: the fake server on its minimal asyncio HTTP server (so the stand-in "
+        "is not the bottleneck); uvicorn: the same app under uvicorn",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="write a cProfile of the env process to PATH.<workers> (pstats format)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} cores")
-    print(f"server type: {args.server_type}, fake server: {args.fake_server}, latency {args.latency_ms} ms")
-    print(f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17} "
-          f"{'infer CPU ms/grp':>17} {'api CPU ms/grp':>15}")
+    print(
+        f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"server type: {args.server_type}, fake server: {args.fake_server}, latency {args.latency_ms} ms"
+    )
+    print(
+        f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17} "
+        f"{'infer CPU ms/grp':>17} {'api CPU ms/grp':>15}"
+    )
     for workers in args.workers:
-        r = _measure(workers, args.latency_ms, args.seconds, args.warmup, log_dir, args.server_type,
-                     args.fake_server, f"{args.profile}.{workers}" if args.profile else None)
-        print(f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
-              f"{r['cpu_ms_per_group']:>17.2f} {r['infer_cpu_ms_per_group']:>17.2f} "
-              f"{r['api_cpu_ms_per_group']:>15.2f}", flush=True)
+        r = _measure(
+            workers,
+            args.latency_ms,
+            args.seconds,
+            args.warmup,
+            log_dir,
+            args.server_type,
+            args.fake_server,
+            f"{args.profile}.{workers}" if args.profile else None,
+        )
+        print(
+            f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
+            f"{r['cpu_ms_per_group']:>17.2f} {r['infer_cpu_ms_per_group']:>17.2f} "
+            f"{r['api_cpu_ms_per_group']:>15.2f}",
+            flush=True,
+        )
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

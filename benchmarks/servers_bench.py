@@ -6,7 +6,8 @@ loop on ``chat_completion`` for ``--seconds``. The ideal throughput is
 ``servers * min(slots, callers / servers) / latency``; the target is >= 90 % of it.
 
 ``--http`` runs the same load against fake-server processes on loopback instead (that
-also measures HTTP and JSON costs, so it is a reference, not the routing target).
+also measures the HTTP and JSON costs of the backends' lean transport, so it is a
+reference, not the routing target; ``--fake-server uvicorn`` serves them with uvicorn).
 
 Example::
 
@@ -102,7 +103,11 @@ async def run_baseline(args: argparse.Namespace) -> dict[str, float]:
         start = time.perf_counter()
         cpu = time.process_time()
         await asyncio.gather(*(caller(start + seconds) for _ in range(args.callers)))
-    return {"requests": done, "elapsed": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+    return {
+        "requests": done,
+        "elapsed": time.perf_counter() - start,
+        "cpu": time.process_time() - cpu,
+    }
 
 
 async def run_http(args: argparse.Namespace) -> dict[str, float]:
@@ -111,8 +116,16 @@ async def run_http(args: argparse.Namespace) -> dict[str, float]:
     ports = [free_port() for _ in range(args.servers)]
     procs = [
         start_process(
-            [sys.executable, "-m", "atroposlib.envs.server_handling.fake_server",
-             "--port", str(p), "--latency-ms", str(args.latency_ms)]
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.envs.server_handling.fake_server",
+                "--port",
+                str(p),
+                "--latency-ms",
+                str(args.latency_ms),
+                *(["--lean"] if args.fake_server == "lean" else []),
+            ]
         )
         for p in ports
     ]
@@ -120,8 +133,12 @@ async def run_http(args: argparse.Namespace) -> dict[str, float]:
         for p, proc in zip(ports, procs, strict=False):
             wait_http(f"http://127.0.0.1:{p}/health", timeout=60, proc=proc)
         configs = [
-            APIServerConfig(base_url=f"http://127.0.0.1:{p}/v1", model_name="fake",
-                            num_max_requests_at_once=args.slots, timeout=60)
+            APIServerConfig(
+                base_url=f"http://127.0.0.1:{p}/v1",
+                model_name="fake",
+                num_max_requests_at_once=args.slots,
+                timeout=60,
+            )
             for p in ports
         ]
         manager = ServerManager(configs)
@@ -143,6 +160,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--http", action="store_true", help="use fake-server processes")
     parser.add_argument(
+        "--fake-server",
+        choices=["lean", "uvicorn"],
+        default="lean",
+        help="with --http: the fake servers' HTTP server (lean: minimal asyncio server)",
+    )
+    parser.add_argument(
         "--baseline", action="store_true", help="no router, a bare semaphore + sleep (box ceiling)"
     )
     args = parser.parse_args()
@@ -155,11 +178,13 @@ def main() -> None:
     ideal = concurrent / (args.latency_ms / 1000.0)
     rate = result["requests"] / result["elapsed"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    mode = "http (fake-server processes)" if args.http else "in-process servers"
+    mode = f"http ({args.fake_server} fake-server processes)" if args.http else "in-process servers"
     if args.baseline:
         mode = "baseline (no router: bare semaphore + sleep)"
     print(f"mode: {mode}")
-    print(f"servers={args.servers} latency={args.latency_ms}ms slots/server={args.slots} callers={args.callers}")
+    print(
+        f"servers={args.servers} latency={args.latency_ms}ms slots/server={args.slots} callers={args.callers}"
+    )
     print(f"requests: {int(result['requests'])} in {result['elapsed']:.2f}s")
     print(f"throughput: {rate:.0f} req/s; ideal: {ideal:.0f} req/s; ratio: {rate / ideal:.1%}")
     cpu_us = result["cpu"] / max(result["requests"], 1) * 1e6
@@ -170,7 +195,10 @@ def main() -> None:
     )
     print(f"load average (1 min): {load:.2f}")
     try:
-        print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip())
+        print(
+            "uptime:",
+            subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip(),
+        )
     except (OSError, subprocess.SubprocessError):
         pass
 

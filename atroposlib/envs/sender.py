@@ -134,8 +134,10 @@ class GroupSender:
         while self._queue:
             nxt = self._queue[0]
             size = sum(_token_count(g) for g in nxt.groups)
-            if batch and (n_groups + len(nxt.groups) > self.max_groups_per_post
-                          or tokens + size > MAX_TOKENS_PER_POST):
+            if batch and (
+                n_groups + len(nxt.groups) > self.max_groups_per_post
+                or tokens + size > MAX_TOKENS_PER_POST
+            ):
                 break
             batch.append(self._queue.popleft())
             n_groups += len(nxt.groups)
@@ -170,7 +172,9 @@ class GroupSender:
         # A list the API refuses as too big for its free space may never fit while
         # less than a batch is queued, so several groups get no busy wait: on 503
         # they are split and sent one by one (each with the full busy wait).
-        result = await self._deliver(_as_payload(groups), self.busy_wait_s if len(groups) == 1 else 0.0)
+        result = await self._deliver(
+            _as_payload(groups), self.busy_wait_s if len(groups) == 1 else 0.0
+        )
         if result.ok:
             self.delivered += len(groups)
             for pending in batch:
@@ -233,7 +237,9 @@ class GroupSender:
     def _park(self, groups: List[Any], why: str) -> None:
         key = self.outbox.put(_as_payload(groups))
         self.outboxed += len(groups)
-        logger.warning("%d group(s) parked in outbox %s/%s (%s)", len(groups), self.outbox.directory, key, why)
+        logger.warning(
+            "%d group(s) parked in outbox %s/%s (%s)", len(groups), self.outbox.directory, key, why
+        )
         self._wake_flusher.set()
 
     # ----------------------------------------------------------- outbox

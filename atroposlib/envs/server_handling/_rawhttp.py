@@ -154,7 +154,9 @@ class RawHttpClient:
     """
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], collections.deque[_Conn]] = collections.defaultdict(collections.deque)
+        self._idle: dict[tuple[str, int], collections.deque[_Conn]] = collections.defaultdict(
+            collections.deque
+        )
         self.loop = asyncio.get_running_loop()
 
     async def _connect(self, host: str, port: int) -> _Conn:
@@ -180,7 +182,9 @@ class RawHttpClient:
         timeout: float,
     ) -> tuple[int, dict[str, str], bytes]:
         """Send one request; the answer's status, lower-cased headers and body."""
-        head = [f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"]
+        head = [
+            f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"
+        ]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n")
         head.append("\r\n")

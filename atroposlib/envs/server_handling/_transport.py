@@ -20,13 +20,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
-
 from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 
 from atroposlib.envs.server_handling._rawhttp import RawHttpClient
+
+try:
+    import orjson
+
+    def _dumps(body: Any) -> bytes:
+        return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+
+    _loads = orjson.loads
+except ImportError:  # orjson is an optional speed-up
+    import json
+
+    def _dumps(body: Any) -> bytes:
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    _loads = json.loads
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +62,9 @@ class HttpStatus(Exception):
         import httpx
 
         request = httpx.Request(self.method, self.url)
-        response = httpx.Response(self.status, headers=self.headers, content=self.body, request=request)
+        response = httpx.Response(
+            self.status, headers=self.headers, content=self.body, request=request
+        )
         return httpx.HTTPStatusError(str(self), request=request, response=response)
 
 
@@ -98,7 +113,9 @@ class JsonTransport:
         """The shared session of the running loop (recreated when the loop changed)."""
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=False)
+            connector = aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=60, enable_cleanup_closed=False
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers=self.headers,
@@ -120,17 +137,23 @@ class JsonTransport:
 
         Raises ``TypeError`` when ``body`` cannot be encoded (before anything is sent).
         """
-        payload = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+        payload = _dumps(body)
         target = self._plain_target(url)
         if target is not None:
             host, port, path = target
             send_headers = {**self.headers, **headers} if headers else self.headers
             status, resp_headers, raw = await self.raw_client().request(
-                "POST", host, port, path, send_headers, payload, self.timeout if timeout is None else timeout
+                "POST",
+                host,
+                port,
+                path,
+                send_headers,
+                payload,
+                self.timeout if timeout is None else timeout,
             )
             if status >= 400:
                 raise HttpStatus("POST", url, status, resp_headers, raw)
-            return orjson.loads(raw)
+            return _loads(raw)
         kwargs: dict[str, Any] = {"data": payload}
         if headers:
             kwargs["headers"] = headers
@@ -140,7 +163,7 @@ class JsonTransport:
             raw = await response.read()
             if response.status >= 400:
                 raise HttpStatus("POST", url, response.status, dict(response.headers), raw)
-        return orjson.loads(raw)
+        return _loads(raw)
 
     async def get_status(self, url: str, timeout: float | None = None) -> int:
         """GET ``url`` and return the status code (the body is read and dropped)."""
@@ -148,7 +171,9 @@ class JsonTransport:
         target = self._plain_target(url)
         if target is not None:
             host, port, path = target
-            status, _, _ = await self.raw_client().request("GET", host, port, path, self.headers, b"", t)
+            status, _, _ = await self.raw_client().request(
+                "GET", host, port, path, self.headers, b"", t
+            )
             return status
         client_timeout = aiohttp.ClientTimeout(total=t, connect=min(10.0, t))
         async with self.session().get(url, timeout=client_timeout) as response:

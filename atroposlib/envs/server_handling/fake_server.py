@@ -53,7 +53,9 @@ class FakeServerSettings(BaseModel):
     latency_ms: float = Field(50.0, ge=0, description="Delay added to every generation request.")
     model_name: str = Field("fake", description="Model id reported by /v1/models and responses.")
     seed: int = Field(0, description="Default seed when a request gives none.")
-    ignore_n: bool = Field(False, description="Return a single choice whatever n is (like some APIs).")
+    ignore_n: bool = Field(
+        False, description="Return a single choice whatever n is (like some APIs)."
+    )
     fail_status: int | None = Field(
         None, ge=400, le=599, description="When set, every endpoint answers this HTTP status."
     )
@@ -180,13 +182,14 @@ Reply = tuple[int, Any]
 
 
 def _error(status: int, message: str, err_type: str = "invalid_request_error") -> Reply:
-    return status, {"error": {"message": message, "type": err_type, "code": status}, "detail": message}
+    return status, {
+        "error": {"message": message, "type": err_type, "code": status},
+        "detail": message,
+    }
 
 
 def _validation_error(exc: ValidationError) -> Reply:
-    detail = [
-        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()
-    ]
+    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
     fields = ", ".join(".".join(str(p) for p in d["loc"]) or "body" for d in detail)
     return 422, {
         "detail": detail,
@@ -200,8 +203,14 @@ class _BadBody(Exception):
 
 def _parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body) if body else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        import orjson
+
+        loads: Any = orjson.loads
+    except ImportError:
+        loads = json.loads
+    try:
+        return loads(body) if body else None
+    except ValueError as e:  # JSONDecodeError (both libraries) and UnicodeDecodeError
         raise _BadBody(f"body is not valid JSON: {e}") from e
 
 
@@ -285,7 +294,12 @@ def completion_payload(req: CompletionRequest, state: FakeServerSettings) -> Rep
             if req.echo:
                 text = fake_detokenize(prompt_ids) + text
             choices.append(
-                {"index": p_idx * n + i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                {
+                    "index": p_idx * n + i,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                }
             )
     return 200, {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -366,7 +380,9 @@ def sglang_payload(req: SGLangGenerateRequest, state: FakeServerSettings) -> Rep
         meta: dict[str, Any] = {
             "prompt_tokens": len(prompt_ids),
             "completion_tokens": len(ids),
-            "finish_reason": {"type": finish} if finish == "stop" else {"type": "length", "length": max_tokens},
+            "finish_reason": {"type": finish}
+            if finish == "stop"
+            else {"type": "length", "length": max_tokens},
         }
         if req.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(ids, lps, strict=False)]
@@ -422,7 +438,9 @@ class FakeBackend:
         if not path.startswith("/fake/"):
             self.counts[path] += 1
             if self.state.fail_status is not None:
-                return _error(self.state.fail_status, "fake server failure injected", "server_error")
+                return _error(
+                    self.state.fail_status, "fake server failure injected", "server_error"
+                )
         try:
             return await self._route(method, path, body)
         except _BadBody as e:
@@ -438,7 +456,14 @@ class FakeBackend:
             if path == "/v1/models":
                 return 200, {
                     "object": "list",
-                    "data": [{"id": state.model_name, "object": "model", "created": 0, "owned_by": "fake"}],
+                    "data": [
+                        {
+                            "id": state.model_name,
+                            "object": "model",
+                            "created": 0,
+                            "owned_by": "fake",
+                        }
+                    ],
                 }
             if path == "/fake/stats":
                 return 200, {"requests": dict(self.counts), **self.concurrency}
@@ -455,8 +480,16 @@ class FakeBackend:
                 return await self._generate(_parse_json(body))
             if path == "/fake/config":
                 return self._configure(_parse_json(body))
-        known = {"/health", "/v1/models", "/fake/stats", "/v1/chat/completions", "/v1/completions",
-                 "/generate", "/generate/", "/fake/config"}
+        known = {
+            "/health",
+            "/v1/models",
+            "/fake/stats",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/generate",
+            "/generate/",
+            "/fake/config",
+        }
         if path in known:
             return _error(405, f"method {method} not allowed on {path}")
         return _error(404, f"no route {path}")
@@ -528,13 +561,18 @@ class FakeASGIApp:
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
-        status, content = await self.backend.handle(scope["method"], scope["path"], b"".join(chunks))
+        status, content = await self.backend.handle(
+            scope["method"], scope["path"], b"".join(chunks)
+        )
         payload = encode_json(content)
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": payload})
@@ -562,7 +600,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     settings = FakeServerSettings(
-        latency_ms=args.latency_ms, model_name=args.model_name, seed=args.seed, ignore_n=args.ignore_n
+        latency_ms=args.latency_ms,
+        model_name=args.model_name,
+        seed=args.seed,
+        ignore_n=args.ignore_n,
     )
     if args.lean:
         from atroposlib.envs.server_handling.lean_http import serve_forever

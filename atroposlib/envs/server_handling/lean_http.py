@@ -131,7 +131,9 @@ class _Connection(asyncio.Protocol):
         self.closing = True
         self.pending.clear()
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(render_response(status, {"error": {"message": message}}, close=True))
+            self.transport.write(
+                render_response(status, {"error": {"message": message}}, close=True)
+            )
             self.transport.close()
 
     def _next(self) -> None:

@@ -134,7 +134,9 @@ class OpenAIServer(HttpClientMixin, APIServer):
 
     def _use_lean_transport(self) -> bool:
         # api.openai.com keeps the official client (its headers, retries of 5xx bodies...).
-        return not is_official_openai(self.config.base_url) and os.environ.get(SDK_ENV_VAR, "") not in (
+        return not is_official_openai(self.config.base_url) and os.environ.get(
+            SDK_ENV_VAR, ""
+        ) not in (
             "1",
             "true",
         )
@@ -171,7 +173,9 @@ class OpenAIServer(HttpClientMixin, APIServer):
         )
 
     async def _completion_create(self, **kwargs: Any) -> Any:
-        return await self._lean_create("completions", Completion, self.openai.completions.create, **kwargs)
+        return await self._lean_create(
+            "completions", Completion, self.openai.completions.create, **kwargs
+        )
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
         return await self._n_requests(self._chat_create, kwargs)

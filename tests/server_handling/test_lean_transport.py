@@ -1,0 +1,206 @@
+"""The lean HTTP path: raw keep-alive client, JSON transport, lean fake server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from atroposlib.envs.server_handling._rawhttp import RawHttpClient
+from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
+from atroposlib.envs.server_handling.errors import is_transport_error
+from atroposlib.envs.server_handling.openai_server import OpenAIServer, lean_request_body
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from tests.helpers.procs import free_port, running_process
+
+FAKE = [sys.executable, "-m", "atroposlib.envs.server_handling.fake_server"]
+
+
+async def _serve_raw(handler) -> tuple[asyncio.AbstractServer, int]:
+    """A one-off TCP server whose connection handler is ``handler(reader, writer)``."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+async def test_raw_client_reuses_one_connection_and_reads_chunked_bodies():
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        for _ in range(3):
+            request = await _read_request(reader)
+            assert b"Content-Length: 2" in request and request.endswith(b"{}")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b'3\r\n{"a\r\n5\r\n": 1}\r\n0\r\n\r\n'
+            )
+            await writer.drain()
+        writer.close()
+
+    server, port = await _serve_raw(handler)
+    client = RawHttpClient()
+    try:
+        for _ in range(3):
+            status, _, body = await client.request("POST", "127.0.0.1", port, "/x", {}, b"{}", 5)
+            assert (status, body) == (200, b'{"a": 1}')
+        assert connections == 1
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_raw_client_survives_a_server_closing_idle_connections():
+    seen = 0
+
+    async def handler(reader, writer):
+        nonlocal seen
+        await _read_request(reader)
+        seen += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # the server drops keep-alive connections after each answer
+
+    server, port = await _serve_raw(handler)
+    client = RawHttpClient()
+    try:
+        assert (await client.request("GET", "127.0.0.1", port, "/", {}, b"", 5))[2] == b"ok"
+        assert (await client.request("GET", "127.0.0.1", port, "/", {}, b"", 5))[2] == b"ok"
+        assert seen == 2
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_raw_client_times_out_instead_of_hanging_and_refusal_is_a_transport_error():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        await asyncio.sleep(30)
+
+    server, port = await _serve_raw(handler)
+    client = RawHttpClient()
+    try:
+        with pytest.raises(asyncio.TimeoutError) as exc:
+            await client.request("POST", "127.0.0.1", port, "/", {}, b"", 0.3)
+        assert is_transport_error(exc.value)
+        with pytest.raises(OSError) as refused:
+            await client.request("GET", "127.0.0.1", free_port(), "/", {}, b"", 2)
+        assert is_transport_error(refused.value)
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_raw_client_reports_a_connection_cut_mid_answer():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        writer.close()
+
+    server, port = await _serve_raw(handler)
+    client = RawHttpClient()
+    try:
+        with pytest.raises(ConnectionResetError, match="mid-answer"):
+            await client.request("GET", "127.0.0.1", port, "/", {}, b"", 5)
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_json_transport_sends_the_key_and_raises_status_errors_with_the_body():
+    seen_headers = []
+
+    async def handler(reader, writer):
+        request = await _read_request(reader)
+        seen_headers.append(request)
+        body = b'{"error":"bad n"}'
+        writer.write(
+            b"HTTP/1.1 422 Unprocessable\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    server, port = await _serve_raw(handler)
+    transport = JsonTransport({"Authorization": "Bearer k1"}, timeout=5)
+    try:
+        with pytest.raises(HttpStatus) as exc:
+            await transport.post_json(f"http://127.0.0.1:{port}/generate", {"n": 0})
+        assert exc.value.status == 422 and b"bad n" in exc.value.body
+        as_httpx = exc.value.to_httpx()
+        assert isinstance(as_httpx, httpx.HTTPStatusError) and as_httpx.response.status_code == 422
+        assert b"Authorization: Bearer k1" in seen_headers[0]
+        assert b'"n":0' in seen_headers[0]
+    finally:
+        await transport.close()
+        server.close()
+
+
+def test_lean_body_merges_extra_body_and_defers_sdk_only_options_to_the_client():
+    assert lean_request_body({"model": "m", "n": 2, "extra_body": {"top_k": 5}}) == {
+        "model": "m",
+        "n": 2,
+        "top_k": 5,
+    }
+    assert lean_request_body({"model": "m", "stream": True}) is None
+    assert lean_request_body({"model": "m", "extra_headers": {"x": "1"}}) is None
+    assert lean_request_body({"model": "m", "max_tokens": openai.NOT_GIVEN}) == {"model": "m"}
+
+
+@pytest.mark.parametrize("mode", [[], ["--lean"]], ids=["uvicorn", "lean"])
+def test_fake_server_modes_answer_alike_and_lean_path_builds_openai_objects(mode, tmp_path):
+    port = free_port()
+    cmd = [*FAKE, "--port", str(port), "--latency-ms", "1", *mode]
+    with running_process(
+        cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=tmp_path / "f.log"
+    ):
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=10) as c:
+            comp = c.post(
+                f"{url}/v1/completions", json={"prompt": "hi", "n": 2, "max_tokens": 4, "seed": 1}
+            )
+            assert [ch["text"] for ch in comp.json()["choices"]] == ["zr", "ljvl"]
+            bad = c.post(f"{url}/v1/chat/completions", json={"messages": []})
+            assert bad.status_code == 422 and "messages" in bad.json()["error"]["message"]
+            assert c.post(f"{url}/generate", content=b"{oops").status_code == 400
+            assert c.get(f"{url}/nope").status_code == 404
+
+        async def through_server():
+            server = OpenAIServer(
+                APIServerConfig(
+                    model_name="fake",
+                    base_url=f"{url}/v1",
+                    api_key="k",
+                    timeout=10,
+                    health_check=False,
+                )
+            )
+            try:
+                chat = await server.chat_completion(
+                    messages=[{"role": "user", "content": "x"}], n=3, max_tokens=4
+                )
+                text = await server.completion(prompt="hi", n=2, max_tokens=4, seed=1)
+                with pytest.raises(openai.UnprocessableEntityError, match="messages"):
+                    await server.chat_completion(messages=[])
+                return chat, text
+            finally:
+                await server.close()
+
+        chat, text = asyncio.run(through_server())
+        assert isinstance(chat, ChatCompletion) and [c.index for c in chat.choices] == [0, 1, 2]
+        assert all(isinstance(c.message.content, str) for c in chat.choices)
+        assert isinstance(text, Completion) and [c.text for c in text.choices] == ["zr", "ljvl"]
