@@ -24,6 +24,7 @@ class EnvStatus:
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> EnvStatus:
         """Build from the JSON answer; missing keys keep their defaults."""
+
         def get(key: str, default: Any) -> Any:
             value = payload.get(key)
             return default if value is None else value
@@ -38,7 +39,9 @@ class EnvStatus:
         )
 
 
-def derived_batch_size(batch_size: int, status: EnvStatus, min_batch_allocation: float | None) -> int:
+def derived_batch_size(
+    batch_size: int, status: EnvStatus, min_batch_allocation: float | None
+) -> int:
     """This env's share of a batch: ``batch_size × (unallocated + own minimum)``; -1 if unknown."""
     if batch_size <= 0:
         return -1
@@ -103,6 +106,8 @@ def train_worker_cap(
     if min_batch_allocation is not None and batch_size > 0:
         quota_seqs = batch_size * min_batch_allocation
         per_pack = max(group_size, status.max_group_size)
-        needed = math.ceil(quota_seqs / per_pack) * (per_pack // group_size) - status.self_queue_size
+        needed = (
+            math.ceil(quota_seqs / per_pack) * (per_pack // group_size) - status.self_queue_size
+        )
         cap = max(cap, needed)
     return max(0, cap)

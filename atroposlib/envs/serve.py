@@ -48,7 +48,10 @@ async def setup_wandb(env: BaseEnv) -> None:
         await asyncio.sleep(1)
     env.wandb_project, env.wandb_group = info["project"], info.get("group")
     wl.init_run(
-        env.wandb_project, env.wandb_group, wl.run_name(env.config.wandb_name), env.config.model_dump(mode="json")
+        env.wandb_project,
+        env.wandb_group,
+        wl.run_name(env.config.wandb_name),
+        env.config.model_dump(mode="json"),
     )
 
 
@@ -86,7 +89,9 @@ async def register_env(env: BaseEnv) -> None:
         if int(data.get("num_steps", -1)) == -1:
             raise ValueError("total_steps is -1 and the rollout API has no num_steps")
         env.config.total_steps = int(data["num_steps"])
-    logger.info("registered as env %s (%s) at step %d", env.env_id, env.wandb_prepend, env.curr_step)
+    logger.info(
+        "registered as env %s (%s) at step %d", env.env_id, env.wandb_prepend, env.curr_step
+    )
     if env.curr_step > 0:
         env.load_checkpoint()
 
@@ -114,7 +119,9 @@ async def get_status(env: BaseEnv) -> None:
         env.config.batch_size, env._status, env.config.min_batch_allocation
     )
     if env.config.max_num_workers == -1:
-        env.max_num_workers = env.config.max_num_workers_per_node * max(1, len(getattr(env.server, "servers", [1])))
+        env.max_num_workers = env.config.max_num_workers_per_node * max(
+            1, len(getattr(env.server, "servers", [1]))
+        )
     else:
         env.max_num_workers = env.config.max_num_workers
     if env.config.inference_weight != -1 and hasattr(env.server, "update_weight"):
@@ -219,7 +226,9 @@ async def serve_loop(env: BaseEnv) -> None:
             if scheduling.should_terminate(
                 status, env.config.group_size, env.config.batch_size, env.config.total_steps
             ):
-                logger.info("enough data queued for total_steps=%d; stopping", env.config.total_steps)
+                logger.info(
+                    "enough data queued for total_steps=%d; stopping", env.config.total_steps
+                )
                 return
             if time.monotonic() - env._last_reap >= 1.0:
                 env._last_reap = time.monotonic()

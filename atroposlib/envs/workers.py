@@ -41,7 +41,12 @@ class WorkerPool:
         """Start ``run(uuid)`` as a worker task for ``item``; returns the uuid."""
         key = str(uuid.uuid4())
         task = asyncio.create_task(run(key))
-        self.running[key] = {"item": item, "worker": task, "start_time": time.time(), "timeouts": timeouts}
+        self.running[key] = {
+            "item": item,
+            "worker": task,
+            "start_time": time.time(),
+            "timeouts": timeouts,
+        }
         self.tasks.add(task)
         task.add_done_callback(self._finished)
         return key
@@ -75,7 +80,9 @@ class WorkerPool:
     def park_excess(self, cap: int) -> int:
         """Cancel the newest collecting workers until at most ``cap`` tasks remain."""
         parked = 0
-        newest_first = sorted(self.running, key=lambda k: self.running[k]["start_time"], reverse=True)
+        newest_first = sorted(
+            self.running, key=lambda k: self.running[k]["start_time"], reverse=True
+        )
         for key in newest_first:
             if len(self.tasks) - parked <= cap:
                 break

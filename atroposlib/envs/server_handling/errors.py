@@ -21,7 +21,9 @@ class ServerUnavailableError(ConnectionError):
 class NoHealthyServerError(TimeoutError):
     """No server could take the request before the deadline."""
 
-    def __init__(self, servers: list[str], waited_s: float, last_error: BaseException | None = None):
+    def __init__(
+        self, servers: list[str], waited_s: float, last_error: BaseException | None = None
+    ):
         self.servers = servers
         self.waited_s = waited_s
         self.last_error = last_error

@@ -47,8 +47,13 @@ logger = logging.getLogger(__name__)
 class ProxyError(Exception):
     """An error answered to the client in OpenAI's error format."""
 
-    def __init__(self, status: int, message: str, err_type: str = "invalid_request_error",
-                 param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        err_type: str = "invalid_request_error",
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -56,8 +61,9 @@ class ProxyError(Exception):
         self.param = param
 
 
-def openai_error(status: int, message: str, err_type: str = "invalid_request_error",
-                 param: str | None = None) -> JSONResponse:
+def openai_error(
+    status: int, message: str, err_type: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
     """A JSON response in OpenAI's error format."""
     return JSONResponse(
         status_code=status,
@@ -117,8 +123,12 @@ _PASSTHROUGH_DROP = ("model", "stream", "stream_options", "user", "logprobs", "t
 class ProxyState:
     """The proxy's state: the server pool, tokenizers and sessions."""
 
-    def __init__(self, manager: ServerManager | None = None, tokenizer: Any = None,
-                 tool_parser: str | None = None):
+    def __init__(
+        self,
+        manager: ServerManager | None = None,
+        tokenizer: Any = None,
+        tool_parser: str | None = None,
+    ):
         self.manager = manager
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
@@ -127,7 +137,9 @@ class ProxyState:
 
     def require_manager(self) -> ServerManager:
         if self.manager is None:
-            raise ProxyError(409, "the proxy has no servers yet; POST /setup first", "invalid_state")
+            raise ProxyError(
+                409, "the proxy has no servers yet; POST /setup first", "invalid_state"
+            )
         return self.manager
 
     def tokenizer_for(self, server: Any) -> Any:
@@ -218,7 +230,9 @@ def create_app(
             raise ProxyError(501, str(e), "not_implemented") from e
         except Exception as e:  # upstream failure: report it, never a bare 500
             logger.exception("proxy request failed")
-            raise ProxyError(502, f"inference server error: {type(e).__name__}: {e}", "server_error") from e
+            raise ProxyError(
+                502, f"inference server error: {type(e).__name__}: {e}", "server_error"
+            ) from e
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -226,8 +240,13 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        names = sorted({s.config.model_name for s in (state.manager.servers if state.manager else [])})
-        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "atropos"} for n in names]}
+        names = sorted(
+            {s.config.model_name for s in (state.manager.servers if state.manager else [])}
+        )
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "owned_by": "atropos"} for n in names],
+        }
 
     @app.get("/servers")
     async def servers() -> dict[str, Any]:
@@ -255,7 +274,9 @@ def create_app(
         if body.tokenizer:
             tok = load_tokenizer(body.tokenizer)
             if tok is None:
-                raise ProxyError(400, f"could not load tokenizer {body.tokenizer!r}", param="tokenizer")
+                raise ProxyError(
+                    400, f"could not load tokenizer {body.tokenizer!r}", param="tokenizer"
+                )
             state.tokenizer = tok
         if body.tool_parser is not None:
             state.tool_parser = body.tool_parser
@@ -271,7 +292,8 @@ def create_app(
             raise ProxyError(404, str(e), "not_found_error", "base_url") from e
         if not supports_tokens(server):
             raise ProxyError(
-                400, f"server {server.name} cannot return tokens/logprobs (use vllm or sglang)",
+                400,
+                f"server {server.name} cannot return tokens/logprobs (use vllm or sglang)",
                 param="base_url",
             )
         try:
@@ -372,11 +394,17 @@ def load_config(path: str) -> tuple[list[APIServerConfig], str | None, str | Non
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m atroposlib.envs.server_handling.managed_server_proxy --config servers.json``."""
-    parser = argparse.ArgumentParser(description="OpenAI-compatible proxy over ManagedServer sessions.")
-    parser.add_argument("--config", help="JSON file with the server configs (or POST /setup later).")
+    parser = argparse.ArgumentParser(
+        description="OpenAI-compatible proxy over ManagedServer sessions."
+    )
+    parser.add_argument(
+        "--config", help="JSON file with the server configs (or POST /setup later)."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9100)
-    parser.add_argument("--tokenizer", default=None, help="Tokenizer name or path for all sessions.")
+    parser.add_argument(
+        "--tokenizer", default=None, help="Tokenizer name or path for all sessions."
+    )
     parser.add_argument("--tool-parser", default=None, help="Tool-call parser, e.g. hermes.")
     args = parser.parse_args(argv)
     import uvicorn
@@ -393,8 +421,12 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"could not load tokenizer {tok_name!r}")
     elif args.tokenizer:
         tokenizer = load_tokenizer(args.tokenizer)
-    uvicorn.run(create_app(manager, tokenizer, tool_parser), host=args.host, port=args.port,
-                log_level="warning")
+    uvicorn.run(
+        create_app(manager, tokenizer, tool_parser),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+    )
 
 
 if __name__ == "__main__":

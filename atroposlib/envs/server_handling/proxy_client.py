@@ -59,7 +59,11 @@ class ProxyManagedServer:
 
     @classmethod
     async def create(
-        cls, proxy_url: str, base_url: str | None = None, timeout: float = DEFAULT_TIMEOUT, **options: Any
+        cls,
+        proxy_url: str,
+        base_url: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        **options: Any,
     ) -> ProxyManagedServer:
         """Open a new session (``options``: tool_parser, preserve_think_blocks, track_tree)."""
         body = {"base_url": base_url, **options} if base_url else dict(options)
@@ -84,7 +88,9 @@ class ProxyManagedServer:
         body: dict[str, Any] = {"messages": messages}
         if tools:
             body["tools"] = tools
-        return _check(await self._client.post(f"{self.base_url}/chat/completions/render", json=body))
+        return _check(
+            await self._client.post(f"{self.base_url}/chat/completions/render", json=body)
+        )
 
     async def aget_state(self) -> dict[str, Any]:
         """``{"nodes": [SequenceNode, ...]}`` (or the tree-mode state) from the proxy."""
@@ -98,7 +104,9 @@ class ProxyManagedServer:
 
     def get_state(self) -> dict[str, Any]:
         """Blocking version of :meth:`aget_state` (for code written against ManagedServer)."""
-        response = httpx.get(f"{self.proxy_url}/{self.session_id}/nodes", timeout=min(self.timeout, 30.0))
+        response = httpx.get(
+            f"{self.proxy_url}/{self.session_id}/nodes", timeout=min(self.timeout, 30.0)
+        )
         data = _check(response)
         if "nodes" in data:
             return {"nodes": [SequenceNode.model_validate(n) for n in data["nodes"]]}
@@ -106,7 +114,9 @@ class ProxyManagedServer:
 
     def reset(self) -> None:
         """Forget the session's nodes (blocking call, like :meth:`get_state`)."""
-        _check(httpx.post(f"{self.proxy_url}/{self.session_id}/reset", timeout=min(self.timeout, 30.0)))
+        _check(
+            httpx.post(f"{self.proxy_url}/{self.session_id}/reset", timeout=min(self.timeout, 30.0))
+        )
 
     async def close(self) -> None:
         """Delete the session and close the HTTP client."""

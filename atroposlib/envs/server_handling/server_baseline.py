@@ -480,7 +480,9 @@ class APIServer(ABC):
         return kwargs
 
     def _backoff(self, attempt: int) -> float:
-        return random.uniform(0, min(self.retry_max_wait, self.retry_multiplier * 2 ** (attempt - 1)))
+        return random.uniform(
+            0, min(self.retry_max_wait, self.retry_multiplier * 2 ** (attempt - 1))
+        )
 
     async def run_request(
         self,

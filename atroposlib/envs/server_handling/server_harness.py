@@ -123,14 +123,22 @@ class ServerHarness(APIServer):
         lps = output_logprobs_list or [[-0.5] * len(o) for o in outputs]
         reasons = finish_reasons or ["stop"] * len(outputs)
         if not (len(outputs) == len(lps) == len(reasons)):
-            raise ValueError("output_tokens_list, output_logprobs_list and finish_reasons differ in length")
+            raise ValueError(
+                "output_tokens_list, output_logprobs_list and finish_reasons differ in length"
+            )
         key = prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)
-        tokens = list(prompt_tokens) if prompt_tokens is not None else (
-            [] if isinstance(prompt, str) else list(key)  # type: ignore[arg-type]
+        tokens = (
+            list(prompt_tokens)
+            if prompt_tokens is not None
+            else (
+                [] if isinstance(prompt, str) else list(key)  # type: ignore[arg-type]
+            )
         )
         self.tokens_map[key] = (tokens, outputs, lps, reasons)
 
-    def set_logprobs_response(self, prompt: Union[str, Sequence[int]], response: dict[str, Any]) -> None:
+    def set_logprobs_response(
+        self, prompt: Union[str, Sequence[int]], response: dict[str, Any]
+    ) -> None:
         """Answer a ``get_logprobs`` call for ``prompt``."""
         key = prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)
         self.logprobs_map[key] = response
@@ -154,7 +162,9 @@ class ServerHarness(APIServer):
         ids = kwargs.get("input_ids")
         if ids is not None and tuple(int(t) for t in ids) in table:
             return table[tuple(int(t) for t in ids)]
-        raise KeyError(f"ServerHarness has no {what} response for prompt={prompt!r} input_ids={ids!r}")
+        raise KeyError(
+            f"ServerHarness has no {what} response for prompt={prompt!r} input_ids={ids!r}"
+        )
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> TokensResponse:
         tokens, outputs, lps, reasons = self._lookup(self.tokens_map, kwargs, "tokens/logprobs")

@@ -49,7 +49,9 @@ class ServerManagerConfig(BaseModel):
     """Settings of the ``ServerManager`` itself (the CLI's ``--server.*``)."""
 
     slurm: bool = Field(False, description="Discover inference servers from the SLURM allocation.")
-    testing: bool = Field(False, description="Use the in-process ServerHarness mock instead of servers.")
+    testing: bool = Field(
+        False, description="Use the in-process ServerHarness mock instead of servers."
+    )
     max_n_completions: int = Field(
         8, ge=1, description="Requests with a larger n are split into chunks of at most this size."
     )
@@ -206,7 +208,9 @@ class ServerManager:
                     for c in server_configs
                 ]
             else:
-                self.servers = [server_class(c, reasoning_config=reasoning_config) for c in server_configs]
+                self.servers = [
+                    server_class(c, reasoning_config=reasoning_config) for c in server_configs
+                ]
         self._sweeper: asyncio.Task[None] | None = None
         self._timeout_cache: float | None = None
         self._waiters: dict[bool, deque[tuple[asyncio.Future[int], frozenset[int], float]]] = {
@@ -236,7 +240,9 @@ class ServerManager:
             return configs
         urls = slurm_inference_urls()
         if urls is None:
-            logger.warning("slurm=True but fewer than 2 SLURM nodes found; using the configs as given")
+            logger.warning(
+                "slurm=True but fewer than 2 SLURM nodes found; using the configs as given"
+            )
             return configs
         return list(_configs_from_template(configs[0], urls))
 
@@ -296,9 +302,7 @@ class ServerManager:
         for server in self.servers:
             server.start_health_check()
 
-    async def _acquire_slot(
-        self, is_train: bool, exclude: frozenset[int], timeout: float
-    ) -> int:
+    async def _acquire_slot(self, is_train: bool, exclude: frozenset[int], timeout: float) -> int:
         """Take a slot on the best server, waiting FIFO up to ``timeout`` seconds.
 
         Waiters carry their deadline and one sweeper task expires them, so waiting
@@ -449,7 +453,10 @@ class ServerManager:
         n = _requested_n(kwargs)
         if n > self.max_n_completions:
             parts = await asyncio.gather(
-                *(self._call("chat", {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
+                *(
+                    self._call("chat", {**kwargs, "n": c})
+                    for c in split_n(n, self.max_n_completions)
+                )
             )
             return merge_choices(list(parts))
         return await self._call("chat", kwargs)
@@ -474,7 +481,10 @@ class ServerManager:
         n = _requested_n(kwargs)
         if n > self.max_n_completions:
             parts = await asyncio.gather(
-                *(self._call("tokens", {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
+                *(
+                    self._call("tokens", {**kwargs, "n": c})
+                    for c in split_n(n, self.max_n_completions)
+                )
             )
             prompt_tokens = parts[0][0]
             return (

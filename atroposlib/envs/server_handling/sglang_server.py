@@ -111,4 +111,8 @@ class SGLangServer(OpenAIServer):
                 row.append(row[-1])
             ids_out.append([int(t[1]) for t in row])
             lps_out.append([float(t[0]) if t[0] is not None else 0.0 for t in row])
-        return {"prompt_tokens": input_ids, "prompt_topk_token_ids": ids_out, "prompt_topk_logprobs": lps_out}
+        return {
+            "prompt_tokens": input_ids,
+            "prompt_topk_token_ids": ids_out,
+            "prompt_topk_logprobs": lps_out,
+        }

@@ -49,7 +49,9 @@ class TrlVllmServer(HttpClientMixin, APIServer):
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self._tokenizer_name)
             if self._tokenizer is None:
-                raise ValueError(f"TrlVllmServer needs a tokenizer; {self._tokenizer_name!r} failed to load")
+                raise ValueError(
+                    f"TrlVllmServer needs a tokenizer; {self._tokenizer_name!r} failed to load"
+                )
         return self._tokenizer
 
     @tokenizer.setter
@@ -90,7 +92,8 @@ class TrlVllmServer(HttpClientMixin, APIServer):
                     index=i,
                     finish_reason=self._finish(ids),
                     message=ChatCompletionMessage(
-                        role="assistant", content=self.tokenizer.decode(ids, skip_special_tokens=True)
+                        role="assistant",
+                        content=self.tokenizer.decode(ids, skip_special_tokens=True),
                     ),
                 )
                 for i, ids in enumerate(completions)

@@ -177,4 +177,8 @@ class VLLMServer(OpenAIServer):
         if prompt_lps and isinstance(prompt_lps[0], list) and len(prompt_lps) == 1:
             prompt_lps = prompt_lps[0]  # one list per prompt
         ids, lps = topk_from_prompt_logprobs(prompt_ids, prompt_lps, top_k)
-        return {"prompt_tokens": prompt_ids, "prompt_topk_token_ids": ids, "prompt_topk_logprobs": lps}
+        return {
+            "prompt_tokens": prompt_ids,
+            "prompt_topk_token_ids": ids,
+            "prompt_topk_logprobs": lps,
+        }
