@@ -13,12 +13,13 @@ when that variable is set.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Dict, List
 
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from atroposlib.utils.io import auth_headers
 
 from .config import TrainingConfig
 
@@ -29,12 +30,6 @@ REQUEST_TIMEOUT = 60.0
 
 class AtroposAPIError(RuntimeError):
     """The rollout API answered with an error, or could not be reached."""
-
-
-def auth_headers() -> Dict[str, str]:
-    """``Authorization`` header from ``ATROPOS_API_KEY`` (empty when unset)."""
-    key = os.environ.get("ATROPOS_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _check(resp: httpx.Response, what: str) -> Any:

@@ -10,22 +10,17 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Dict
 
 import httpx
 
+from atroposlib.utils.io import auth_headers
+
 logger = logging.getLogger(__name__)
 
 GZIP_MIN_BYTES = 1024
 DEFAULT_TIMEOUT_S = 30.0
-
-
-def auth_headers() -> Dict[str, str]:
-    """The auth header to send, from ``ATROPOS_API_KEY`` (empty when unset)."""
-    key = os.environ.get("ATROPOS_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def encode_body(payload: Any) -> tuple[bytes, Dict[str, str]]:

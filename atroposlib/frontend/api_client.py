@@ -17,11 +17,12 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable
 
 import httpx
+
+from atroposlib.utils.io import auth_headers
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +31,6 @@ DEFAULT_API_URL = "http://localhost:8000"
 
 class ApiError(RuntimeError):
     """The rollout API could not be reached or answered something unusable."""
-
-
-def api_key_headers() -> dict[str, str]:
-    """``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is set (SPEC D9)."""
-    key = os.environ.get("ATROPOS_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class TrainerClient:
@@ -48,7 +43,7 @@ class TrainerClient:
         client: httpx.Client | None = None,
     ) -> None:
         self.api_url = api_url.rstrip("/")
-        self._client = client or httpx.Client(timeout=timeout, headers=api_key_headers())
+        self._client = client or httpx.Client(timeout=timeout, headers=auth_headers())
 
     def close(self) -> None:
         """Close the underlying HTTP connection pool."""

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+import os
+from typing import Any, Dict
 
 logger = logging.getLogger(__name__)
+
+
+def auth_headers() -> Dict[str, str]:
+    """``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is set, else nothing (D9).
+
+    Every client of ``run-api`` (environments, trainer, tools) sends this header.
+    """
+    key = os.environ.get("ATROPOS_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 async def parse_http_response(resp: Any, logger: logging.Logger | None = None) -> Any:
