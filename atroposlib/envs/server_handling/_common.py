@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import httpx
-
 from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
 
 logger = logging.getLogger(__name__)
@@ -55,12 +53,8 @@ def drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 
 class HttpClientMixin:
-    """Owns the backend's HTTP clients: a lean :class:`JsonTransport` (aiohttp) used on
-    the request path, and an ``httpx.AsyncClient`` kept for compatibility; both per event
-    loop, created on first use."""
+    """Owns the backend's lean :class:`JsonTransport`, created on first use."""
 
-    _http: httpx.AsyncClient | None = None
-    _http_loop: Any = None
     _transport: JsonTransport | None = None
 
     def api_headers(self) -> dict[str, str]:
@@ -87,39 +81,10 @@ class HttpClientMixin:
         """Status code of ``GET url`` over the lean transport (for health probes)."""
         return await self.transport().get_status(url, timeout=timeout)
 
-    def http_client(self, timeout: float) -> httpx.AsyncClient:
-        """The shared client (recreated if the event loop changed)."""
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._http_loop is not loop or self._http.is_closed:
-            # Raw-HTTP backends (/generate, /health) carry the same key as the OpenAI client does.
-            api_key = getattr(getattr(self, "config", None), "api_key", "") or ""
-            self._http = httpx.AsyncClient(
-                headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
-                timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            )
-            self._http_loop = loop
-        return self._http
-
     async def close_http(self) -> None:
-        """Close the clients if this loop owns them."""
+        """Close the transport's connections."""
         if self._transport is not None:
             await self._transport.close()
-        if self._http is not None and not self._http.is_closed:
-            try:
-                await self._http.aclose()
-            except RuntimeError:  # created on a loop that is gone
-                pass
-        self._http = None
-
-
-async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
-    """POST ``body`` as JSON and return the decoded answer; HTTP errors raise."""
-    response = await client.post(url, json=body)
-    response.raise_for_status()
-    return response.json()
 
 
 def load_tokenizer(name: str) -> Any:
@@ -131,3 +96,48 @@ def load_tokenizer(name: str) -> Any:
     except (OSError, ValueError, ImportError) as e:
         logger.warning("could not load tokenizer %r: %s", name, e)
         return None
+
+
+def config_tokenizer_name(config: Any) -> str:
+    """The tokenizer a server config names: ``tokenizer_name``, or ``model_name`` when that is
+    unset (``"none"`` or empty), as the original resolves it."""
+    name = config.tokenizer_name
+    return config.model_name if not name or name == "none" else name
+
+
+class LazyTokenizerMixin:
+    """A backend's tokenizer, loaded once on first use from ``self.config`` (None, logged,
+    when it cannot be loaded), and the prompt-or-ids argument handling built on it."""
+
+    _tokenizer: Any = None
+    _tokenizer_failed: bool = False
+
+    @property
+    def tokenizer(self) -> Any:
+        """The server's tokenizer, loaded on first use (None if it cannot be loaded)."""
+        if self._tokenizer is None and not self._tokenizer_failed:
+            self._tokenizer = load_tokenizer(config_tokenizer_name(self.config))
+            self._tokenizer_failed = self._tokenizer is None
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
+    def pop_prompt_ids(self, kwargs: dict[str, Any]) -> list[int]:
+        """Pop ``input_ids`` (or ``prompt``, tokenized) from ``kwargs``; non-empty ints."""
+        input_ids = kwargs.pop("input_ids", None)
+        prompt = kwargs.pop("prompt", None)
+        if input_ids is None:
+            if prompt is None:
+                raise ValueError("tokens_and_logprobs_completion needs prompt or input_ids")
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"no tokenizer for {self.config.tokenizer_name!r}/{self.config.model_name!r}; "
+                    "pass input_ids instead of prompt"
+                )
+            input_ids = self.tokenizer.encode(prompt)
+        ids = [int(i) for i in input_ids]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence, Union
 
 from pydantic import BaseModel, Field
 
-from atroposlib.envs.server_handling._common import load_tokenizer
+from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
 from atroposlib.envs.server_handling.errors import (
     NoHealthyServerError,
     ServerUnavailableError,
@@ -551,8 +551,7 @@ class ServerManager:
         if supports_tokens(server):
             tok = tokenizer or getattr(server, "tokenizer", None)
             if tok is None:
-                name = server.config.tokenizer_name
-                tok = load_tokenizer(server.config.model_name if name == "none" else name)
+                tok = load_tokenizer(config_tokenizer_name(server.config))
             if tok is None:
                 raise ValueError("managed_server needs a tokenizer (pass tokenizer=...)")
             managed: Any = ManagedServer(

@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.envs.server_handling._common import (
+    LazyTokenizerMixin,
     drop_none,
     generate_sampling_kwargs,
-    load_tokenizer,
     root_url,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ReasoningConfig
 
 
 def parse_sglang_output(item: dict[str, Any]) -> tuple[list[int], list[float], str]:
@@ -34,40 +33,11 @@ def parse_sglang_output(item: dict[str, Any]) -> tuple[list[int], list[float], s
     return ids, lps, str(finish or "stop")
 
 
-class SGLangServer(OpenAIServer):
+class SGLangServer(LazyTokenizerMixin, OpenAIServer):
     """An SGLang server: OpenAI API for chat/completions, native ``/generate`` for tokens."""
 
-    def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
-        super().__init__(config, reasoning_config)
-        self._tokenizer: Any = None
-
-    @property
-    def tokenizer(self) -> Any:
-        """The server's tokenizer, loaded on first use (only needed for text prompts)."""
-        if self._tokenizer is None:
-            name = self.config.tokenizer_name
-            self._tokenizer = load_tokenizer(self.config.model_name if name == "none" else name)
-        return self._tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, value: Any) -> None:
-        self._tokenizer = value
-
-    def _input_ids(self, kwargs: dict[str, Any]) -> list[int]:
-        input_ids = kwargs.pop("input_ids", None)
-        prompt = kwargs.pop("prompt", None)
-        if input_ids is None:
-            if prompt is None:
-                raise ValueError("tokens_and_logprobs_completion needs prompt or input_ids")
-            if self.tokenizer is None:
-                raise ValueError("no tokenizer available; pass input_ids instead of prompt")
-            input_ids = self.tokenizer.encode(prompt)
-        if not input_ids:
-            raise ValueError("the prompt is empty")
-        return [int(i) for i in input_ids]
-
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
-        input_ids = self._input_ids(kwargs)
+        input_ids = self.pop_prompt_ids(kwargs)
         sampling = generate_sampling_kwargs(kwargs)
         for key in ("max_tokens", "max_completion_tokens"):
             if key in sampling:
@@ -91,7 +61,7 @@ class SGLangServer(OpenAIServer):
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
         top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
         kwargs.pop("top_logprobs", None)
-        input_ids = self._input_ids(kwargs)
+        input_ids = self.pop_prompt_ids(kwargs)
         body = {
             "input_ids": input_ids,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},

@@ -14,7 +14,11 @@ from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
-from atroposlib.envs.server_handling._common import HttpClientMixin, load_tokenizer
+from atroposlib.envs.server_handling._common import (
+    HttpClientMixin,
+    config_tokenizer_name,
+    load_tokenizer,
+)
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -39,8 +43,7 @@ class TrlVllmServer(HttpClientMixin, APIServer):
 
     def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         super().__init__(config, reasoning_config)
-        name = config.tokenizer_name if config.tokenizer_name != "none" else config.model_name
-        self._tokenizer_name = name
+        self._tokenizer_name = config_tokenizer_name(config)
         self._tokenizer: Any = None
 
     @property

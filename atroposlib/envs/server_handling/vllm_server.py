@@ -13,13 +13,12 @@ import logging
 from typing import Any
 
 from atroposlib.envs.server_handling._common import (
+    LazyTokenizerMixin,
     drop_none,
     generate_sampling_kwargs,
-    load_tokenizer,
     root_url,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ReasoningConfig
 
 logger = logging.getLogger(__name__)
 
@@ -81,32 +80,12 @@ def topk_from_prompt_logprobs(
     return ids_out, lps_out
 
 
-class VLLMServer(OpenAIServer):
+class VLLMServer(LazyTokenizerMixin, OpenAIServer):
     """A vLLM server that also serves the custom ``/generate`` endpoint.
 
     The tokenizer (``tokenizer_name``, or ``model_name`` when that is "none") is loaded
     only when needed: to tokenize a text ``prompt`` and to drop a duplicated leading BOS.
     """
-
-    def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
-        super().__init__(config, reasoning_config)
-        self._tokenizer: Any = None
-        self._tokenizer_failed = False
-
-    @property
-    def tokenizer(self) -> Any:
-        """The server's tokenizer, loaded on first use (None if it cannot be loaded)."""
-        if self._tokenizer is None and not self._tokenizer_failed:
-            name = self.config.tokenizer_name
-            if not name or name == "none":
-                name = self.config.model_name
-            self._tokenizer = load_tokenizer(name)
-            self._tokenizer_failed = self._tokenizer is None
-        return self._tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, value: Any) -> None:
-        self._tokenizer = value
 
     async def _probe_health(self) -> bool:
         status = await self.probe_status(
@@ -115,20 +94,7 @@ class VLLMServer(OpenAIServer):
         return status == 200
 
     def _prompt_ids(self, kwargs: dict[str, Any]) -> list[int]:
-        input_ids = kwargs.pop("input_ids", None)
-        prompt = kwargs.pop("prompt", None)
-        if input_ids is None:
-            if prompt is None:
-                raise ValueError("tokens_and_logprobs_completion needs prompt or input_ids")
-            if self.tokenizer is None:
-                raise ValueError(
-                    f"no tokenizer for {self.config.tokenizer_name!r}/{self.config.model_name!r}; "
-                    "pass input_ids instead of prompt"
-                )
-            input_ids = self.tokenizer.encode(prompt)
-        ids = [int(i) for i in input_ids]
-        if not ids:
-            raise ValueError("the prompt is empty")
+        ids = self.pop_prompt_ids(kwargs)
         bos = getattr(self._tokenizer, "bos_token_id", None) if self._tokenizer else None
         if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]
