@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple, Type
 
 import numpy as np
 
+from atroposlib.envs import files
 from atroposlib.utils.display import display_metrics_table
 
 logger = logging.getLogger(__name__)
@@ -63,14 +62,9 @@ def build_eval_record(
 ) -> Dict[str, Any]:
     """The ``metrics.json`` document (pure)."""
     elapsed = (end_time - start_time) if start_time is not None and end_time is not None else 0.0
-    return {
-        "config_general": {
-            "model_name": model_name,
-            "total_evaluation_time_seconds": str(elapsed),
-            "generation_parameters": dict(generation_parameters or {}),
-        },
-        "results": {f"atropos|{task_name}|0": dict(metrics), "all": dict(metrics)},
-    }
+    return files.eval_metrics_document(
+        dict(metrics), task_name, model_name, elapsed, dict(generation_parameters or {})
+    )
 
 
 def evaluate_log(
@@ -95,19 +89,11 @@ def evaluate_log(
     if not eval_dir:
         logger.warning("evaluate_log: no eval directory set; %s results not written", task)
         return None
-    out_dir = Path(eval_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     record = build_eval_record(
         metrics, task, model_name, start_time, end_time, generation_parameters
     )
-    (out_dir / "metrics.json").write_text(
-        json.dumps(record, indent=2, default=str), encoding="utf-8"
-    )
-    if samples:
-        with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as f:
-            for sample in samples:
-                f.write(json.dumps(sample, default=str) + "\n")
-    logger.info("evaluation results written to %s", out_dir)
+    files.write_eval_results(eval_dir, record, samples)
+    logger.info("evaluation results written to %s", eval_dir)
     return record
 
 
