@@ -1,0 +1,300 @@
+"""One security model for every server we ship (SPEC D9, D18).
+
+``run-api``, ``atropos-serve-model``, the OpenAI proxy and ``view-run`` listen on loopback by
+default, and a page open in the user's browser can still reach loopback. Two pure-ASGI layers
+keep such a page from driving a local server:
+
+* :class:`BrowserGuardMiddleware` refuses requests that only a browser under someone else's
+  control would send: a foreign ``Origin`` (403), a ``Host`` that is not a loopback name while
+  the server is bound to loopback (DNS rebinding, 403), a request body that is not JSON on a JSON
+  endpoint (415: ``text/plain`` and form posts are the ones a page can send without a CORS
+  preflight), and a state-changing ``GET`` issued by a browser (403).
+* :class:`BearerAuthMiddleware` requires ``Authorization: Bearer KEY`` everywhere but the open
+  paths when a key is configured (401).
+
+Clients that are not browsers (environments, trainers, ``curl``) send no ``Origin`` and no
+``Sec-Fetch-*`` headers and a loopback ``Host``, so they are unaffected.
+
+Example::
+
+    app = secure_app(app, api_key=load_api_key(args.api_key, args.api_key_file),
+                     bind_host=args.host, allowed_origins=args.cors_origin)
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, MutableMapping
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BearerAuthMiddleware",
+    "BrowserGuardMiddleware",
+    "is_loopback_host",
+    "load_api_key",
+    "secure_app",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_BROWSER_CROSS_SITE = frozenset({b"cross-site", b"same-site"})
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def _strip_port(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        return host[1:end] if end != -1 else host[1:]
+    if host.count(":") == 1:
+        return host.split(":", 1)[0]
+    return host
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a loopback name or address, with or without a port.
+
+    ``localhost``, ``*.localhost``, ``127.0.0.0/8`` and ``::1`` are loopback; an empty value is not.
+    """
+    name = _strip_port(host).rstrip(".")
+    if not name:
+        return False
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def load_api_key(
+    flag_value: str | None,
+    key_file: str | os.PathLike[str] | None = None,
+    env_var: str = "ATROPOS_API_KEY",
+    *,
+    component: str = "server",
+) -> str | None:
+    """The API key from the command-line flag, a key file or the environment, in that order.
+
+    A key given as a flag shows in ``ps`` to every user of the machine, so that form logs a
+    warning naming the safe ones. A key file holds the key alone (surrounding white space is
+    ignored); a missing or empty file raises :class:`ValueError` naming it.
+    """
+    if flag_value:
+        logger.warning(
+            "%s: the API key was given with --api-key and is visible to other users in `ps`; "
+            "prefer the %s environment variable or --api-key-file PATH",
+            component,
+            env_var,
+        )
+        return flag_value
+    if key_file:
+        path = Path(key_file).expanduser()
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ValueError(f"--api-key-file {str(path)!r} cannot be read: {e.strerror}") from e
+        if not key:
+            raise ValueError(f"--api-key-file {str(path)!r} is empty")
+        return key
+    return os.environ.get(env_var) or None
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+async def _refuse(
+    scope: Scope, receive: Receive, send: Send, status: int, detail: str, headers=()
+) -> None:
+    """Answer ``status`` with ``{"detail": ...}``; a refused websocket is closed before accept."""
+    if scope["type"] == "websocket":
+        await receive()
+        await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+        return
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BearerAuthMiddleware:
+    """Require ``Authorization: Bearer KEY`` on every path except the open ones (401 otherwise)."""
+
+    def __init__(
+        self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/", "/health")
+    ) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+        self._open = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self._open:
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"authorization") or b""
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        await _refuse(
+            scope,
+            receive,
+            send,
+            401,
+            "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            headers=[(b"www-authenticate", b"Bearer")],
+        )
+
+
+def _is_json_type(content_type: bytes | None) -> bool:
+    if not content_type:
+        return False
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
+def _has_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    if length is not None:
+        try:
+            return int(length) > 0
+        except ValueError:
+            return True
+    return _header(scope, b"transfer-encoding") is not None
+
+
+class BrowserGuardMiddleware:
+    """Refuse what a foreign web page could make a browser send to a local server (SPEC D18).
+
+    ``allowed_origins`` are the ``--cors-origin`` values (``"*"`` allows any origin). The
+    server's own origin (``scheme://Host`` of the request) is always allowed, so a page the server
+    itself serves (the Gradio viewer) keeps working. ``require_json`` is a bool or a predicate on
+    the path; ``guarded_get_paths`` are old ``GET`` endpoints that change state and stay open only
+    to clients that are not browsers. ``open_paths`` skip every check (health probes).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        allowed_origins: Iterable[str] = (),
+        check_host: bool = True,
+        require_json: bool | Callable[[str], bool] = True,
+        guarded_get_paths: Iterable[str] = (),
+        open_paths: Iterable[str] = ("/health",),
+    ) -> None:
+        self.app = app
+        origins = {o.strip().rstrip("/").lower() for o in allowed_origins if o and o.strip()}
+        self._any_origin = "*" in origins
+        self._origins = frozenset(origins - {"*"})
+        self._check_host = check_host
+        self._require_json = require_json
+        self._guarded_gets = frozenset(guarded_get_paths)
+        self._open = frozenset(open_paths)
+
+    def _needs_json(self, path: str) -> bool:
+        rule = self._require_json
+        return rule(path) if callable(rule) else bool(rule)
+
+    def _problem(self, scope: Scope) -> tuple[int, str] | None:
+        path = scope.get("path", "")
+        method = scope.get("method", "GET")
+        host_raw = _header(scope, b"host")
+        host = host_raw.decode("latin-1") if host_raw is not None else ""
+        if self._check_host and host_raw is not None and not is_loopback_host(host):
+            return 403, (
+                f"request refused: Host {host!r} is not a loopback name and this server listens on "
+                "loopback (DNS-rebinding protection); connect to 127.0.0.1 or localhost, or bind "
+                "a public address with --host"
+            )
+        origin_raw = _header(scope, b"origin")
+        if origin_raw is not None and not self._any_origin:
+            origin = origin_raw.decode("latin-1").strip().rstrip("/").lower()
+            scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+            own = f"{scheme}://{host.strip().lower()}" if host else None
+            if origin != own and origin not in self._origins:
+                return 403, (
+                    f"cross-origin request refused: Origin {origin!r} is not allowed "
+                    f"(allow it with --cors-origin {origin})"
+                )
+        if scope["type"] != "http":
+            return None
+        if path in self._guarded_gets and method in ("GET", "HEAD"):
+            fetch_site = (_header(scope, b"sec-fetch-site") or b"").lower()
+            if origin_raw is not None or fetch_site in _BROWSER_CROSS_SITE:
+                return 403, f"GET {path} from a browser is refused: use POST {path}"
+        if method in _BODY_METHODS and _has_body(scope) and self._needs_json(path):
+            content_type = _header(scope, b"content-type")
+            if not _is_json_type(content_type):
+                shown = content_type.decode("latin-1") if content_type else "none"
+                return 415, (
+                    f"Content-Type {shown!r} is not accepted on {path}: send the body as "
+                    "'application/json' (gzip Content-Encoding is fine)"
+                )
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") in self._open:
+            await self.app(scope, receive, send)
+            return
+        problem = self._problem(scope)
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        status, detail = problem
+        logger.warning("refused %s %s: %s", scope.get("method", "WS"), scope.get("path"), detail)
+        await _refuse(scope, receive, send, status, detail)
+
+
+def secure_app(
+    app: ASGIApp,
+    *,
+    api_key: str | None,
+    bind_host: str,
+    allowed_origins: Iterable[str] = (),
+    require_json: bool | Callable[[str], bool] = True,
+    guarded_get_paths: Iterable[str] = (),
+    open_paths: Iterable[str] = ("/", "/health"),
+) -> ASGIApp:
+    """Wrap ``app`` in the browser guard (outermost) and, with a key, bearer auth.
+
+    The ``Host`` check applies when ``bind_host`` is a loopback address: a server bound to a
+    public address is reached under names we cannot know.
+    """
+    wrapped: ASGIApp = app
+    open_paths = tuple(open_paths)
+    if api_key:
+        wrapped = BearerAuthMiddleware(wrapped, api_key=api_key, open_paths=open_paths)
+    return BrowserGuardMiddleware(
+        wrapped,
+        allowed_origins=allowed_origins,
+        check_host=is_loopback_host(bind_host),
+        require_json=require_json,
+        guarded_get_paths=guarded_get_paths,
+        open_paths=tuple(p for p in open_paths if p != "/"),
+    )
