@@ -9,30 +9,39 @@ on the main thread, so the timeouts are disabled elsewhere.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any, List
 
-from latex2sympy2_extended import NormalizationConfig
-from math_verify import LatexExtractionConfig, parse, verify
-
 logger = logging.getLogger(__name__)
 
-_PRED_CONFIG = [
-    LatexExtractionConfig(
-        normalization_config=NormalizationConfig(
-            nits=False,
-            malformed_operators=False,
-            basic_latex=True,
-            equations=False,
-            boxed="all",
-            units=True,
-        ),
-        boxed_match_priority=0,
-        try_extract_without_anchor=False,
-    )
-]
-_GOLD_CONFIG = [LatexExtractionConfig()]
+
+@functools.lru_cache(maxsize=1)
+def _math_verify() -> tuple[Any, Any, list, list]:
+    """Import math-verify (and sympy under it) on first use: ``(parse, verify, pred, gold)``.
+
+    The import costs more than a second, so ``import atroposlib.envs.reward_fns`` and the
+    environments that never score math do not pay it; the first math reward called does.
+    """
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    pred_config = [
+        LatexExtractionConfig(
+            normalization_config=NormalizationConfig(
+                nits=False,
+                malformed_operators=False,
+                basic_latex=True,
+                equations=False,
+                boxed="all",
+                units=True,
+            ),
+            boxed_match_priority=0,
+            try_extract_without_anchor=False,
+        )
+    ]
+    return parse, verify, pred_config, [LatexExtractionConfig()]
 
 
 def _timeouts() -> dict:
@@ -56,16 +65,16 @@ def parse_gold(answer: str) -> List[Any]:
     """Parse a gold answer (plain or already boxed); an empty list means unparseable."""
     answer = str(answer).strip()
     boxed = answer if "\\boxed" in answer else "\\boxed{" + answer + "}"
-    return parse(
-        boxed, extraction_mode="first_match", extraction_config=_GOLD_CONFIG, **_timeouts()
-    )
+    parse, _verify, _pred, gold_config = _math_verify()
+    return parse(boxed, extraction_mode="first_match", extraction_config=gold_config, **_timeouts())
 
 
 def parse_prediction(text: str) -> List[Any]:
     """Parse the model's final answer from the text after ``</think>``."""
+    parse, _verify, pred_config, _gold = _math_verify()
     return parse(
         answer_after_think(text),
-        extraction_config=_PRED_CONFIG,
+        extraction_config=pred_config,
         extraction_mode="first_match",
         **_timeouts(),
     )
@@ -75,6 +84,7 @@ def verify_parsed(gold_parsed: List[Any], pred_parsed: List[Any]) -> bool:
     """``math_verify.verify`` with timeouts that work off the main thread too."""
     if len(gold_parsed) == 0 or len(pred_parsed) == 0:
         return False
+    verify = _math_verify()[1]
     return bool(verify(gold_parsed, pred_parsed, **_verify_timeouts()))
 
 
