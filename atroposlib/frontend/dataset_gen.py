@@ -5,9 +5,11 @@ trainer: register, then poll ``/batch``) or from a ``process`` jsonl
 (``--from-file``), turn each group into output lines with a per-tool function,
 optionally drop duplicates, and append them to a jsonl with a progress bar.
 
-Exit codes: 0 wrote at least one line; 1 nothing matched, or the API failed
-(unreachable, refused, died); 2 bad input (malformed or empty rollouts file,
-output exists, tokenizer cannot be loaded); 130 interrupted.
+Exit codes: 0 wrote at least one line; 1 nothing matched (the message names the
+scores seen and the flag that would include them), or the API failed (unreachable,
+refused, died); 2 bad input (malformed or empty rollouts file, output exists,
+tokenizer cannot be loaded); 130 interrupted. The output file is created with its
+first line, so a failed run leaves nothing that blocks the retry.
 """
 
 from __future__ import annotations
@@ -118,10 +120,70 @@ class Counters:
     written: int = 0
     duplicates: int = 0
     skipped_groups: dict[str, int] = field(default_factory=dict)
+    score_min: float | None = None
+    score_max: float | None = None
+    positive_scores: int = 0
+    #: The widest ``max - min`` inside one group, and the widest gap between a positive
+    #: score and its group's minimum: what the ``--minimum-score-diff-max-min`` rule compares.
+    widest_gap: float = 0.0
+    widest_positive_gap: float = 0.0
 
     def skip(self, reason: str) -> None:
         """Count a group that produced nothing for ``reason``."""
         self.skipped_groups[reason] = self.skipped_groups.get(reason, 0) + 1
+
+    def saw_scores(self, scores: list[float]) -> None:
+        """Remember the range of ``scores`` so an empty result can be explained."""
+        if not scores:
+            return
+        lo, hi = min(scores), max(scores)
+        self.score_min = lo if self.score_min is None else min(self.score_min, lo)
+        self.score_max = hi if self.score_max is None else max(self.score_max, hi)
+        positive = [s for s in scores if s > 0]
+        self.positive_scores += len(positive)
+        self.widest_gap = max(self.widest_gap, hi - lo)
+        if positive:
+            self.widest_positive_gap = max(self.widest_positive_gap, max(positive) - lo)
+
+
+def explain_no_match(counters: Counters, args: argparse.Namespace) -> str:
+    """Why no line was written, with the score range seen and the flag that would help.
+
+    The selection rules are the original's: scores <= 0 are dropped unless
+    ``--allow-negative-scores``, and when ``--minimum-score-diff-max-min`` is above 0 a
+    rollout (SFT) or pair (DPO) needs a score more than that above its group's minimum.
+    """
+    if counters.groups == 0:
+        return "no line matched the selection: no groups were read"
+    if sum(counters.skipped_groups.values()) >= counters.groups:
+        return "no line matched the selection: every group was skipped (reasons above)"
+    if counters.score_min is None:
+        return f"no line matched the selection: none of the {counters.groups} groups had scores"
+    seen = (
+        f"saw {counters.groups} groups with scores from {counters.score_min:g} "
+        f"to {counters.score_max:g}"
+    )
+    min_diff = float(args.minimum_score_diff_max_min)
+    if not args.allow_negative_scores and counters.positive_scores == 0:
+        return (
+            f"no line matched the selection: {seen}, and scores <= 0 are dropped; "
+            "pass --allow-negative-scores to keep them"
+        )
+    gap = counters.widest_gap if args.allow_negative_scores else counters.widest_positive_gap
+    if min_diff > 0 and gap <= min_diff:
+        return (
+            f"no line matched the selection: {seen}; the widest gap above a group's minimum "
+            f"was {gap:g}, not above --minimum-score-diff-max-min {min_diff:g}; "
+            f"pass a smaller --minimum-score-diff-max-min (e.g. 0) to include them"
+            + ("" if args.allow_negative_scores else ", or --allow-negative-scores")
+        )
+    if counters.duplicates:
+        return f"no line matched the selection: {seen}; every line was a duplicate (--dedupe)"
+    return (
+        f"no line matched the selection: {seen}; no group had a score above another's "
+        "(identical scores give no pair), try --allow-negative-scores or "
+        "--minimum-score-diff-max-min 0"
+    )
 
 
 def load_tokenizer(name: str) -> Any:
@@ -215,7 +277,7 @@ def run_generation(
         highlight=False,
     )
     if counters.written == 0:
-        console.print("[yellow]no line matched the selection[/]")
+        console.print(f"[yellow]{explain_no_match(counters, args)}[/]", highlight=False)
         return 1
     return 0
 
@@ -254,8 +316,7 @@ def _generate(
                 reset=args.reset_api,
             )
             groups = _live_groups(client, args.poll_interval)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out = stack.enter_context(out_path.open("a", encoding="utf-8"))
+        out = stack.enter_context(_LazyOutput(out_path))
         progress = stack.enter_context(
             Progress(
                 TextColumn("{task.description}"),
@@ -281,9 +342,38 @@ def _generate(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+class _LazyOutput:
+    """The output file, created on the first line written.
+
+    A run that fails or matches nothing therefore leaves no empty file behind, which
+    would otherwise make the retry stop at "already exists".
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO | None = None
+
+    def write(self, text: str) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        self._file.write(text)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def __enter__(self) -> _LazyOutput:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
 def _write_records(
     groups: Iterator[dict[str, Any]],
-    out: TextIO,
+    out: TextIO | _LazyOutput,
     records_for: RecordsFn,
     tokenizer: Any,
     use_messages: bool,
@@ -297,6 +387,8 @@ def _write_records(
     for group in groups:
         counters.groups += 1
         n_scores = len(group.get("scores") or [])
+        with contextlib.suppress(TypeError, ValueError):
+            counters.saw_scores([float(x) for x in group.get("scores") or []])
         decoded = None
         if use_messages:
             if not isinstance(group.get("messages"), list):
