@@ -87,8 +87,10 @@ class HttpClientMixin:
             await self._transport.close()
 
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str | None) -> Any:
     """``AutoTokenizer.from_pretrained(name)``, or None (logged) when it cannot be loaded."""
+    if not name:
+        return None
     try:
         from transformers import AutoTokenizer
 
@@ -98,11 +100,13 @@ def load_tokenizer(name: str) -> Any:
         return None
 
 
-def config_tokenizer_name(config: Any) -> str:
+def config_tokenizer_name(config: Any) -> str | None:
     """The tokenizer a server config names: ``tokenizer_name``, or ``model_name`` when that is
-    unset (``"none"`` or empty), as the original resolves it."""
-    name = config.tokenizer_name
-    return config.model_name if not name or name == "none" else name
+    unset (``"none"``, empty or absent), as the original resolves it; None when neither is set."""
+    name = getattr(config, "tokenizer_name", None)
+    if not name or name == "none":
+        name = getattr(config, "model_name", None)
+    return str(name) if name else None
 
 
 class LazyTokenizerMixin:
@@ -133,7 +137,7 @@ class LazyTokenizerMixin:
                 raise ValueError("tokens_and_logprobs_completion needs prompt or input_ids")
             if self.tokenizer is None:
                 raise ValueError(
-                    f"no tokenizer for {self.config.tokenizer_name!r}/{self.config.model_name!r}; "
+                    f"no tokenizer for {config_tokenizer_name(self.config)!r}; "
                     "pass input_ids instead of prompt"
                 )
             input_ids = self.tokenizer.encode(prompt)

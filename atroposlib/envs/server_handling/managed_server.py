@@ -31,6 +31,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, Field
 
+from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 
 logger = logging.getLogger(__name__)
@@ -62,11 +63,38 @@ def fit_logprobs(logprobs: list[float], length: int) -> list[float]:
     return list(logprobs) + [PROMPT_LOGPROB] * (length - len(logprobs))
 
 
+def server_tokenizer(server: Any) -> Any:
+    """The tokenizer for ``server``: its own ``tokenizer`` attribute when it has one, else
+    the one its config names (``tokenizer_name``, or ``model_name``); ValueError naming
+    what was tried when there is none."""
+    try:
+        tokenizer = getattr(server, "tokenizer", None)
+    except ValueError:  # a backend whose lazily loaded tokenizer failed to load
+        tokenizer = None
+    if tokenizer is not None:
+        return tokenizer
+    name = config_tokenizer_name(getattr(server, "config", None))
+    if name is None:
+        raise ValueError(
+            "ManagedServer needs a tokenizer: pass tokenizer=..., or use a server that has one "
+            "or whose config names one (tokenizer_name or model_name)"
+        )
+    tokenizer = load_tokenizer(name)
+    if tokenizer is None:
+        raise ValueError(
+            f"ManagedServer could not load the tokenizer {name!r} named by the server config; "
+            "pass tokenizer=..."
+        )
+    return tokenizer
+
+
 class ManagedServer:
     """Wraps one server that implements ``tokens_and_logprobs_completion``.
 
-    ``tool_parser`` (e.g. ``"hermes"``) turns ``<tool_call>`` blocks into OpenAI
-    ``tool_calls`` in the returned completion; nodes keep the raw text.
+    ``tokenizer`` is optional: without one the server's own ``tokenizer`` is used, else
+    the one its config names (``tokenizer_name``, or ``model_name`` when that is
+    ``"none"``) is loaded. ``tool_parser`` (e.g. ``"hermes"``) turns ``<tool_call>``
+    blocks into OpenAI ``tool_calls`` in the returned completion; nodes keep the raw text.
     Unless ``preserve_think_blocks`` is set, ``<think>`` blocks in assistant messages
     are shielded with placeholders while the chat template renders, so templates that
     strip earlier reasoning cannot break prefix extension.
@@ -75,18 +103,18 @@ class ManagedServer:
     def __init__(
         self,
         server: Any,
-        tokenizer: Any,
+        tokenizer: Any = None,
         track_tree: bool = False,
         tool_parser: str | None = None,
         preserve_think_blocks: bool = False,
     ):
-        if tokenizer is None:
-            raise ValueError("ManagedServer needs a tokenizer")
         self.server = server
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if tokenizer is not None else server_tokenizer(server)
         self.track_tree = track_tree
         self.preserve_think_blocks = preserve_think_blocks
-        self.translator = ToolCallTranslator(tool_parser) if tool_parser else None
+        self.translator = (
+            ToolCallTranslator(tool_parser, tokenizer=self.tokenizer) if tool_parser else None
+        )
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
         self._parents: dict[str, str | None] = {}
@@ -208,7 +236,7 @@ class ManagedServer:
         for i, (text, finish) in enumerate(zip(texts, finishes, strict=False)):
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self.translator is not None:
-                content, tool_calls = self.translator.parse_model_output(text)
+                content, tool_calls = self.translator.parse_model_output(text, tools)
                 if tool_calls:
                     message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
                     finish = "tool_calls"

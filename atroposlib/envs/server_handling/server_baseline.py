@@ -48,6 +48,11 @@ EFFORT_TO_MAX_TOKENS: dict[str, int] = {
 }
 
 
+def invalid_effort_message(value: Any) -> str:
+    """The error for a reasoning effort outside :data:`REASONING_EFFORTS` (value and choices)."""
+    return f"Invalid reasoning_effort {value!r}. Must be one of: {', '.join(REASONING_EFFORTS)}"
+
+
 class ServerBaseline(BaseModel):
     """Settings shared by every inference server (and the template for discovered servers)."""
 
@@ -92,6 +97,20 @@ class APIServerConfig(ServerBaseline):
 OpenaiConfig = APIServerConfig
 """Older name of :class:`APIServerConfig`, kept for environments that import it."""
 
+_CONFIG_DEFAULTS: dict[str, Any] = {
+    name: field.default for name, field in APIServerConfig.model_fields.items()
+}
+
+
+def config_value(config: Any, name: str) -> Any:
+    """``config.<name>``, or the ``APIServerConfig`` default when ``config`` lacks it.
+
+    Servers built by users' tests often carry a minimal config object (say, a class with
+    only ``model_name``); the request path reads every optional setting through here so
+    that such a server works with the defaults.
+    """
+    return getattr(config, name, _CONFIG_DEFAULTS[name])
+
 
 class ReasoningConfig(BaseModel):
     """Reasoning ("thinking") settings injected into chat completion requests.
@@ -115,13 +134,26 @@ class ReasoningConfig(BaseModel):
     @model_validator(mode="after")
     def _auto_enable(self) -> ReasoningConfig:
         if self.effort is not None and self.effort not in REASONING_EFFORTS:
-            raise ValueError(
-                f"invalid reasoning effort {self.effort!r}; expected one of {REASONING_EFFORTS}"
-            )
+            raise ValueError(invalid_effort_message(self.effort))
         self.enabled = bool(self.enabled)
         if self.effort is not None or self.max_tokens is not None:
             self.enabled = True
         return self
+
+    @classmethod
+    def from_env_config(cls, config: Any) -> ReasoningConfig:
+        """The reasoning settings of an env config (``thinking_mode``, ``reasoning_effort``,
+        ``max_reasoning_tokens``); fields the config lacks count as unset."""
+        return cls(
+            enabled=bool(getattr(config, "thinking_mode", False)),
+            effort=getattr(config, "reasoning_effort", None),
+            max_tokens=getattr(config, "max_reasoning_tokens", None),
+        )
+
+    def is_reasoning_kwargs_active(self) -> bool:
+        """Whether chat requests get reasoning parameters injected (``build_extra_body`` is
+        not None): reasoning is enabled, or an effort or token budget is set."""
+        return bool(self.enabled) or self.effort is not None or self.max_tokens is not None
 
     def build_extra_body(
         self, base_url: str | None = None, use_max_tokens: bool = False
@@ -131,7 +163,7 @@ class ReasoningConfig(BaseModel):
         ``use_max_tokens`` converts an effort into a token budget with
         :data:`EFFORT_TO_MAX_TOKENS` (for providers that only take budgets).
         """
-        if not self.enabled:
+        if not self.is_reasoning_kwargs_active():
             return None
         if is_official_openai(base_url):
             return {"reasoning_effort": self.effort or "medium"}
@@ -311,9 +343,9 @@ class APIServer(ABC):
     def __init__(self, config: ServerBaseline, reasoning_config: ReasoningConfig | None = None):
         self.config = config
         self.reasoning_config = reasoning_config
-        self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
-        self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
-        n = config.rolling_buffer_length
+        self.sem = AsyncSemWithAdaptiveWeight(config_value(config, "num_max_requests_at_once"))
+        self.eval_sem = AsyncSemWithAdaptiveWeight(config_value(config, "num_requests_for_eval"))
+        n = config_value(config, "rolling_buffer_length")
         self.request_timings: deque[float] = deque(maxlen=n)
         self.attempts_list: deque[int] = deque(maxlen=n)
         self.eval_request_timings: deque[float] = deque(maxlen=n)
@@ -462,7 +494,7 @@ class APIServer(ABC):
         kwargs = dict(kwargs)
         is_train = kwargs.pop("split", "train") != "eval"
         skip_reasoning = bool(kwargs.pop("skip_reasoning", False))
-        kwargs["model"] = self.config.model_name
+        kwargs["model"] = config_value(self.config, "model_name")
         if kind == "chat" and self.reasoning_config is not None and not skip_reasoning:
             kwargs = self._inject_reasoning(kwargs)
         return kwargs, is_train
@@ -517,7 +549,7 @@ class APIServer(ABC):
                 if not self._server_healthy:
                     if fail_fast:
                         raise ServerUnavailableError(self.name)
-                    await self.wait_until_healthy(self.config.timeout)
+                    await self.wait_until_healthy(config_value(self.config, "timeout"))
                 await sem.acquire()
             try:
                 if started is None:
@@ -525,7 +557,7 @@ class APIServer(ABC):
                 if self.transport_has_timeout:
                     result = await wrapper(**kwargs)
                 else:
-                    async with _deadline(self.config.timeout):
+                    async with _deadline(config_value(self.config, "timeout")):
                         result = await wrapper(**kwargs)
                 self._record(is_train, time.monotonic() - started, attempts)
                 return result

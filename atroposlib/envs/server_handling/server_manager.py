@@ -22,7 +22,6 @@ from typing import Any, AsyncIterator, Mapping, Sequence, Union
 
 from pydantic import BaseModel, Field
 
-from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
 from atroposlib.envs.server_handling.errors import (
     NoHealthyServerError,
     ServerUnavailableError,
@@ -40,6 +39,7 @@ from atroposlib.envs.server_handling.server_harness import ServerHarness
 logger = logging.getLogger(__name__)
 
 DEFAULT_LOCAL_PORTS = range(9004, 9008)
+DEFAULT_TIMEOUT = ServerBaseline.model_fields["timeout"].default
 _NO_EXCLUDE: frozenset[int] = frozenset()
 SLURM_BASE_PORT = 9000
 GPUS_PER_NODE = 8
@@ -170,6 +170,21 @@ class ServerManager:
     sweep_interval: float = 0.1
     """Seconds between checks for callers whose wait deadline passed."""
 
+    # Defaults for managers built without ``__init__`` (``ServerManager.__new__(ServerManager)``
+    # followed by ``manager.servers = [...]``, as tests and tools of the original do): every
+    # public method then works with the constructor's defaults, and the routing state
+    # (``_waiters`` and the slot listeners on the servers) is created on first use.
+    max_n_completions: int = 8
+    reasoning_config: ReasoningConfig | None = None
+    tool_parser: str | None = None
+    proxy_url: str | None = None
+    use_proxy: bool = False
+    testing: bool = False
+    slurm: bool = False
+    _sweeper: asyncio.Task[None] | None = None
+    _timeout_cache: float | None = None
+    _health_loop: asyncio.AbstractEventLoop | None = None
+
     def __init__(
         self,
         configs: Union[ServerBaseline, Sequence[ServerBaseline]],
@@ -211,17 +226,35 @@ class ServerManager:
                 self.servers = [
                     server_class(c, reasoning_config=reasoning_config) for c in server_configs
                 ]
-        self._sweeper: asyncio.Task[None] | None = None
-        self._timeout_cache: float | None = None
+        self._init_routing()
+
+    def _init_routing(self) -> None:
+        """Create the wait queues and subscribe to the servers' slot and health changes."""
         self._waiters: dict[bool, deque[tuple[asyncio.Future[int], frozenset[int], float]]] = {
             True: deque(),
             False: deque(),
         }
-        self._health_loop: asyncio.AbstractEventLoop | None = None
         for server in self.servers:
-            server.sem.add_listener(self._dispatch)
-            server.eval_sem.add_listener(self._dispatch)
-            server.add_health_listener(self._dispatch)
+            for sem in (getattr(server, "sem", None), getattr(server, "eval_sem", None)):
+                add_listener = getattr(sem, "add_listener", None)
+                if add_listener is not None:
+                    add_listener(self._dispatch)
+            add_health_listener = getattr(server, "add_health_listener", None)
+            if add_health_listener is not None:
+                add_health_listener(self._dispatch)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup fails, i.e. on a manager built with ``__new__``:
+        # the routing state is made on first use, so the hot path pays nothing for this.
+        if name == "_waiters":
+            self._init_routing()
+            return self.__dict__["_waiters"]
+        if name == "servers":
+            raise AttributeError(
+                "ServerManager has no servers: construct it with ServerManager(configs) "
+                "or set manager.servers = [...]"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ----------------------------------------------------------------- configuration
     @staticmethod
@@ -349,7 +382,9 @@ class ServerManager:
 
     def _wait_timeout(self) -> float:
         if self._timeout_cache is None:
-            self._timeout_cache = float(max(s.config.timeout for s in self.servers))
+            self._timeout_cache = float(
+                max(getattr(s.config, "timeout", DEFAULT_TIMEOUT) for s in self.servers)
+            )
         return self._timeout_cache
 
     def _describe(self, tried: Sequence[int] = ()) -> list[str]:
@@ -549,14 +584,9 @@ class ServerManager:
             return
         server = self._server_for_managed(base_url)
         if supports_tokens(server):
-            tok = tokenizer or getattr(server, "tokenizer", None)
-            if tok is None:
-                tok = load_tokenizer(config_tokenizer_name(server.config))
-            if tok is None:
-                raise ValueError("managed_server needs a tokenizer (pass tokenizer=...)")
             managed: Any = ManagedServer(
                 server,
-                tokenizer=tok,
+                tokenizer=tokenizer,
                 tool_parser=self.tool_parser,
                 preserve_think_blocks=preserve_think_blocks,
             )
@@ -592,7 +622,7 @@ class ServerManager:
 
     async def close(self) -> None:
         """Stop every server's background work and fail queued callers."""
-        for queue in self._waiters.values():
+        for queue in self.__dict__.get("_waiters", {}).values():
             while queue:
                 fut = queue.popleft()[0]
                 if not fut.done():
@@ -616,6 +646,8 @@ class ServerManager:
 
 def supports_tokens(server: APIServer) -> bool:
     """Whether ``server`` implements ``tokens_and_logprobs_completion`` (ManagedServer needs it)."""
+    if not isinstance(server, APIServer):
+        return callable(getattr(server, "tokens_and_logprobs_completion", None))
     impl = type(server)._tokens_and_logprobs_completion_wrapper
     return impl is not APIServer._tokens_and_logprobs_completion_wrapper and (
         impl is not OpenAIServer._tokens_and_logprobs_completion_wrapper

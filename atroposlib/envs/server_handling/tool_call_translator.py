@@ -2,41 +2,108 @@
 
 ``ManagedServer`` keeps the raw text in its nodes (that is what the model produced and
 what the trainer sees) and hands callers OpenAI-shaped ``tool_calls``.
+
+The Hermes/Qwen ``<tool_call>{json}</tool_call>`` format (``hermes``, ``qwen``,
+``qwen2_5``, ``qwen3``) is parsed here, without vLLM. Any other parser name is looked up
+in vLLM's ``ToolParserManager`` when vLLM is installed. ``VLLM_AVAILABLE`` and
+``ToolParserManager`` are module attributes read at call time, as in the original, so
+tests can switch the vLLM path on or off with ``monkeypatch.setattr``.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import sys
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 from atroposlib.utils.tool_call_parser import extract_tool_calls
 
 SUPPORTED_PARSERS = ("hermes", "qwen", "qwen2_5", "qwen3")
+"""Parsers built in (no vLLM needed); every other name needs vLLM."""
+
+VLLM_AVAILABLE: bool = importlib.util.find_spec("vllm") is not None
+"""Whether vLLM is installed (checked without importing it; it is imported on first use)."""
+
+_VLLM_TOOL_PARSERS = "vllm.entrypoints.openai.tool_parsers"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ToolParserManager":
+        try:
+            value = importlib.import_module(_VLLM_TOOL_PARSERS).ToolParserManager
+        except (ImportError, AttributeError) as e:
+            raise AttributeError(f"vLLM's ToolParserManager cannot be imported: {e}") from e
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _module() -> Any:
+    return sys.modules[__name__]
+
+
+def _openai_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": call_id or f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 class ToolCallTranslator:
-    """Parse ``<tool_call>`` blocks (Hermes/Qwen format) into OpenAI tool calls and back."""
+    """Parse tool-call blocks in model output into OpenAI tool calls and back.
 
-    def __init__(self, parser_name: str = "hermes"):
-        if parser_name not in SUPPORTED_PARSERS:
-            raise ValueError(
-                f"unknown tool parser {parser_name!r}; supported: {', '.join(SUPPORTED_PARSERS)}"
-            )
+    ``tokenizer`` is needed only by vLLM parsers (they are built with it).
+    """
+
+    def __init__(self, parser_name: str = "hermes", tokenizer: Any = None):
         self.parser_name = parser_name
+        self.tokenizer = tokenizer
+        self._vllm_parser: Any = None
+        if parser_name in SUPPORTED_PARSERS:
+            return
+        module = _module()
+        if not module.VLLM_AVAILABLE:
+            raise ValueError(
+                f"tool parser {parser_name!r} needs vLLM, which is not installed; "
+                f"built-in parsers: {', '.join(SUPPORTED_PARSERS)}"
+            )
+        try:
+            parser_cls = module.ToolParserManager.get_tool_parser(parser_name)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"unknown tool parser {parser_name!r}: {e}") from e
+        self._vllm_parser = parser_cls(tokenizer)
 
-    def parse_model_output(self, raw_text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """``(content or None, tool_calls)`` with tool calls in OpenAI's dict shape."""
+    def parse_model_output(
+        self, raw_text: str, tools: list[dict[str, Any]] | None = None
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        """``(content or None, tool_calls)`` with tool calls in OpenAI's dict shape.
+
+        Without tool calls the content is ``raw_text`` unchanged.
+        """
+        if self._vllm_parser is not None:
+            return self._parse_with_vllm(raw_text, tools)
         content, calls = extract_tool_calls(raw_text)
-        tool_calls = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
-            }
-            for c in calls
-        ]
+        tool_calls = [_openai_call(c["name"], json.dumps(c["arguments"])) for c in calls]
         return (content or None) if tool_calls else raw_text, tool_calls
+
+    def _parse_with_vllm(
+        self, raw_text: str, tools: list[dict[str, Any]] | None
+    ) -> tuple[str | None, list[dict[str, Any]]]:
+        request = SimpleNamespace(tools=tools, tool_choice="auto")
+        info = self._vllm_parser.extract_tool_calls(raw_text, request)
+        if not getattr(info, "tools_called", False):
+            return raw_text, []
+        tool_calls = []
+        for call in info.tool_calls:
+            fn = call.function
+            arguments = fn.arguments if isinstance(fn.arguments, str) else json.dumps(fn.arguments)
+            tool_calls.append(_openai_call(fn.name, arguments, getattr(call, "id", None)))
+        return (info.content or None), tool_calls
 
     @staticmethod
     def convert_messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,28 +2,47 @@
 
 It returns token ids only, so chat/completion answers are decoded with the tokenizer and
 ``finish_reason`` is ``"stop"`` when EOS is among the ids, else ``"length"``.
+
+``aiohttp`` and ``AutoTokenizer`` are module attributes looked up at call time, as in the
+original, so tests can replace them (``monkeypatch.setattr(trl_vllm_server, "aiohttp", fake)``).
+``AutoTokenizer`` is imported from transformers on first access only, which keeps importing
+this module cheap.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 import uuid
 from typing import Any
 
+import aiohttp  # noqa: F401 - a module attribute the original exposes; used via _module()
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
-from atroposlib.envs.server_handling._common import (
-    HttpClientMixin,
-    config_tokenizer_name,
-    load_tokenizer,
-)
+from atroposlib.envs.server_handling._common import config_tokenizer_name
+from atroposlib.envs.server_handling._transport import HttpStatus
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
     ReasoningConfig,
+    config_value,
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AutoTokenizer":
+        value = importlib.import_module("transformers").AutoTokenizer
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _module() -> Any:
+    return sys.modules[__name__]
+
 
 TRL_DEFAULTS: dict[str, Any] = {
     "n": 1,
@@ -36,10 +55,14 @@ TRL_DEFAULTS: dict[str, Any] = {
 }
 
 
-class TrlVllmServer(HttpClientMixin, APIServer):
-    """A TRL ``vllm-serve`` server. Always considered healthy; no tokens/logprobs."""
+class TrlVllmServer(APIServer):
+    """A TRL ``vllm-serve`` server. Always considered healthy; no tokens/logprobs.
 
-    transport_has_timeout = True  # the HTTP client enforces config.timeout
+    The tokenizer (chat template, decoding) is ``AutoTokenizer.from_pretrained`` of the
+    config's ``tokenizer_name`` (``model_name`` when that is ``"none"``), loaded on first use.
+    """
+
+    transport_has_timeout = True  # the aiohttp session enforces config.timeout
 
     def __init__(self, config: APIServerConfig, reasoning_config: ReasoningConfig | None = None):
         super().__init__(config, reasoning_config)
@@ -50,11 +73,14 @@ class TrlVllmServer(HttpClientMixin, APIServer):
     def tokenizer(self) -> Any:
         """The tokenizer used for chat templates and decoding (loaded on first use)."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self._tokenizer_name)
-            if self._tokenizer is None:
+            if not self._tokenizer_name:
+                raise ValueError("TrlVllmServer needs a tokenizer_name or model_name in its config")
+            try:
+                self._tokenizer = _module().AutoTokenizer.from_pretrained(self._tokenizer_name)
+            except (OSError, ValueError, ImportError) as e:
                 raise ValueError(
-                    f"TrlVllmServer needs a tokenizer; {self._tokenizer_name!r} failed to load"
-                )
+                    f"TrlVllmServer needs a tokenizer; {self._tokenizer_name!r} failed to load: {e}"
+                ) from e
         return self._tokenizer
 
     @tokenizer.setter
@@ -63,6 +89,22 @@ class TrlVllmServer(HttpClientMixin, APIServer):
 
     def _health_check_enabled(self) -> bool:
         return False
+
+    async def _post_generate(self, url: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` with a fresh ``aiohttp`` session (the module attribute, so it can be
+        replaced); HTTP errors raise ``httpx.HTTPStatusError`` like the other backends."""
+        http = _module().aiohttp
+        timeout = http.ClientTimeout(total=float(config_value(self.config, "timeout")))
+        api_key = config_value(self.config, "api_key")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        async with http.ClientSession(timeout=timeout) as session:
+            async with session.post(url, json=body, headers=headers) as response:
+                if response.status >= 400:
+                    raw = await response.read()
+                    raise HttpStatus(
+                        "POST", url, response.status, dict(response.headers), raw
+                    ).to_httpx()
+                return await response.json()
 
     async def _generate(self, prompt: str, kwargs: dict[str, Any]) -> list[list[int]]:
         body = dict(TRL_DEFAULTS)
@@ -73,7 +115,7 @@ class TrlVllmServer(HttpClientMixin, APIServer):
             body["max_tokens"] = kwargs["max_completion_tokens"]
         body["prompts"] = [prompt]
         url = f"{str(self.config.base_url).rstrip('/')}/generate/"
-        data = await self.fast_post_json(url, body)
+        data = await self._post_generate(url, body)
         return data["completion_ids"]
 
     def _finish(self, ids: list[int]) -> str:
@@ -119,8 +161,3 @@ class TrlVllmServer(HttpClientMixin, APIServer):
                 for i, ids in enumerate(completions)
             ],
         )
-
-    async def close(self) -> None:
-        """Close the HTTP client."""
-        await super().close()
-        await self.close_http()
