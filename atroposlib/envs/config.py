@@ -154,12 +154,24 @@ class BaseEnvConfig(BaseModel):
     custom_thinking_prompt: str | None = Field(
         default=None, description="Custom system prompt used to turn thinking on."
     )
+    max_consecutive_failures: int = Field(
+        default=20,
+        description="Stop with an error after this many failures in a row (collect_trajectories, "
+        "get_next_item, invalid groups); 0 never stops.",
+    )
+    max_server_downtime: float = Field(
+        default=600,
+        description="Stop with an error after every inference server has been unreachable "
+        "for this many seconds; 0 never stops.",
+    )
 
     @field_validator("reasoning_effort")
     @classmethod
     def _check_effort(cls, value: str | None) -> str | None:
         if value is not None and value not in REASONING_EFFORTS:
-            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}")
+            raise ValueError(
+                f"Invalid reasoning_effort {value!r}. Must be one of: {', '.join(REASONING_EFFORTS)}"
+            )
         return value
 
     @field_validator("max_reasoning_tokens")
