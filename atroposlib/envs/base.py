@@ -39,6 +39,7 @@ from atroposlib.envs.config import (
     ScoredDataGroup,
     ScoredDataItem,
 )
+from atroposlib.envs.health import FailureTracker, ServerWatch, TooManyFailuresError
 from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -46,6 +47,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     OpenaiConfig,
     ServerBaseline,
 )
+from atroposlib.envs.validation import InvalidGroupError, normalize_group
 from atroposlib.envs.workers import WorkerPool
 from atroposlib.type_definitions import Item
 
@@ -87,6 +89,7 @@ class BaseEnv(ABC):
     ) -> None:
         self.config = config
         self.server = self._make_server_manager(server_configs, slurm, testing)
+        self.testing = testing
         self._tokenizer: Any = None
         # Run state (names kept from the original; env files read some of them).
         self.curr_step = 0
@@ -130,6 +133,10 @@ class BaseEnv(ABC):
         self._stop_requested = False
         self._serving = False
         self._main_task: asyncio.Task | None = None
+        # Failure handling: backoff, the consecutive-failure limit, the server watch.
+        self.failures = FailureTracker(getattr(config, "max_consecutive_failures", 20))
+        self.server_watch: ServerWatch | None = None
+        self.fatal_error: BaseException | None = None
 
     def _make_server_manager(self, server_configs: Any, slurm: bool, testing: bool) -> Any:
         from atroposlib.envs.server_handling.server_manager import ServerManager
@@ -373,6 +380,55 @@ class BaseEnv(ABC):
         path = files.write_eval_results(self.config.data_dir_to_save_evals, doc, samples)
         logger.info("evaluation results written to %s", path)
 
+    # -------------------------------------------------------- failure handling
+
+    def record_failure(self, err: BaseException, where: str) -> None:
+        """Count a failure (with backoff when transient); past the limit, stop the env.
+
+        While the server watch sees every inference server down, failures are not
+        counted: the outage has its own budget (``max_server_downtime``).
+        """
+        count = self.server_watch is None or not self.server_watch.all_down
+        try:
+            self.failures.record_failure(err, where, count=count)
+        except TooManyFailuresError as fatal:
+            self.stop_with_error(fatal)
+
+    def stop_with_error(self, err: BaseException) -> None:
+        """Make the running ``serve``/``process`` loop stop and raise ``err``."""
+        if self.fatal_error is None:
+            self.fatal_error = err
+        self._wake.set()
+
+    def raise_if_fatal(self) -> None:
+        """Raise the error that stopped the env, if any."""
+        if self.fatal_error is not None:
+            raise self.fatal_error
+
+    def can_start_work(self) -> bool:
+        """False while a failure backoff is pending or every inference server is down."""
+        if self.server_watch is not None and self.server_watch.all_down:
+            return False
+        return self.failures.ready()
+
+    def start_server_watch(self) -> None:
+        """Probe the inference servers in the background (not for mock/testing servers)."""
+        if self.testing or self.server_watch is not None:
+            return
+        from atroposlib.envs.health import server_urls
+
+        self.server_watch = ServerWatch(
+            server_urls(self.server),
+            float(getattr(self.config, "max_server_downtime", 600)),
+            self.stop_with_error,
+        )
+        self.server_watch.start()
+
+    async def stop_server_watch(self) -> None:
+        """Stop the background probes."""
+        if self.server_watch is not None:
+            await self.server_watch.stop()
+
     # ----------------------------------------------------------------- sending
 
     def _drop(self, reason: str, detail: str = "") -> None:
@@ -386,8 +442,16 @@ class BaseEnv(ABC):
         """The group ready to send, or None (the reason is logged and counted)."""
         if group is None:
             return None
-        if not group.get("tokens"):
+        tokens = group.get("tokens") if isinstance(group, dict) else ...
+        if tokens is None or (isinstance(tokens, list) and not tokens):
             self._drop("empty_group")
+            return None
+        try:
+            group = normalize_group(group)  # type: ignore[assignment]
+        except InvalidGroupError as err:
+            reason = f"invalid_{err.field.split('[', 1)[0]}"
+            self._drop(reason, f"{err} (the group breaks the ScoredData rules)")
+            self.record_failure(err, "group validation")
             return None
         expected = (group.get("group_overrides") or {}).get("group_size", self.config.group_size)
         if self.process_mode and self.group_size_to_process:
@@ -463,10 +527,12 @@ class BaseEnv(ABC):
             self.backlog.extend(backlog or [])
             if result is not None:
                 result = await self.postprocess_histories(result)
+            self.failures.record_success()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as err:
             logger.exception("collect_trajectories failed for an item")
+            self.record_failure(err, "collect_trajectories")
             result = None
         duration = time.time() - started
         self.task_duration.append(duration)
@@ -512,7 +578,14 @@ class BaseEnv(ABC):
             elif self.backlog:
                 item, timeouts = self.backlog.pop(0), 0
             else:
-                item, timeouts = await self.get_next_item(), 0
+                try:
+                    item, timeouts = await self.get_next_item(), 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    logger.exception("get_next_item failed")
+                    self.record_failure(err, "get_next_item")
+                    break
                 if item is None:
                     break
             self.pool.spawn(item, self.handle_env, timeouts=timeouts)

@@ -19,6 +19,7 @@ exit code 2.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import os
 import sys
@@ -31,6 +32,8 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_mode
 from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
+from atroposlib.envs.health import NoServerReachableError, ServersDownError, TooManyFailuresError
+from atroposlib.envs.offline import ProcessFailedError
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.cli import adjust_model_defaults, merge_dicts
@@ -89,11 +92,42 @@ def _mode_env_defaults(mode: str) -> Dict[str, Any]:
     return {}
 
 
+def _declares_config_cls(env_cls: type) -> bool:
+    """True when a subclass of ``BaseEnv`` sets ``env_config_cls`` itself."""
+    from atroposlib.envs.base import BaseEnv
+
+    return any(
+        "env_config_cls" in vars(klass)
+        for klass in env_cls.__mro__
+        if klass is not BaseEnv and issubclass(klass, BaseEnv)
+    )
+
+
+def env_config_class(env_cls: Type[BaseEnv], env_default: Any = None) -> Type[BaseModel]:
+    """The config class behind ``--env.*``, YAML ``env:``, ``--help`` and validation.
+
+    Many environment files subclass ``BaseEnvConfig``, return an instance of the
+    subclass from ``config_init()`` and never set ``env_config_cls``; the class of
+    that instance is then the env's config class. An explicit ``env_config_cls``
+    is used unless ``config_init()`` returns an instance of a subclass of it (the
+    more specific class knows every field).
+    """
+    if env_default is None:
+        env_default = env_cls.config_init()[0]
+    declared = env_cls.env_config_cls
+    returned = type(env_default)
+    if not isinstance(env_default, BaseModel):
+        return declared
+    if not _declares_config_cls(env_cls) or issubclass(returned, declared):
+        return returned
+    return declared
+
+
 def _mode_model(
     env_cls: Type[BaseEnv], mode: str, env_default: BaseModel, server_default: Any
 ) -> Type[BaseModel]:
     env_values = {**env_default.model_dump(), **_mode_env_defaults(mode)}
-    env_model = adjust_model_defaults(env_cls.env_config_cls, env_values)
+    env_model = adjust_model_defaults(env_config_class(env_cls, env_default), env_values)
     server_model = adjust_model_defaults(APIServerConfig, _server_defaults(server_default))
     fields: Dict[str, Any] = {
         ENV_NAMESPACE: (
@@ -189,6 +223,36 @@ def _bool_flags(mode_model: Type[BaseModel]) -> set:
     return flags
 
 
+def _known_flags(mode_model: Type[BaseModel]) -> set:
+    flags = {"--help", "-h"}
+    for name, info in mode_model.model_fields.items():
+        flags.add(f"--{name}")
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            flags.update(f"--{name}{NAMESPACE_SEP}{sub}" for sub in info.annotation.model_fields)
+    return flags
+
+
+def _check_flag_names(argv: Sequence[str], known: set) -> None:
+    """Refuse an unknown ``--flag`` naming the closest known ones (a typo costs one run)."""
+    for arg in argv:
+        if not arg.startswith("--") or arg == "--":
+            continue
+        name = arg.split("=", 1)[0]
+        if name in known or name.replace("-", "_") in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        if not close and NAMESPACE_SEP in name:
+            # the field part alone, e.g. --env.groupsize -> --env.group_size
+            prefix, _, field_name = name.partition(NAMESPACE_SEP)
+            fields = [k.partition(NAMESPACE_SEP)[2] for k in known if k.startswith(prefix + ".")]
+            close = [
+                f"{prefix}{NAMESPACE_SEP}{f}"
+                for f in difflib.get_close_matches(field_name, fields, n=3, cutoff=0.5)
+            ]
+        hint = f"; did you mean {' or '.join(close)}?" if close else " (see --help)"
+        raise CliError(f"unrecognized arguments: {name}{hint}")
+
+
 def _expand_bare_bools(argv: Sequence[str], bool_flags: set) -> List[str]:
     """``--slurm`` alone means ``--slurm true`` (the original's bare-flag rule)."""
     out: List[str] = []
@@ -217,6 +281,7 @@ def _parse_args(
     if mode in MODES:
         sub_model = root.model_fields[mode].annotation
         sub_model = get_args(sub_model)[0] if get_args(sub_model) else sub_model
+        _check_flag_names(argv, _known_flags(sub_model))
         argv = _expand_bare_bools(argv, _bool_flags(sub_model))
     source = CliSettingsSource(
         root,
@@ -264,9 +329,9 @@ def _explain(err: ValidationError, namespace: str, source: str = "") -> str:
     return "invalid value" + (f" in {source}" if source else "") + ": " + "; ".join(parts)
 
 
-def _validate_env(env_cls: Type[BaseEnv], values: Dict[str, Any]) -> Any:
+def _validate_env(env_cls: Type[BaseEnv], values: Dict[str, Any], env_default: Any) -> Any:
     try:
-        return env_cls.env_config_cls.model_validate(values)
+        return env_config_class(env_cls, env_default).model_validate(values)
     except ValidationError as err:
         raise CliError(_explain(err, ENV_NAMESPACE)) from err
 
@@ -327,7 +392,7 @@ def parse_cli(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str | None = No
         env_values.update(PROCESS_MODE_FORCED)
         if not env_values.get("data_path_to_save_groups"):
             env_values["data_path_to_save_groups"] = f"data/{env_cls.name or 'groups'}.jsonl"
-    env_config = _validate_env(env_cls, env_values)
+    env_config = _validate_env(env_cls, env_values, env_default)
 
     servers = _resolve_servers(server_default, yaml_cfg, cli.get(OPENAI_NAMESPACE) or {})
     extra: Dict[str, Any] = {}
@@ -386,11 +451,34 @@ def _dump_servers(servers: Any) -> Any:
     return servers.model_dump(mode="json")
 
 
-def _warn_local_servers(servers: Any) -> None:
-    for server in servers if isinstance(servers, list) else [servers]:
-        url = str(getattr(server, "base_url", "") or "")
-        if any(host in url for host in LOCAL_HOSTS):
-            logger.warning("inference server %s is local; make sure it is running", url)
+def _warn_local_servers(results: Sequence[Any]) -> None:
+    """Warn about local servers that did not answer the start-up probe (and only those)."""
+    for result in results:
+        if not result.ok and any(host in result.url for host in LOCAL_HOSTS):
+            logger.warning(
+                "inference server %s is local and did not answer (%s); make sure it is running",
+                result.url,
+                result.reason,
+            )
+
+
+def check_servers(env: BaseEnv, parsed: ParsedCli) -> None:
+    """Probe every inference server (at most 5 s each) before running.
+
+    Raises :class:`NoServerReachableError` when none answers. Mock servers
+    (``--testing``) and SLURM discovery are not probed.
+    """
+    from atroposlib.envs.health import probe_servers, server_urls, unreachable_message
+
+    if parsed.testing or parsed.slurm:
+        return
+    urls = server_urls(env.server)
+    if not urls:
+        return
+    results = asyncio.run(probe_servers(urls))
+    if not any(r.ok for r in results):
+        raise NoServerReachableError(unreachable_message(results))
+    _warn_local_servers(results)
 
 
 # ------------------------------------------------------------------ running
@@ -448,17 +536,40 @@ def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
         sys.stderr.write(f"{prog}: error: {err}\n")
         raise SystemExit(2) from None
     env = build_env(env_cls, parsed)
+    try:
+        check_servers(env, parsed)
+    except NoServerReachableError as err:
+        sys.stderr.write(f"{prog}: error: {err}\n")
+        raise SystemExit(2) from None
+    try:
+        _run_mode(env, parsed)
+    except (TooManyFailuresError, ServersDownError, ProcessFailedError) as err:
+        last_tb = getattr(err, "last_traceback", "")
+        if last_tb:
+            sys.stderr.write(f"last failure:\n{last_tb}")
+        sys.stderr.write(f"{prog}: error: {err}\n")
+        raise SystemExit(1) from None
+
+
+def _run_mode(env: BaseEnv, parsed: ParsedCli) -> None:
     if parsed.mode == "serve":
         asyncio.run(env.env_manager())
     elif parsed.mode == "process":
-        _warn_local_servers(parsed.server_configs)
         asyncio.run(env.process_manager())
     else:
-        _warn_local_servers(parsed.server_configs)
         path = write_evaluate_config(parsed)
         if path is not None:
             logger.info("configuration written to %s", path)
         asyncio.run(env.run_evaluate())
 
 
-__all__ = ["CliError", "ParsedCli", "build_env", "parse_cli", "run_cli", "write_evaluate_config"]
+__all__ = [
+    "CliError",
+    "ParsedCli",
+    "build_env",
+    "check_servers",
+    "env_config_class",
+    "parse_cli",
+    "run_cli",
+    "write_evaluate_config",
+]

@@ -36,8 +36,11 @@ class JsonlGroupWriter:
         self.lines = 0
 
     def write(self, obj: Any) -> None:
-        """Write ``obj`` as one line."""
-        self._fh.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+        """Write ``obj`` as one line; a value JSON cannot represent raises ``TypeError``.
+
+        Nothing is turned into its ``str()``: a training file must hold the data itself.
+        """
+        self._fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self._fh.flush()
         self.lines += 1
 

@@ -39,10 +39,25 @@ def _concurrency(env: BaseEnv) -> int:
     return max(1, env.config.max_num_workers_per_node * servers)
 
 
+class ProcessFailedError(RuntimeError):
+    """``process`` mode ended without writing a group, and groups or items failed."""
+
+
 async def _next_item(env: BaseEnv) -> Any:
+    """The next item (backlog first); failures are counted and give None."""
     if env.backlog:
         return env.backlog.pop(0)
-    return await env.get_next_item()
+    try:
+        return await env.get_next_item()
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        logger.exception("get_next_item failed")
+        env.record_failure(err, "get_next_item")
+        return _FAILED
+
+
+_FAILED = object()
 
 
 async def _collect(env: BaseEnv, item: Any) -> Any:
@@ -50,9 +65,11 @@ async def _collect(env: BaseEnv, item: Any) -> Any:
         result, backlog = await env.collect_trajectories(item)
     except asyncio.CancelledError:
         raise
-    except Exception:
+    except Exception as err:
         logger.exception("collect_trajectories failed; trying the next item")
+        env.record_failure(err, "collect_trajectories")
         return None
+    env.failures.record_success()
     env.backlog.extend(backlog or [])
     return result
 
@@ -62,7 +79,9 @@ async def run_process(env: BaseEnv) -> None:
 
     Items run ``max_num_workers`` at a time (or ``max_num_workers_per_node`` per
     server). A group counts when ``collect_trajectories`` returned something; an
-    empty result is retried with the next item, as in the original.
+    empty result is retried with the next item, as in the original. A failing
+    item delays the next ones (backoff on transient errors) and, after
+    ``max_consecutive_failures`` failures in a row, ends the run with an error.
     """
     env.process_mode = True
     await env.setup()
@@ -76,41 +95,71 @@ async def run_process(env: BaseEnv) -> None:
     limit = _concurrency(env)
     in_flight: Set[asyncio.Task] = set()
     exhausted = False
-    with _progress(target) as progress:
-        bar = progress.add_task("groups", total=target)
-        while True:
-            while (
-                not exhausted and len(in_flight) < limit and env.curr_step + len(in_flight) < target
-            ):
-                item = await _next_item(env)
-                if item is None:
-                    exhausted = True
-                    break
-                in_flight.add(asyncio.create_task(_collect(env, item)))
-            if not in_flight:
-                break
-            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                result = task.result()
-                if not result or env.curr_step >= target:
-                    if not result:
-                        logger.info("no group from that item; retrying with the next one")
+    env.start_server_watch()
+    try:
+        with _progress(target) as progress:
+            bar = progress.add_task("groups", total=target)
+            while True:
+                env.raise_if_fatal()
+                while (
+                    env.can_start_work()
+                    and not exhausted
+                    and len(in_flight) < limit
+                    and env.curr_step + len(in_flight) < target
+                ):
+                    item = await _next_item(env)
+                    env.raise_if_fatal()
+                    if item is _FAILED:
+                        break
+                    if item is None:
+                        exhausted = True
+                        break
+                    in_flight.add(asyncio.create_task(_collect(env, item)))
+                if not in_flight:
+                    if exhausted or env.curr_step >= target:
+                        break
+                    await asyncio.sleep(0.05 if env.can_start_work() else 0.25)
                     continue
-                result = await env.postprocess_histories(result)
-                await env.handle_send_to_api(
-                    result, None, do_send_to_api=False, abort_on_any_max_length_exceeded=False
+                done, in_flight = await asyncio.wait(
+                    in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
                 )
-                await env.wandb_log()
-                env.curr_step += 1
-                progress.update(bar, completed=env.curr_step)
+                for task in done:
+                    await _handle_result(env, task.result(), target)
+                    progress.update(bar, completed=env.curr_step)
+        env.raise_if_fatal()
+    finally:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        await env.stop_server_watch()
+        await env.close_servers()
     if env.curr_step < target:
         logger.warning("get_next_item ran out after %d of %d groups", env.curr_step, target)
-    await env.close_servers()
     await _finish_files(env)
+
+
+async def _handle_result(env: BaseEnv, result: Any, target: int) -> None:
+    if not result or env.curr_step >= target:
+        if not result:
+            logger.info("no group from that item; retrying with the next one")
+        return
+    result = await env.postprocess_histories(result)
+    await env.handle_send_to_api(
+        result, None, do_send_to_api=False, abort_on_any_max_length_exceeded=False
+    )
+    await env.wandb_log()
+    env.curr_step += 1
 
 
 async def _finish_files(env: BaseEnv) -> None:
     if env.jsonl_writer is None:
+        failed = env.all_rejections()
+        failed.pop("scores_all_equal", None)
+        if env.failures.total or sum(failed.values()):
+            raise ProcessFailedError(
+                f"no group was written: {env.failures.total} failures, "
+                f"groups dropped by reason: {dict(failed) or 'none'}"
+            )
         logger.warning("no group was written")
         return
     env.jsonl_writer.close()

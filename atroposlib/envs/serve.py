@@ -32,19 +32,47 @@ logger = logging.getLogger(__name__)
 
 STATUS_POLL_S = 0.1
 MAINLOOP_TICK_S = 0.1
+WAITING_NOTICE_S = 30.0
+
+
+class _Notice:
+    """Logs a waiting message once, then again every ``every`` seconds."""
+
+    def __init__(self, every: float = WAITING_NOTICE_S) -> None:
+        self.every = every
+        self._last: float | None = None
+
+    def __call__(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if self._last is None or now - self._last >= self.every:
+            self._last = now
+            logger.info(message, *args)
+
+
+def _waiting_for_trainer(env: BaseEnv, notice: _Notice) -> None:
+    notice(
+        "waiting for a trainer to register at %s (POST /register)",
+        env._api.base_url,  # type: ignore[union-attr]
+    )
 
 
 async def setup_wandb(env: BaseEnv) -> None:
     """Join the trainer's W&B project and group (waits until the trainer registered)."""
     if not env.config.use_wandb:
         return
+    trainer_notice, api_notice = _Notice(), _Notice()
     while True:
         try:
             info = await env._api.wandb_info()  # type: ignore[union-attr]
             if info.get("project") is not None:
                 break
+            _waiting_for_trainer(env, trainer_notice)
         except httpx.HTTPError as err:
-            logger.info("waiting for the rollout API (%s)", err)
+            api_notice(
+                "rollout API at %s not reachable yet (%s)",
+                env._api.base_url,  # type: ignore[union-attr]
+                err,
+            )
         await asyncio.sleep(1)
     env.wandb_project, env.wandb_group = info["project"], info.get("group")
     wl.init_run(
@@ -65,6 +93,7 @@ async def register_env(env: BaseEnv) -> None:
         "group_size": env.config.group_size,
     }
     failures = 0
+    trainer_notice = _Notice()
     while True:
         try:
             data = await env._api.register_env(payload)  # type: ignore[union-attr]
@@ -74,11 +103,16 @@ async def register_env(env: BaseEnv) -> None:
             data = {"status": f"http {err.response.status_code}"}
         except httpx.HTTPError as err:
             failures += 1
-            logger.info("rollout API not reachable yet (%s)", err)
+            logger.info(
+                "rollout API at %s not reachable yet (%s)",
+                env._api.base_url,  # type: ignore[union-attr]
+                err,
+            )
             await asyncio.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
             continue
         if data.get("status") == "success":
             break
+        _waiting_for_trainer(env, trainer_notice)
         await asyncio.sleep(1)
     env.env_id = data["env_id"]
     env.wandb_prepend = data.get("wandb_name")
@@ -203,6 +237,7 @@ async def env_manager(env: BaseEnv) -> None:
         env._sender = GroupSender(env._api, outbox)
         env._sender.start()
         env._status_task = asyncio.create_task(status_loop(env), name="atropos-status-poll")
+        env.start_server_watch()
         env._serving = True
         await serve_loop(env)
     except asyncio.CancelledError:
@@ -218,6 +253,7 @@ async def serve_loop(env: BaseEnv) -> None:
     while True:
         started = time.perf_counter()
         env._wake.clear()
+        env.raise_if_fatal()
         if env._stop_requested:
             return
         status = env._status
@@ -244,6 +280,8 @@ async def serve_loop(env: BaseEnv) -> None:
                 env.pool.park_all()
             elif env._sender is not None and (env._sender.degraded or len(env._sender.outbox)):
                 pass  # the API is not taking data: do not pile up more groups
+            elif not env.can_start_work():
+                pass  # backing off after failures, or every inference server is down
             elif len(env.pool) < env.max_num_workers or env.pool.requeue:
                 await env.add_train_workers()
             env.mainloop_timings.append(time.perf_counter() - started)
@@ -255,6 +293,7 @@ async def serve_loop(env: BaseEnv) -> None:
 
 
 async def shutdown(env: BaseEnv) -> None:
+    await env.stop_server_watch()
     env.pool.park_all()
     await env.pool.wait_all(timeout_s=120)
     for task in (env._status_task, env.eval_runner):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import random
 import string
 from typing import Any, Dict, Iterable, List, Mapping, Sequence
@@ -67,13 +68,51 @@ def run_name(base: str | None) -> str | None:
     return f"{base}-{datetime.date.today().isoformat()}-{suffix}"
 
 
+LOCAL_MODES = ("offline", "disabled", "dryrun")
+
+
+def _logged_in(wandb: Any) -> bool:
+    """True when W&B has an API key (environment, netrc or settings); never prompts."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return bool(wandb.login(prompt=False, verify=False))
+    except Exception as err:  # noqa: BLE001 - any failure here means "not configured"
+        logger.debug("wandb.login(prompt=False) failed: %s", err)
+        return False
+
+
 def init_run(
     project: str | None, group: str | None, name: str | None, config: Dict[str, Any]
 ) -> Any:
-    """Start a W&B run (offline/disabled modes work through ``WANDB_MODE``)."""
+    """Start a W&B run; without a W&B login, log one warning and run offline instead.
+
+    ``process`` and ``evaluate`` turn W&B on by default, as the original does, so a
+    user who never ran ``wandb login`` must still get a run: it is kept under
+    ``./wandb`` (``wandb sync`` uploads it later). ``WANDB_MODE`` is honoured, and a
+    W&B that fails to start at all only costs the metrics, never the run.
+    """
     import wandb
 
-    return wandb.init(project=project, group=group, name=name, config=config)
+    kwargs: Dict[str, Any] = {}
+    if os.environ.get("WANDB_MODE", "").lower() not in LOCAL_MODES and not _logged_in(wandb):
+        logger.warning(
+            "W&B is not configured (no API key: run `wandb login` or set WANDB_API_KEY); "
+            "logging offline under ./wandb instead (--env.use_wandb false turns W&B off)"
+        )
+        kwargs["mode"] = "offline"
+    try:
+        return wandb.init(project=project, group=group, name=name, config=config, **kwargs)
+    except Exception as err:  # noqa: BLE001 - W&B must not end the run
+        if kwargs:
+            logger.warning("W&B could not start offline (%s); continuing without W&B", err)
+            return None
+        logger.warning("W&B could not start (%s); logging offline under ./wandb instead", err)
+    try:
+        return wandb.init(project=project, group=group, name=name, config=config, mode="offline")
+    except Exception as err:  # noqa: BLE001 - W&B must not end the run
+        logger.warning("W&B could not start offline either (%s); continuing without W&B", err)
+        return None
 
 
 def log(metrics: Dict[str, Any], step: int) -> None:
