@@ -12,16 +12,24 @@ tokens are trained and their inference logprobs.
 Examples::
 
     view-run --api-url http://localhost:8000 --tokenizer ./tiny-model --reset-api
-    view-run --file data/gsm8k.jsonl --tokenizer ./tiny-model --port 9001
+    view-run --file data/gsm8k.jsonl --tokenizer ./tiny-model --port 7861
 
-Exit codes: 1 API unreachable; 2 bad input (malformed or empty file,
+The UI listens on 7860 (Gradio's usual port) rather than the original's 9001, which
+is also ``atropos-serve-model``'s default, so the README's sequence of commands does
+not collide. Like every server here it refuses requests from foreign web pages
+(``Origin`` not its own or a ``--cors-origin``: 403; a non-loopback ``Host`` while
+bound to loopback: 403), so a site open in the same browser cannot drive it.
+
+Exit codes: 1 API unreachable or port in use; 2 bad input (malformed or empty file,
 tokenizer cannot be loaded).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
 
 from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
@@ -30,13 +38,17 @@ from atroposlib.frontend.rollouts import RolloutFileError, RolloutIndex
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_PORT = 7860
+
 
 def build_parser(
     prog: str = "view-run", description: str = "Inspect Atropos rollouts in a browser."
 ) -> argparse.ArgumentParser:
     """Arguments shared by ``view-run`` and ``view-run-multimodal``."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--port", type=int, default=9001, help="port of the web UI (default 9001)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="port of the web UI (default %(default)s)"
+    )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)"
     )
@@ -82,13 +94,47 @@ def build_parser(
     parser.add_argument(
         "--share", action="store_true", help="ask Gradio for a public share link (needs internet)"
     )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (e.g. http://localhost:3000) whose pages may call the UI; repeatable",
+    )
     return parser
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """A one-line explanation when ``host:port`` cannot be listened on, else None.
+
+    Checked before anything heavy starts, so a taken port is reported with the flag that
+    fixes it instead of Gradio's advice about its environment variables.
+    """
+    if not 0 < port < 65536:
+        return f"--port {port} is not a TCP port (1-65535)"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return (
+                    f"port {port} on {host} is already in use (another view-run or server?); "
+                    f"choose another with --port, e.g. --port {port + 1 if port < 65535 else 7861}"
+                )
+            return f"cannot listen on {host}:{port}: {e.strerror or e}; check --host and --port"
+    return None
 
 
 def run(args: argparse.Namespace, multimodal: bool = False) -> int:
     """Start the UI for parsed ``args``; return an exit code."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    problem = port_problem(args.host, args.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
     try:
         if args.file:
             index = RolloutIndex.build(args.file)
@@ -122,11 +168,12 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     try:
-        launch(demo, args.host, args.port, args.share)
+        launch(demo, args.host, args.port, args.share, allowed_origins=args.cors_origin)
     except KeyboardInterrupt:
         return 0
-    except OSError as e:
-        print(f"error: cannot serve on {args.host}:{args.port}: {e}", file=sys.stderr)
+    except OSError:
+        problem = port_problem(args.host, args.port) or f"cannot serve on {args.host}:{args.port}"
+        print(f"error: {problem}", file=sys.stderr)
         return 1
     return 0
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from atroposlib.frontend.api_client import ApiError, TrainerClient
 from atroposlib.frontend.rollouts import RolloutIndex, default_group_text
@@ -28,6 +29,7 @@ from atroposlib.frontend.viewer import (
     make_decode_one,
     render_group_html,
 )
+from atroposlib.utils.http_security import BrowserGuardMiddleware, is_loopback_host
 
 logger = logging.getLogger(__name__)
 
@@ -166,15 +168,37 @@ def build_file_app(
     return demo
 
 
-def launch(demo: gr.Blocks, host: str, port: int, share: bool) -> None:
-    """Serve ``demo`` (blocking) on ``host:port``."""
+def guard_middleware(host: str, share: bool, allowed_origins: Iterable[str] = ()) -> Middleware:
+    """The browser guard for a Gradio app served on ``host``.
+
+    Gradio's own page is same-origin and stays allowed; a foreign ``Origin`` gets 403 and,
+    on loopback, so does a non-loopback ``Host`` (DNS rebinding). Bodies are not forced to
+    JSON because Gradio's uploads are multipart. A ``--share`` link reaches the app through
+    a public tunnel under names and origins we cannot know, so it turns both checks off.
+    """
+    return Middleware(
+        BrowserGuardMiddleware,
+        allowed_origins=("*",) if share else tuple(allowed_origins),
+        check_host=is_loopback_host(host) and not share,
+        require_json=False,
+        open_paths=(),
+    )
+
+
+def launch(
+    demo: gr.Blocks, host: str, port: int, share: bool, allowed_origins: Iterable[str] = ()
+) -> None:
+    """Serve ``demo`` (blocking) on ``host:port`` behind :func:`guard_middleware`."""
     demo.queue(default_concurrency_limit=4)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"view-run: serving on http://{shown}:{port}/ (Ctrl+C to stop)", flush=True)
     demo.launch(
+        app_kwargs={"middleware": [guard_middleware(host, share, allowed_origins)]},
         server_name=host,
         server_port=port,
         share=share,
         ssr_mode=False,
         css=VIEWER_CSS,
         show_error=True,
-        quiet=False,
+        quiet=not share,  # Gradio prints the share link only when not quiet
     )

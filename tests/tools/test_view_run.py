@@ -305,3 +305,57 @@ def test_multimodal_live_mode_shows_image_and_text_prompt(
     assert text == "How many squares?"
     assert prefix == prompt and (out0, out1) == ("one", "three")
     assert (float(score0), float(score1)) == (1.0, -1.0)
+
+
+def test_default_port_is_gradios_not_the_inference_servers() -> None:
+    """view-run must not collide with ``atropos-serve-model --port 9001`` in the README."""
+    from atroposlib.cli import view_run
+
+    assert view_run.build_parser().parse_args([]).port == 7860
+    assert view_run.build_parser(prog="view-run-multimodal").parse_args([]).port == 7860
+
+
+def test_taken_port_is_reported_with_the_port_flag(tmp_path: Path, write_jsonl, capsys) -> None:
+    import socket
+
+    from atroposlib.cli import view_run
+
+    rollouts = write_jsonl(tmp_path / "r.jsonl", [{"scores": [1.0], "messages": ["ok"]}])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert view_run.main(["--file", str(rollouts), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is already in use" in err and "--port" in err
+    assert "GRADIO_SERVER_PORT" not in err and "Traceback" not in err
+    assert view_run.main(["--file", str(rollouts), "--port", "70000"]) == 1
+    assert "not a TCP port" in capsys.readouterr().err
+
+
+def test_viewer_refuses_foreign_pages_but_serves_its_own(viewers) -> None:
+    """A foreign ``Origin`` (403) and a rebinding ``Host`` (403) are refused on every path,
+    uploads included; the viewer's own origin and plain clients keep working."""
+    base = viewers["file"].rstrip("/")
+    own = base
+    upload = f"{base}/gradio_api/upload"
+    files = {"files": ("x.txt", b"hello", "text/plain")}
+    with httpx.Client(timeout=20) as c:
+        assert c.get(base + "/").status_code == 200
+        foreign = c.get(base + "/", headers={"Origin": "http://evil.example"})
+        assert foreign.status_code == 403 and "--cors-origin" in foreign.json()["detail"]
+        rebound = c.get(
+            base + "/config", headers={"Host": f"evil.example:{base.rsplit(':', 1)[1]}"}
+        )
+        assert rebound.status_code == 403 and "loopback" in rebound.json()["detail"]
+        r = c.post(upload, files=files, headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403
+        r = c.post(
+            f"{base}/gradio_api/queue/join",
+            content=b'{"fn_index": 0}',
+            headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
+        )
+        assert r.status_code == 403
+        same_origin = c.post(upload, files=files, headers={"Origin": own})
+        assert same_origin.status_code == 200, same_origin.text
+        assert c.get(base + "/config", headers={"Origin": own}).status_code == 200
