@@ -24,10 +24,17 @@ from typing import Any, List, Union
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
+from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
+
+NO_TEACHER_CONFIG = (
+    "no teacher server configuration was provided "
+    "(pass teacher_server_configs, --teacher.* flags or a teacher: YAML key)"
+)
 
 
 class TeacherDistillationConfig(BaseEnvConfig):
@@ -56,7 +63,14 @@ def _tokenizer_name(config: Any) -> str:
 
 
 class TeacherDistillationEnv(BaseEnv):
-    """A :class:`BaseEnv` whose groups carry a teacher's logprobs for distillation."""
+    """A :class:`BaseEnv` whose groups carry a teacher's logprobs for distillation.
+
+    Extension points (override them in a subclass): ``_resolve_teacher_server_configs``
+    turns what the constructor got into server configs, ``_validate_teacher_tokenizer_compatibility``
+    checks the vocabulary, ``_attach_teacher_distillation`` fills one group. The
+    module-level ``ServerManager`` and ``resolve_openai_configs`` are looked up at
+    call time, so tests can patch them on this module.
+    """
 
     env_config_cls = TeacherDistillationConfig
     cli_server_namespaces = ("teacher",)
@@ -73,16 +87,25 @@ class TeacherDistillationEnv(BaseEnv):
         self.teacher_server: Any = None
         self._teacher_checked = False
         if getattr(config, "teacher_enabled", False):
-            if teacher_server_configs is None:
-                raise ValueError(
-                    "teacher_enabled needs teacher server configs (--teacher.* or a teacher: YAML key)"
-                )
-            from atroposlib.envs.server_handling.server_manager import ServerManager
+            resolved = self._resolve_teacher_server_configs(teacher_server_configs)
+            self.teacher_server = ServerManager(resolved)
 
-            self.teacher_server = ServerManager(teacher_server_configs)
+    def _resolve_teacher_server_configs(
+        self, teacher_server_configs: Union[APIServerConfig, List[APIServerConfig], Any] | None
+    ) -> Union[ServerBaseline, List[APIServerConfig]]:
+        """Server configs for the teacher; raises ValueError when none was provided."""
+        if teacher_server_configs is None or teacher_server_configs == []:
+            raise ValueError(NO_TEACHER_CONFIG)
+        if isinstance(teacher_server_configs, dict):
+            return resolve_openai_configs(APIServerConfig(), teacher_server_configs, {}, {}, logger)
+        if isinstance(teacher_server_configs, APIServerConfig):
+            return [teacher_server_configs]
+        if isinstance(teacher_server_configs, (list, tuple)):
+            return list(teacher_server_configs)
+        return resolve_openai_configs(teacher_server_configs, {}, {}, {}, logger)
 
-    def check_teacher_tokenizer(self) -> None:
-        """Raise ValueError unless the teacher's tokenizer matches the student's."""
+    def _validate_teacher_tokenizer_compatibility(self) -> None:
+        """Raise ValueError unless every teacher's tokenizer has the student's vocabulary."""
         if self._teacher_checked or self.teacher_server is None:
             return
         for server in getattr(self.teacher_server, "servers", []):
@@ -97,6 +120,10 @@ class TeacherDistillationEnv(BaseEnv):
                 )
         self._teacher_checked = True
 
+    def check_teacher_tokenizer(self) -> None:
+        """Same as :meth:`_validate_teacher_tokenizer_compatibility`."""
+        self._validate_teacher_tokenizer_compatibility()
+
     def _group_top_k(self, group: ScoredDataGroup) -> int | None:
         overrides = group.get("group_overrides") or {}
         if overrides.get("skip_teacher_top_k"):
@@ -104,15 +131,21 @@ class TeacherDistillationEnv(BaseEnv):
         top_k = int(overrides.get("teacher_top_k", self.config.teacher_top_k))
         return None if top_k <= -1 else top_k
 
-    async def attach_teacher_logprobs(self, group: ScoredDataGroup | None) -> None:
-        """Fill ``distill_token_ids``/``distill_logprobs``; on any failure leave them None."""
+    async def _attach_teacher_distillation(
+        self, group: ScoredDataGroup | None
+    ) -> ScoredDataGroup | None:
+        """Fill ``distill_token_ids``/``distill_logprobs`` of ``group`` and return it.
+
+        A teacher failure leaves both None (the group is still sent); a tokenizer
+        mismatch raises.
+        """
         if group is None or self.teacher_server is None or not group.get("tokens"):
-            return
+            return group
         top_k = self._group_top_k(group)
         if top_k is None:
-            return
+            return group
         try:
-            self.check_teacher_tokenizer()
+            self._validate_teacher_tokenizer_compatibility()
             results = await asyncio.gather(
                 *(
                     self.teacher_server.get_logprobs(
@@ -129,6 +162,11 @@ class TeacherDistillationEnv(BaseEnv):
             logger.warning("teacher logprobs failed; group sent without distill data: %s", err)
             group["distill_token_ids"] = None
             group["distill_logprobs"] = None
+        return group
+
+    async def attach_teacher_logprobs(self, group: ScoredDataGroup | None) -> None:
+        """Same as :meth:`_attach_teacher_distillation`, without the return value."""
+        await self._attach_teacher_distillation(group)
 
     async def handle_send_to_api(
         self,
@@ -138,8 +176,12 @@ class TeacherDistillationEnv(BaseEnv):
         abort_on_any_max_length_exceeded: bool = True,
     ) -> None:
         """Attach teacher logprobs to each group, then send as :class:`BaseEnv` does."""
-        groups = scored_data if isinstance(scored_data, list) else [scored_data]
-        await asyncio.gather(*(self.attach_teacher_logprobs(g) for g in groups))
+        if isinstance(scored_data, list):
+            scored_data = list(
+                await asyncio.gather(*(self._attach_teacher_distillation(g) for g in scored_data))
+            )
+        else:
+            scored_data = await self._attach_teacher_distillation(scored_data)
         await super().handle_send_to_api(
             scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded
         )

@@ -157,7 +157,8 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
     """Return the collapsible ``<details>`` block for one group.
 
     Rollouts and scores are paired up to ``min(len(messages), len(scores))``;
-    extra entries on either side are ignored.
+    extra entries on either side are ignored. A group with nothing to show (no
+    messages) gives ``""``, as in the original, so callers can skip it.
 
     Example::
 
@@ -183,7 +184,7 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
             "</div>"
         )
     if not items:
-        items.append('<p class="empty">No rollouts in this group.</p>')
+        return ""
     return (
         f"<details><summary>Group {index}</summary>"
         f'<div class="group-content">{"".join(items)}</div></details>\n'
@@ -237,7 +238,12 @@ def render_jsonl(input_path: str | Path, output_path: str | Path) -> RenderStats
                 )
                 stats.skipped += 1
                 continue
-            out.write(create_html_for_group(group, stats.groups))
+            block = create_html_for_group(group, stats.groups)
+            if not block:
+                logger.warning("%s:%d: no messages to show; skipped", input_path, line_no)
+                stats.skipped += 1
+                continue
+            out.write(block)
             stats.groups += 1
         if stats.groups == 0:
             out.write('<p class="empty">No groups with messages and scores in this file.</p>\n')
