@@ -93,7 +93,8 @@ def build_state(config: ServeModelConfig) -> ServingState:
         tokenizer,
         max_model_len=max_len,
         max_num_seqs=config.max_num_seqs,
-        max_batched_tokens=config.max_batched_tokens,
+        max_prefill_tokens=config.max_prefill_tokens,
+        gpu_memory_fraction=config.gpu_memory_fraction,
         swap_drain_timeout=config.swap_drain_timeout,
         loader=lambda path: load_compatible(path, engine.model, device, dtype),
     )
@@ -156,6 +157,7 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             "steps": st.engine.steps,
             "generated_tokens": st.engine.generated_tokens,
             "restarted_on_update": st.engine.restarted,
+            "kv_cache": st.engine.cache_info(),
         }
 
     @app.get("/health_generate", dependencies=auth)

@@ -33,9 +33,24 @@ class ServeModelConfig(BaseModel):
     api_key: str | None = Field(
         None, description="Require 'Authorization: Bearer KEY' on every endpoint but /health."
     )
-    max_num_seqs: int = Field(256, ge=1, description="Most sequences decoded in one batch.")
-    max_batched_tokens: int = Field(
-        8192, ge=1, description="Padded prompt-token budget of one prefill batch."
+    max_num_seqs: int = Field(
+        256,
+        ge=1,
+        description="Most sequences decoded at once (KV cache slots of --max-model-len "
+        "tokens each; on CUDA fewer when --gpu-memory-fraction does not hold them all).",
+    )
+    max_prefill_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Most (padded) prompt tokens prefilled in one engine step; longer "
+        "prompts are prefilled in chunks while running sequences keep decoding.",
+    )
+    gpu_memory_fraction: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="Share of the GPU's memory the server may use (weights, a second "
+        "copy for weight updates, activations and the KV cache); CUDA only.",
     )
     swap_drain_timeout: float = Field(
         30.0,

@@ -1,11 +1,30 @@
-"""The generation engine: one scheduler task that owns the model.
+"""The generation engine: one scheduler task that owns the model and its KV cache.
 
-Concurrent requests are merged into batched forward passes (continuous
-batching): every step decodes one token for all running sequences at once,
-and newly arrived prompts are prefilled in a batch and join the running batch
-(their KV caches are left-padded and stacked, see :mod:`.kv_cache`). Each
-sequence leaves the batch on its own eos / stop / ``max_tokens``. The model
-runs in one worker thread, never on the event loop.
+Concurrent requests share batched forward passes (continuous batching). The keys
+and values live in one cache preallocated at start (:mod:`.kv_cache`): every
+running sequence owns a slot of ``max_model_len`` positions, and the running
+sequences occupy slots ``0 .. B-1``. A step is
+
+1. one **decode** pass over those ``B`` rows: each feeds its last token at its own
+   position, writes its keys/values into its slot in place, and attends to its own
+   prefix (a per-row length mask); nothing is concatenated or reallocated;
+2. one **prefill** pass of at most ``max_prefill_tokens`` (padded) prompt tokens:
+   new prompts, and the next chunk of a prompt too long for one step, so a long
+   prompt delays the running sequences by one bounded chunk per step instead of
+   stalling them for its whole length. A prompt whose prefill spans steps is kept
+   in a staging slot and copied to its decode slots when complete; ``n > 1`` copies
+   the prompt's cache to all ``n`` slots (prefilled once).
+
+A sequence leaves on its own eos / stop / ``max_tokens``; the last running slot
+is then copied into the hole, so the running rows stay one contiguous block.
+Requests wait in a queue until slots for all their ``n`` sequences are free, so
+memory never grows past the cache sized at start. The model runs in one worker
+thread, never on the event loop.
+
+Failures are contained: a request whose sampling or bookkeeping fails is failed
+alone while the others in the batch go on; when a forward pass itself fails,
+exactly the requests in that pass get the error at once and the engine keeps
+serving. No request is left waiting on a lost step.
 
 Weight updates (``update_weights``) load the new checkpoint in another thread
 while generation continues; once loaded, the scheduler stops admitting new
@@ -34,8 +53,19 @@ from typing import Any
 import torch
 
 from atroposlib.serving.errors import InvalidRequest
-from atroposlib.serving.kv_cache import KVBatch, cache_tensors, make_cache
-from atroposlib.serving.sampling import SamplingParams, prompt_logprobs, sample
+from atroposlib.serving.kv_cache import (
+    STAGING_SLOTS,
+    CachePlan,
+    SlotKV,
+    check_supported,
+    plan_slots,
+)
+from atroposlib.serving.sampling import (
+    SamplingParams,
+    param_tensors,
+    prompt_logprob_entries,
+    sample,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +116,18 @@ class _Request:
     open_rows: int = 0
     prompt_lps: list[dict[int, float] | None] | None = None
     cancelled: bool = False
+    error: BaseException | None = None
+    prefilled: int = 0
+    staging: int | None = None
+    float_params: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+
+    def reset(self) -> None:
+        """Forget all progress (the request is re-run from its prompt)."""
+        self.rows, self.open_rows, self.prompt_lps = [], 0, None
+        self.prefilled, self.staging = 0, None
+        if self.generator is not None and self.params.seed is not None:
+            self.generator.manual_seed(self.params.seed)
 
 
 @dataclass
@@ -97,6 +139,32 @@ class _Row:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     stopped_by_string: bool = False
+
+    @property
+    def cached(self) -> int:
+        """Positions of this sequence already in its slot (its last token is not yet)."""
+        return len(self.request.prompt_ids) + len(self.tokens) - 1
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """``count`` prompt tokens of ``request`` from ``start``, prefilled in one step."""
+
+    request: _Request
+    start: int
+    count: int
+
+    @property
+    def completes(self) -> bool:
+        return self.start + self.count == len(self.request.prompt_ids)
+
+
+@dataclass
+class _Outcome:
+    """What a step hands back to the event loop."""
+
+    finished: list[tuple[_Request, GenerationResult]] = field(default_factory=list)
+    failed: list[tuple[_Request, BaseException]] = field(default_factory=list)
 
 
 class Engine:
@@ -117,24 +185,49 @@ class Engine:
         *,
         max_model_len: int,
         max_num_seqs: int = 256,
-        max_batched_tokens: int = 8192,
+        max_prefill_tokens: int = 2048,
+        gpu_memory_fraction: float = 0.9,
         loader: Callable[[str], Any] | None = None,
         swap_drain_timeout: float = 30.0,
     ) -> None:
-        self.model = model
+        check_supported(model.config)
+        self.model = self._prepare(model)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        self.max_num_seqs = max_num_seqs
-        self.max_batched_tokens = max_batched_tokens
+        self.max_prefill_tokens = max_prefill_tokens
         self.version = 0
         self.weights_path: str | None = None
         self._loader = loader
         self._device = next(model.parameters()).device
+        self._dtype = next(model.parameters()).dtype
         self._eos_ids = self._collect_eos_ids(model, tokenizer)
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.cache_plan: CachePlan = plan_slots(
+            model,
+            max_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_prefill_tokens=max_prefill_tokens,
+            gpu_memory_fraction=gpu_memory_fraction,
+        )
+        self.max_num_seqs = self.cache_plan.slots
+        total = self.max_num_seqs + STAGING_SLOTS
+        self.kv = SlotKV.for_model(model, total, max_model_len)
+        self._staging = list(range(self.max_num_seqs, total))
+        # Per-slot state, moved with the slot: (cached length, next input token, top_k)
+        # and (temperature, top_p, min_p).
+        self._slot_long = torch.zeros(total, 3, dtype=torch.long, device=self._device)
+        self._slot_float = torch.zeros(total, 3, dtype=torch.float32, device=self._device)
+        self._arange = torch.arange(max(max_model_len, total), device=self._device)
+        text = model.config.get_text_config()
+        kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+        self._window = (
+            int(text.sliding_window)
+            if "sliding_attention" in kinds and text.sliding_window
+            else None
+        )
         self._waiting: collections.deque[_Request] = collections.deque()
         self._rows: list[_Row] = []
-        self._batch: KVBatch | None = None
+        self._partial: _Request | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -144,7 +237,25 @@ class Engine:
         self._update_lock = asyncio.Lock()
         self.restarted = 0
         self.steps = 0
+        self.prefill_passes = 0
         self.generated_tokens = 0
+        logger.info(
+            "KV cache: %d sequences x %d tokens = %.1f MiB on %s (%s, sized by %s)",
+            self.max_num_seqs,
+            max_model_len,
+            self.kv.nbytes / 2**20,
+            self._device,
+            self._dtype,
+            self.cache_plan.reason,
+        )
+
+    @staticmethod
+    def _prepare(model: Any) -> Any:
+        """Use an attention implementation that takes the engine's 4D masks."""
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in ("sdpa", "eager") and hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation("sdpa")
+        return model
 
     @staticmethod
     def _collect_eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -173,23 +284,36 @@ class Engine:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        for req in list(self._waiting) + [r.request for r in self._rows]:
+        self._fail_active(RuntimeError("server shutting down"))
+        for req in self._waiting:
             if not req.future.done():
                 req.future.set_exception(RuntimeError("server shutting down"))
         self._waiting.clear()
-        self._rows = []
-        self._batch = None
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     @property
     def running(self) -> int:
-        """Number of sequences being decoded."""
-        return len(self._rows)
+        """Number of sequences being decoded or prefilled."""
+        return len(self._rows) + (self._partial.params.n if self._partial else 0)
 
     @property
     def waiting(self) -> int:
         """Number of requests waiting for admission."""
         return len(self._waiting)
+
+    def cache_info(self) -> dict[str, Any]:
+        """Size and use of the KV cache (reported by ``/health``)."""
+        return {
+            "sequences": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "bytes": self.kv.nbytes,
+            "bytes_per_sequence": self.cache_plan.bytes_per_slot,
+            "device": str(self._device),
+            "dtype": str(self._dtype).removeprefix("torch."),
+            "sized_by": self.cache_plan.reason,
+            "used_sequences": self.running,
+            "max_prefill_tokens": self.max_prefill_tokens,
+        }
 
     # ------------------------------------------------------------------ requests
     def resolve_max_tokens(
@@ -221,6 +345,12 @@ class Engine:
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """Check a prompt (length, token ids) before queueing; return the effective max_tokens."""
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
+        if params.n > self.max_num_seqs:
+            raise InvalidRequest(
+                f"n={params.n} sequences cannot run at once: the KV cache holds "
+                f"{self.max_num_seqs} sequences",
+                param="n",
+            )
         vocab = self.vocab_size
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
@@ -241,14 +371,23 @@ class Engine:
         :class:`TokenEvent` for every generated token (used for streaming).
         """
         max_tokens = self.validate(prompt_ids, params)
+        try:
+            temps, top_k, top_p, min_p = param_tensors([params])
+        except (RuntimeError, OverflowError, TypeError) as exc:
+            raise InvalidRequest(f"a sampling parameter is out of range: {exc}") from exc
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self._device)
-            gen.manual_seed(params.seed)
+            try:
+                gen.manual_seed(params.seed)
+            except (RuntimeError, OverflowError) as exc:
+                raise InvalidRequest(f"seed is out of range: {exc}", param="seed") from exc
         loop = asyncio.get_running_loop()
         req = _Request(
             list(prompt_ids), params, max_tokens, loop.create_future(), gen, listener, loop
         )
+        req.float_params = torch.stack([temps, top_p, min_p], dim=1)
+        req.top_k = top_k
         self._waiting.append(req)
         self._wakeup.set()
         try:
@@ -286,51 +425,110 @@ class Engine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if (
-                self._swap is not None
-                and self._rows
-                and (time.monotonic() - self._swap_since > self.swap_drain_timeout)
-            ):
-                self._restart_rows()
-            if not self._rows and self._swap is not None:
-                self._apply_swap()
-                continue
-            if not self._rows and not self._waiting:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            admitted = [] if self._swap is not None else self._admit()
-            if not admitted and not self._rows:
-                continue
             try:
-                done = await loop.run_in_executor(self._executor, self._step, admitted)
+                await self._iterate(loop)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a model failure must fail the requests, not hang them
-                logger.exception("generation step failed")
-                failed = {id(r.request): r.request for r in self._rows}
-                failed.update({id(r): r for r in admitted})
-                self._rows, self._batch = [], None
-                for req in failed.values():
-                    if not req.future.done():
-                        req.future.set_exception(exc)
+            except Exception as exc:  # never leave a request waiting on a lost step
+                logger.exception("engine step failed")
+                self._fail_active(exc)
+
+    def _active(self) -> bool:
+        return bool(self._rows) or self._partial is not None
+
+    async def _iterate(self, loop: asyncio.AbstractEventLoop) -> None:
+        if (
+            self._swap is not None
+            and self._active()
+            and time.monotonic() - self._swap_since > self.swap_drain_timeout
+        ):
+            self._restart_rows()
+        if not self._active() and self._swap is not None:
+            self._apply_swap()
+            return
+        plan = self._plan()
+        if not plan and not self._rows:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+            return
+        outcome = await loop.run_in_executor(self._executor, self._step, plan)
+        for req, result in outcome.finished:
+            if not req.future.done():
+                req.future.set_result(result)
+        for req, exc in outcome.failed:
+            if not req.future.done():
+                req.future.set_exception(exc)
+
+    def _fail_active(self, exc: BaseException) -> None:
+        """Fail every request with a sequence in the cache (the step they were in is lost)."""
+        reqs = {id(r.request): r.request for r in self._rows}
+        if self._partial is not None:
+            reqs[id(self._partial)] = self._partial
+        self._rows, self._partial = [], None
+        for req in reqs.values():
+            req.error = req.error or exc
+            if not req.future.done():
+                req.future.set_exception(exc)
+
+    def _plan(self) -> list[_Chunk]:
+        """Choose this step's prefill chunks (FIFO, within the token and slot budgets).
+
+        Only the last chunk of a step may leave its prompt unfinished, so at most one
+        prompt is ever partly prefilled; it continues first in the next step.
+        """
+        budget = self.max_prefill_tokens
+        plan: list[_Chunk] = []
+        free = self.max_num_seqs - len(self._rows)
+        partial = self._partial
+        if partial is not None and partial.cancelled:
+            self._partial = partial = None
+        width = 0
+        staging_busy = False
+        if partial is not None:
+            left = len(partial.prompt_ids) - partial.prefilled
+            plan.append(_Chunk(partial, partial.prefilled, min(left, budget)))
+            width = plan[0].count
+            staging_busy = not plan[0].completes
+            free -= partial.params.n
+        if self._swap is not None:
+            return plan
+        while self._waiting:
+            req = self._waiting[0]
+            if req.cancelled:
+                self._waiting.popleft()
                 continue
-            for req, result in done:
-                if not req.future.done():
-                    req.future.set_result(result)
+            if req.params.n > free:
+                break  # waits for slots; FIFO keeps large requests from starving
+            length = len(req.prompt_ids)
+            rows = len(plan) + 1
+            if rows * max(width, length) <= budget:
+                plan.append(_Chunk(req, 0, length))
+                width = max(width, length)
+            else:
+                part = budget // rows
+                if staging_busy or part < 1 or width > part:
+                    break
+                plan.append(_Chunk(req, 0, min(length, part)))
+                width = max(width, plan[-1].count)
+                staging_busy = True
+            self._waiting.popleft()
+            free -= req.params.n
+            if staging_busy:
+                break
+        return plan
 
     def _restart_rows(self) -> None:
         """Send running non-streamed requests back to the queue head, to re-run from scratch."""
         restart = {id(r.request): r.request for r in self._rows if r.request.listener is None}
+        partial = self._partial
+        if partial is not None:
+            restart[id(partial)] = partial  # nothing of it was sent yet
+            self._partial = None
         if not restart:
             return
-        keep = [i for i, r in enumerate(self._rows) if id(r.request) not in restart]
-        self._rows = [self._rows[i] for i in keep]
-        self._batch = self._batch.select(keep) if keep and self._batch is not None else None
+        self._compact([i for i, r in enumerate(self._rows) if id(r.request) in restart])
         for req in reversed(list(restart.values())):
-            req.rows, req.open_rows, req.prompt_lps = [], 0, None
-            if req.generator is not None and req.params.seed is not None:
-                req.generator.manual_seed(req.params.seed)
+            req.reset()
             self._waiting.appendleft(req)
         self.restarted += len(restart)
         logger.info("restarting %d request(s) on the new weights", len(restart))
@@ -339,7 +537,7 @@ class Engine:
         assert self._swap is not None
         model, path, fut = self._swap
         self._swap = None
-        self.model = model
+        self.model = self._prepare(model)
         self._eos_ids = self._collect_eos_ids(model, self.tokenizer)
         self.version += 1
         self.weights_path = path
@@ -347,119 +545,299 @@ class Engine:
         if not fut.done():
             fut.set_result(self.version)
 
-    def _admit(self) -> list[_Request]:
-        admitted: list[_Request] = []
-        rows = len(self._rows)
-        longest = 0
-        while self._waiting:
-            req = self._waiting[0]
-            if req.cancelled:
-                self._waiting.popleft()
-                continue
-            longest_if = max(longest, len(req.prompt_ids))
-            if admitted and (
-                rows + req.params.n > self.max_num_seqs
-                or longest_if * (len(admitted) + 1) > self.max_batched_tokens
-            ):
-                break
-            if not admitted and self._rows and rows + req.params.n > self.max_num_seqs:
-                break
-            self._waiting.popleft()
-            admitted.append(req)
-            rows += req.params.n
-            longest = longest_if
-        return admitted
-
     # ------------------------------------------------------- worker-thread side
     @torch.inference_mode()
-    def _step(self, admitted: list[_Request]) -> list[tuple[_Request, GenerationResult]]:
+    def _step(self, plan: list[_Chunk]) -> _Outcome:
         self.steps += 1
-        finished: list[tuple[_Request, GenerationResult]] = []
-        for row in self._rows:
-            if row.request.cancelled and row.finish_reason is None:
-                row.finish_reason = "abort"
-        if any(r.finish_reason for r in self._rows):
-            self._drop_finished(finished)
+        out = _Outcome()
+        self._retire(out)
         if self._rows:
-            self._decode(finished)
-        plain = [r for r in admitted if r.params.prompt_logprobs is None]
-        if plain:
-            self._prefill(plain, finished)
-        for req in admitted:
-            if req.params.prompt_logprobs is not None:
-                self._prefill([req], finished)
-        return finished
+            try:
+                self._decode(out)
+            except Exception as exc:  # the pass is lost: its requests fail, nothing else
+                logger.exception("decode pass failed")
+                self._fail_rows(list(range(len(self._rows))), exc, out)
+            self._retire(out)
+        if plan:
+            try:
+                self._prefill(plan, out)
+            except Exception as exc:
+                logger.exception("prefill pass failed")
+                for chunk in plan:
+                    self._fail(chunk.request, exc, out)
+                if self._partial is not None and self._partial.error is not None:
+                    self._partial = None
+            self._retire(out)
+        return out
 
-    def _forward(self, **kwargs: Any) -> Any:
-        return self.model(use_cache=True, return_dict=True, **kwargs)
+    def _fail(self, req: _Request, exc: BaseException, out: _Outcome) -> None:
+        if req.error is None:
+            req.error = exc
+            out.failed.append((req, exc))
 
-    def _decode(self, finished: list) -> None:
-        assert self._batch is not None
-        batch = self._batch
-        inputs = torch.tensor([[row.tokens[-1]] for row in self._rows], device=self._device)
-        mask = torch.cat([batch.mask, batch.mask.new_ones((batch.size, 1))], dim=1)
-        out = self._forward(
-            input_ids=inputs,
-            attention_mask=mask,
-            position_ids=batch.positions.unsqueeze(1),
-            past_key_values=make_cache(batch.kv),
-        )
-        self._batch = KVBatch(cache_tensors(out.past_key_values), mask, batch.positions + 1)
-        self._sample_rows(self._rows, out.logits[:, -1, :])
-        self._drop_finished(finished)
+    def _fail_rows(self, indices: list[int], exc: BaseException, out: _Outcome) -> None:
+        for i in indices:
+            self._fail(self._rows[i].request, exc, out)
 
-    def _prefill(self, reqs: list[_Request], finished: list) -> None:
-        lengths = [len(r.prompt_ids) for r in reqs]
-        width = max(lengths)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.tensor(
-            [[pad] * (width - len(r.prompt_ids)) + r.prompt_ids for r in reqs], device=self._device
-        )
-        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=self._device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        want_prompt_lps = reqs[0].params.prompt_logprobs is not None
+    def _mask(self, positions: torch.Tensor, length: int) -> Any:
+        """Attention mask ``[rows, 1, q, length]``: a query at position p sees keys 0..p."""
+        keys = self._arange[:length]
+        pos = positions.unsqueeze(-1).unsqueeze(1)
+        allowed = keys <= pos
+        masks = {"full_attention": allowed}
+        if self._window is not None:
+            masks["sliding_attention"] = allowed & (keys > pos - self._window)
+        if self.model.config._attn_implementation != "sdpa":
+            floor = torch.finfo(self._dtype).min
+            masks = {
+                k: torch.zeros(m.shape, dtype=self._dtype, device=m.device).masked_fill_(~m, floor)
+                for k, m in masks.items()
+            }
+        return masks if self._window is not None else masks["full_attention"]
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int) -> Any:
         kwargs: dict[str, Any] = {}
-        if self._keep_arg and not want_prompt_lps:
-            kwargs["logits_to_keep"] = 1
-        out = self._forward(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-        if want_prompt_lps:
-            reqs[0].prompt_lps = prompt_logprobs(
-                out.logits[0], reqs[0].prompt_ids, reqs[0].params.prompt_logprobs or 0
-            )
-        expand = [i for i, r in enumerate(reqs) for _ in range(r.params.n)]
-        new_rows = [_Row(r, j) for r in reqs for j in range(r.params.n)]
-        for r in reqs:
-            r.rows = [row for row in new_rows if row.request is r]
-            r.open_rows = r.params.n
-        fresh = KVBatch(
-            cache_tensors(out.past_key_values), mask, torch.tensor(lengths, device=self._device)
-        ).select(expand)
-        self._sample_rows(
-            new_rows,
-            out.logits[:, -1, :].index_select(0, torch.tensor(expand, device=self._device)),
+        if self._keep_arg:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=self._mask(positions, cache.length),
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            **kwargs,
         )
-        self._batch = KVBatch.merge(self._batch if self._rows else None, fresh)
-        self._rows = self._rows + new_rows
-        self._drop_finished(finished)
+        return out.logits
 
-    def _sample_rows(self, rows: list[_Row], logits: torch.Tensor) -> None:
+    def _decode(self, out: _Outcome) -> None:
+        rows = self._rows
+        batch = len(rows)
+        length = max(r.cached for r in rows) + 1
+        lens = self._slot_long[:batch, 0]
+        cache = self.kv.pass_view(slice(0, batch), self._arange[:batch], lens, length)
+        ids = self._slot_long[:batch, 1].unsqueeze(1)
+        logits = self._forward(ids, lens.unsqueeze(1), cache, 1)[:, -1]
+        lens += 1
+        self._sample_rows(rows, logits, 0, out)
+
+    def _prefill(self, plan: list[_Chunk], out: _Outcome) -> None:
+        """One pass over this step's prompt chunks (left-padded to a common width)."""
+        self.prefill_passes += 1
+        device = self._device
+        base = dest = len(self._rows)
+        slots: list[int] = []
+        targets: list[int] = []  # first decode slot of each completing chunk, else -1
+        busy = {c.request.staging for c in plan if c.request.staging is not None}
+        for chunk in plan:
+            req = chunk.request
+            if chunk.start == 0 and chunk.completes:
+                slots.append(dest)
+            else:
+                if req.staging is None:
+                    req.staging = next(s for s in self._staging if s not in busy)
+                    busy.add(req.staging)
+                slots.append(req.staging)
+            if chunk.completes:
+                targets.append(dest)
+                dest += req.params.n
+            else:
+                targets.append(-1)
+        width = max(c.count for c in plan)
+        ids, pos, write_slots, write_pos, source = [], [], [], [], []
+        for i, chunk in enumerate(plan):
+            pad = width - chunk.count
+            prompt = chunk.request.prompt_ids
+            ids.append([0] * pad + prompt[chunk.start : chunk.start + chunk.count])
+            span = list(range(chunk.start, chunk.start + chunk.count))
+            pos.append([0] * pad + span)
+            write_slots += [slots[i]] * chunk.count
+            write_pos += span
+            source += range(i * width + pad, (i + 1) * width)
+        length = max(c.start + c.count for c in plan)
+        rows: slice | torch.Tensor
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            rows = slice(slots[0], slots[0] + len(slots))
+        else:
+            rows = torch.tensor(slots, device=device)
+        cache = self.kv.pass_view(
+            rows,
+            torch.tensor(write_slots, device=device),
+            torch.tensor(write_pos, device=device),
+            length,
+            None if len(source) == len(plan) * width else torch.tensor(source, device=device),
+        )
+        want_lps = any(c.request.params.prompt_logprobs is not None for c in plan)
+        logits = self._forward(
+            torch.tensor(ids, device=device),
+            torch.tensor(pos, device=device),
+            cache,
+            0 if want_lps else 1,
+        )
+        new_rows: list[_Row] = []
+        pick: list[int] = []
+        for i, chunk in enumerate(plan):
+            req = chunk.request
+            try:
+                if req.params.prompt_logprobs is not None:
+                    self._chunk_prompt_logprobs(chunk, logits[i, width - chunk.count :])
+                req.prefilled = chunk.start + chunk.count
+                if not chunk.completes:
+                    self._partial = req
+                    continue
+                if self._partial is req:
+                    self._partial = None
+                n = req.params.n
+                first = targets[i]
+                prompt_len = len(req.prompt_ids)
+                if slots[i] != first:
+                    self.kv.fork(slots[i], list(range(first, first + n)), prompt_len)
+                elif n > 1:
+                    self.kv.fork(first, list(range(first + 1, first + n)), prompt_len)
+                req.staging = None
+                self._slot_float[first : first + n] = req.float_params.to(device).expand(n, 3)
+                self._slot_long[first : first + n, 2] = req.top_k.to(device).expand(n)
+                self._slot_long[first : first + n, 0] = prompt_len
+                req.rows = [_Row(req, j) for j in range(n)]
+                req.open_rows = n
+            except Exception as exc:  # e.g. prompt logprobs of this request alone
+                logger.exception("prefill of one request failed")
+                self._fail(req, exc, out)
+                if self._partial is req:
+                    self._partial = None
+                req.rows = [_Row(req, j, finish_reason="error") for j in range(req.params.n)]
+                req.open_rows = req.params.n
+            if chunk.completes:
+                new_rows += req.rows
+                pick += [i] * req.params.n
+        if new_rows:
+            self._rows += new_rows
+            last = logits[:, -1].index_select(0, torch.tensor(pick, device=device))
+            self._sample_rows(new_rows, last, base, out)
+
+    def _chunk_prompt_logprobs(self, chunk: _Chunk, logits: torch.Tensor) -> None:
+        req = chunk.request
+        prompt = req.prompt_ids
+        if chunk.start == 0:
+            req.prompt_lps = [None]
+        assert req.prompt_lps is not None
+        usable = min(chunk.count, len(prompt) - 1 - chunk.start)
+        req.prompt_lps += prompt_logprob_entries(
+            logits[:usable],
+            prompt[chunk.start + 1 : chunk.start + 1 + usable],
+            req.params.prompt_logprobs or 0,
+        )
+
+    def _sample_rows(
+        self, rows: list[_Row], logits: torch.Tensor, first: int, out: _Outcome
+    ) -> None:
+        """Sample one token for ``rows`` (slots ``first..``) and record it.
+
+        If batched sampling fails, each row is retried alone so that only the
+        rows that fail by themselves fail (with their requests).
+        """
+        span = slice(first, first + len(rows))
         params = [r.request.params for r in rows]
+        gens = [r.request.generator for r in rows]
         histories = (
             [(r.request.prompt_ids, r.tokens) for r in rows]
             if any(p.has_penalties for p in params)
             else None
         )
-        out = sample(logits, params, [r.request.generator for r in rows], histories)
-        self.generated_tokens += len(rows)
-        for row, token, lp, top in zip(rows, out.tokens, out.logprobs, out.top, strict=True):
-            row.tokens.append(token)
-            row.logprobs.append(lp)
-            row.top.append(top)
-            row.finish_reason = self._finish_reason(row)
+        tensors = (
+            self._slot_float[span, 0],
+            self._slot_long[span, 2],
+            self._slot_float[span, 1],
+            self._slot_float[span, 2],
+        )
+        errors: dict[int, BaseException] = {}
+        try:
+            res = self._sample(logits, params, gens, histories, tensors)
+            picks = list(zip(res.tokens, res.logprobs, res.top, strict=True))
+            assert res.token_tensor is not None
+            self._slot_long[span, 1] = res.token_tensor
+        except Exception:
+            logger.exception("batched sampling failed; sampling each sequence alone")
+            picks = []
+            for i in range(len(rows)):
+                one = slice(i, i + 1)
+                try:
+                    r = self._sample(
+                        logits[one],
+                        params[one],
+                        gens[one],
+                        histories[one] if histories is not None else None,
+                        tuple(t[one] for t in tensors),  # type: ignore[arg-type]
+                    )
+                    picks.append((r.tokens[0], r.logprobs[0], r.top[0]))
+                except Exception as exc:
+                    errors[i] = exc
+                    picks.append((0, 0.0, []))
+            self._slot_long[span, 1] = torch.tensor([p[0] for p in picks], device=self._device)
+        for i, (row, (token, lp, top)) in enumerate(zip(rows, picks, strict=True)):
             req = row.request
-            if req.listener is not None and req.loop is not None and not req.cancelled:
-                event = TokenEvent(row.index, token, lp, top, row.finish_reason)
-                req.loop.call_soon_threadsafe(req.listener, event)
+            if i in errors:
+                self._fail(req, errors[i], out)
+                continue
+            if req.error is not None:
+                continue
+            try:
+                self._record(row, token, lp, top)
+            except Exception as exc:
+                logger.exception("recording a token failed")
+                self._fail(req, exc, out)
+        self.generated_tokens += len(rows) - len(errors)
+
+    def _sample(self, logits, params, gens, histories, tensors):  # type: ignore[no-untyped-def]
+        """The sampling call (one place, so a test can make it fail for chosen rows)."""
+        return sample(logits, params, gens, histories, tensors)
+
+    def _record(self, row: _Row, token: int, lp: float, top: list[tuple[int, float]]) -> None:
+        row.tokens.append(token)
+        row.logprobs.append(lp)
+        row.top.append(top)
+        row.finish_reason = self._finish_reason(row)
+        req = row.request
+        if req.listener is not None and req.loop is not None and not req.cancelled:
+            event = TokenEvent(row.index, token, lp, top, row.finish_reason)
+            req.loop.call_soon_threadsafe(req.listener, event)
+
+    def _retire(self, out: _Outcome) -> None:
+        """Remove finished, failed and cancelled rows; answer requests whose rows are all done."""
+        gone = [
+            i
+            for i, r in enumerate(self._rows)
+            if r.finish_reason is not None or r.request.error is not None or r.request.cancelled
+        ]
+        if not gone:
+            return
+        for i in gone:
+            row = self._rows[i]
+            req = row.request
+            row.finish_reason = row.finish_reason or "abort"
+            req.open_rows -= 1
+            if req.open_rows == 0 and req.error is None and not req.cancelled:
+                out.finished.append((req, self._result(req)))
+        self._compact(gone)
+
+    @torch.inference_mode()
+    def _compact(self, gone: list[int]) -> None:
+        """Drop rows ``gone`` and move the last rows into their slots (one contiguous block)."""
+        rows = self._rows
+        keep = len(rows) - len(gone)
+        gone_set = set(gone)
+        holes = [i for i in gone if i < keep]
+        movers = [i for i in range(keep, len(rows)) if i not in gone_set]
+        if holes:
+            length = max(rows[i].cached for i in movers)
+            self.kv.move(holes, movers, length)
+            h = torch.tensor(holes, device=self._device)
+            m = torch.tensor(movers, device=self._device)
+            self._slot_long[h] = self._slot_long[m]
+            self._slot_float[h] = self._slot_float[m]
+            for dst, src in zip(holes, movers, strict=True):
+                rows[dst] = rows[src]
+        del rows[keep:]
 
     def _finish_reason(self, row: _Row) -> str | None:
         req, token = row.request, row.tokens[-1]
@@ -479,19 +857,6 @@ class Engine:
         if len(req.prompt_ids) + len(row.tokens) >= self.max_model_len:
             return "length"
         return None
-
-    def _drop_finished(self, finished: list) -> None:
-        keep = [i for i, r in enumerate(self._rows) if r.finish_reason is None]
-        if len(keep) == len(self._rows):
-            return
-        for row in self._rows:
-            if row.finish_reason is not None:
-                req = row.request
-                req.open_rows -= 1
-                if req.open_rows == 0 and not req.cancelled:
-                    finished.append((req, self._result(req)))
-        self._rows = [self._rows[i] for i in keep]
-        self._batch = self._batch.select(keep) if keep and self._batch is not None else None
 
     def _text(self, row: _Row) -> str:
         p = row.request.params

@@ -1,86 +1,268 @@
-"""A batch of per-sequence KV caches that sequences can join and leave between steps.
+"""A preallocated KV cache of fixed slots, written in place.
 
-Rows are left-padded to a common length. Padding positions hold zeros and are
-masked out by the attention mask; rotary position is already applied to cached
-keys, so left-padding a cache (when merging two batches) does not change any
-sequence's attention. Each row carries the position id of its next token.
+The whole cache is one tensor ``[layers, 2, slots, kv_heads, max_len, head_dim]``,
+allocated once when the server starts. Slot ``s`` holds one sequence: the keys and
+values of its token at position ``p`` live at ``[:, :, s, :, p]``, so a sequence's
+cache never moves while it is decoded and a decode step only writes one column per
+row. Rotary position is applied to keys before they are stored, which is why a
+sequence may be copied to another slot (compaction, ``n > 1`` forks) unchanged.
+
+:class:`SlotCache` is what one forward pass sees: a ``transformers`` ``Cache``
+whose ``update`` scatters the new keys/values into their slots and returns views
+of the rows of this pass up to the longest row (masked per row by the caller),
+instead of concatenating tensors as ``DynamicCache`` does.
+
+How many slots fit is decided by :func:`plan_slots`: ``--max-num-seqs`` on CPU
+(the memory is reserved lazily and touched only as sequences grow), and on CUDA
+what ``--gpu-memory-fraction`` of the device leaves after the weights, a second
+copy of them for a weight update, and the activations of the largest step.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
-from transformers import DynamicCache
+from transformers import Cache
+
+logger = logging.getLogger(__name__)
+
+STAGING_SLOTS = 2
+"""Extra slots for a prompt whose prefill spans steps (one finishing, one starting)."""
 
 
-def cache_tensors(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Return ``[(keys, values)]`` per layer (each ``[B, heads, T, dim]``) of an HF cache."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    key_cache = getattr(cache, "key_cache", None)
-    if key_cache is not None:  # transformers 4.x DynamicCache
-        return list(zip(key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
-    if isinstance(cache, (tuple, list)):  # legacy tuple format
-        return [(k, v) for k, v in cache]
-    raise TypeError(f"unsupported KV cache type {type(cache).__name__}")
+def model_kv_shape(config: Any) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of a decoder-only ``transformers`` config."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    layers = int(text.num_hidden_layers)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return layers, kv_heads, int(head_dim)
 
 
-def make_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    """Wrap per-layer tensors into a fresh ``DynamicCache`` the model can extend."""
-    cache = DynamicCache()
-    for idx, (k, v) in enumerate(kv):
-        cache.update(k, v, idx)
-    return cache
+def check_supported(config: Any) -> None:
+    """Refuse architectures whose layers are not plain (or sliding-window) attention."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    unknown = kinds - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(
+            f"the slot KV cache supports full and sliding-window attention layers; this "
+            f"model has {sorted(unknown)}"
+        )
 
 
-def _left_pad(t: torch.Tensor, extra: int, dim: int) -> torch.Tensor:
-    if extra == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = extra
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros that cost no resident memory until written, on CPU.
+
+    ``numpy.zeros`` maps fresh zero pages (calloc), so a large reservation only
+    takes RAM as sequences fill it; unwritten positions must read as finite zeros
+    because masked keys still pass through the attention product.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    count = int(np.prod(shape))
+    raw = torch.from_numpy(np.zeros(count * itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
 
 
-@dataclass
-class KVBatch:
-    """KV tensors, attention mask ``[B, T]`` and next position ids ``[B]`` of a batch."""
+@dataclass(frozen=True)
+class CachePlan:
+    """How many sequence slots the cache holds and what that costs."""
 
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
-    mask: torch.Tensor
-    positions: torch.Tensor
+    slots: int
+    max_len: int
+    bytes_per_slot: int
+    reason: str
 
     @property
-    def size(self) -> int:
-        """Number of rows."""
-        return int(self.mask.shape[0])
+    def total_bytes(self) -> int:
+        """Bytes of the whole cache, staging slots included."""
+        return (self.slots + STAGING_SLOTS) * self.bytes_per_slot
 
-    def select(self, rows: list[int]) -> KVBatch:
-        """Keep ``rows`` (in that order, repeats allowed) and drop all-padding columns."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-        mask = self.mask.index_select(0, idx)
-        kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.kv]
-        used = mask.any(dim=0).nonzero()
-        start = int(used[0]) if used.numel() else mask.shape[1]
-        if start > 0:
-            mask = mask[:, start:]
-            kv = [(k[:, :, start:], v[:, :, start:]) for k, v in kv]
-        return KVBatch(kv, mask, self.positions.index_select(0, idx))
 
-    @staticmethod
-    def merge(a: KVBatch | None, b: KVBatch) -> KVBatch:
-        """Stack two batches (``a`` first), left-padding the shorter one."""
-        if a is None or a.size == 0:
-            return b
-        length = max(a.mask.shape[1], b.mask.shape[1])
-        pa, pb = length - a.mask.shape[1], length - b.mask.shape[1]
-        kv = [
-            (
-                torch.cat([_left_pad(ka, pa, 2), _left_pad(kb, pb, 2)], dim=0),
-                torch.cat([_left_pad(va, pa, 2), _left_pad(vb, pb, 2)], dim=0),
-            )
-            for (ka, va), (kb, vb) in zip(a.kv, b.kv, strict=True)
-        ]
-        mask = torch.cat([_left_pad(a.mask, pa, 1), _left_pad(b.mask, pb, 1)], dim=0)
-        return KVBatch(kv, mask, torch.cat([a.positions, b.positions]))
+def bytes_per_slot(config: Any, max_len: int, dtype: torch.dtype) -> int:
+    """Bytes of keys and values for one sequence of ``max_len`` tokens."""
+    layers, kv_heads, head_dim = model_kv_shape(config)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * layers * kv_heads * head_dim * max_len * itemsize
+
+
+def plan_slots(
+    model: Any,
+    *,
+    max_len: int,
+    max_num_seqs: int,
+    max_prefill_tokens: int,
+    gpu_memory_fraction: float,
+) -> CachePlan:
+    """Size the cache: ``max_num_seqs`` slots on CPU; on CUDA as many as the budget allows.
+
+    The CUDA budget is ``gpu_memory_fraction`` of the device minus the memory torch
+    already holds (the weights), one more copy of the weights (a weight update loads
+    the new checkpoint while the old one serves), and the activations of the largest
+    step (logits of ``max(max_num_seqs, max_prefill_tokens)`` rows in float32 plus the
+    sampling buffers, and the hidden states of a prefill chunk). Raises ``ValueError``
+    when not even one sequence of ``max_len`` tokens fits.
+    """
+    param = next(model.parameters())
+    dtype, device = param.dtype, param.device
+    per_slot = bytes_per_slot(model.config, max_len, dtype)
+    if device.type != "cuda":
+        return CachePlan(max_num_seqs, max_len, per_slot, "--max-num-seqs")
+    text = model.config.get_text_config()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    rows = max(max_num_seqs, max_prefill_tokens)
+    hidden = int(text.hidden_size)
+    inter = int(getattr(text, "intermediate_size", 4 * hidden))
+    activations = (
+        rows * vocab * 16
+        + max_prefill_tokens * (8 * hidden + 4 * inter) * param.element_size()
+        + (256 << 20)
+    )
+    total = torch.cuda.get_device_properties(device).total_memory
+    free, _ = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_reserved(device)
+    budget = min(gpu_memory_fraction * total - held, free) - weights - activations
+    fits = int(budget // per_slot) - STAGING_SLOTS
+    if fits < 1:
+        raise ValueError(
+            f"the KV cache needs {per_slot / 2**20:.0f} MiB per sequence at max_model_len="
+            f"{max_len}, and only {max(budget, 0) / 2**20:.0f} MiB are left of "
+            f"--gpu-memory-fraction {gpu_memory_fraction}; lower --max-model-len or raise "
+            f"--gpu-memory-fraction"
+        )
+    if fits < max_num_seqs:
+        return CachePlan(fits, max_len, per_slot, f"--gpu-memory-fraction {gpu_memory_fraction}")
+    return CachePlan(max_num_seqs, max_len, per_slot, "--max-num-seqs")
+
+
+class SlotKV:
+    """The preallocated cache: ``slots`` sequences of up to ``max_len`` tokens each."""
+
+    def __init__(
+        self,
+        slots: int,
+        max_len: int,
+        *,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.slots = slots
+        self.max_len = max_len
+        self.kv = _lazy_zeros((layers, 2, slots, kv_heads, max_len, head_dim), dtype, device)
+
+    @classmethod
+    def for_model(cls, model: Any, slots: int, max_len: int) -> SlotKV:
+        """A cache shaped for ``model``'s attention layers, on its device and dtype."""
+        layers, kv_heads, head_dim = model_kv_shape(model.config)
+        param = next(model.parameters())
+        return cls(
+            slots,
+            max_len,
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=param.dtype,
+            device=param.device,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for keys and values."""
+        return self.kv.numel() * self.kv.element_size()
+
+    def move(self, dst: list[int], src: list[int], length: int) -> None:
+        """Copy the first ``length`` positions of slots ``src`` into slots ``dst`` (disjoint)."""
+        if not dst or length <= 0:
+            return
+        device = self.kv.device
+        d = torch.tensor(dst, device=device)
+        s = torch.tensor(src, device=device)
+        self.kv[:, :, d, :, :length] = self.kv[:, :, s, :, :length]
+
+    def fork(self, src: int, dst: list[int], length: int) -> None:
+        """Copy slot ``src``'s first ``length`` positions into every slot of ``dst``."""
+        self.move(dst, [src] * len(dst), length)
+
+    def pass_view(
+        self,
+        rows: slice | torch.Tensor,
+        write_slots: torch.Tensor,
+        write_pos: torch.Tensor,
+        length: int,
+        source: torch.Tensor | None = None,
+    ) -> SlotCache:
+        """The cache one forward pass uses (see :class:`SlotCache`)."""
+        return SlotCache(self, rows, write_slots, write_pos, length, source)
+
+
+class SlotCache(Cache):
+    """One forward pass's view of a :class:`SlotKV`.
+
+    ``rows`` are the slots of the batch rows (a ``slice`` when they are consecutive,
+    which makes the returned keys a view, else an index tensor). The new keys and
+    values of the pass, flattened to ``[rows * q_len]`` tokens and optionally
+    narrowed to ``source`` (the non-padding tokens), are written at
+    ``(write_slots[i], write_pos[i])``; attention then sees the first ``length``
+    positions of each row, and the caller's mask hides what a row does not own.
+    """
+
+    is_compileable = False
+
+    def __init__(
+        self,
+        store: SlotKV,
+        rows: slice | torch.Tensor,
+        write_slots: torch.Tensor,
+        write_pos: torch.Tensor,
+        length: int,
+        source: torch.Tensor | None,
+    ) -> None:
+        super().__init__(layers=[])
+        self.store = store
+        self.rows = rows
+        self.write_slots = write_slots
+        self.write_pos = write_pos
+        self.length = length
+        self.source = source
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        cache_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this layer's new keys/values in place; return the rows' keys/values."""
+        out = []
+        for which, states in ((0, key_states), (1, value_states)):
+            table = self.store.kv[layer_idx, which]
+            batch, heads, q_len, dim = states.shape
+            flat = states.transpose(1, 2).reshape(batch * q_len, heads, dim)
+            if self.source is not None:
+                flat = flat.index_select(0, self.source)
+            table[self.write_slots, :, self.write_pos] = flat.to(table.dtype)
+            out.append(table[self.rows, :, : self.length])
+        return out[0], out[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions visible to this pass (the mask narrows it per row)."""
+        return self.length
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """``(kv_length, kv_offset)``; unused because the engine passes a 4D mask."""
+        return self.length, 0
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        """Longest sequence a slot holds."""
+        return self.store.max_len

@@ -53,19 +53,26 @@ class SampleOutput:
     tokens: list[int]
     logprobs: list[float]
     top: list[list[tuple[int, float]]]
+    token_tensor: torch.Tensor | None = None
 
 
 def filter_logits(
-    logp: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+    logp: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    needs: tuple[bool, bool, bool] | None = None,
 ) -> torch.Tensor:
     """Mask (to -inf) tokens outside each row's top-k / nucleus / min-p set.
 
     ``logp`` is ``[B, V]`` log-probabilities; ``top_k`` (``<=0`` disables),
     ``top_p`` and ``min_p`` are ``[B]``. The most likely token always survives.
+    ``needs`` (whether any row uses top-k, top-p, min-p), when the caller knows it,
+    saves reading the tensors back from the device.
     """
-    needs_k = bool((top_k > 0).any())
-    needs_p = bool((top_p < 1.0).any())
-    needs_min = bool((min_p > 0.0).any())
+    if needs is None:
+        needs = (bool((top_k > 0).any()), bool((top_p < 1.0).any()), bool((min_p > 0.0).any()))
+    needs_k, needs_p, needs_min = needs
     if not (needs_k or needs_p or needs_min):
         return logp
     vocab = logp.shape[-1]
@@ -115,16 +122,34 @@ def apply_penalties(
     return out
 
 
+def param_tensors(
+    params: list[SamplingParams], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(temperature, top_k, top_p, min_p)`` of ``params`` as ``[B]`` tensors.
+
+    Raises ``RuntimeError`` for values torch cannot hold (e.g. ``top_k`` = 2^63), so
+    the engine can fail that request alone when it admits it.
+    """
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+    top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
+    return temps, top_k, top_p, min_p
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     histories: list[tuple[list[int], list[int]]] | None = None,
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> SampleOutput:
     """Pick one token per row of ``logits`` (``[B, V]``) under that row's params.
 
     ``histories`` (``(prompt_ids, generated_ids)`` per row) is needed only when a
     row has penalties; they shape the choice but not the reported logprobs.
+    ``tensors`` are the rows' :func:`param_tensors` when the caller keeps them on the
+    device already (the engine stores them per cache slot).
 
     Sampling is by inverse CDF (one uniform per row, cheap on CPU). Rows with a
     generator draw their uniform from it (reproducible per request seed); the
@@ -132,24 +157,22 @@ def sample(
     """
     logits = logits.float()
     rows = logits.shape[0]
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+    temps, top_k, top_p, min_p = tensors or param_tensors(params, logits.device)
+    all_greedy = all(p.temperature <= 0 for p in params)
     greedy = temps <= 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-    logp = torch.log_softmax(scaled, dim=-1)
+    scale = torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+    logp = torch.log_softmax(logits / scale, dim=-1)
     pick_lp = logp
     if histories is not None and any(p.has_penalties for p in params):
-        penalized = apply_penalties(logits, params, histories)
-        pick_lp = torch.log_softmax(
-            penalized / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1), dim=-1
-        )
+        pick_lp = torch.log_softmax(apply_penalties(logits, params, histories) / scale, dim=-1)
     chosen = torch.argmax(pick_lp, dim=-1)
-    if not bool(greedy.all()):
-        filtered = filter_logits(
-            pick_lp,
-            torch.tensor([p.top_k for p in params], device=logits.device),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device),
-            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=logits.device),
+    if not all_greedy:
+        needs = (
+            any(p.top_k > 0 for p in params),
+            any(p.top_p < 1.0 for p in params),
+            any(p.min_p > 0.0 for p in params),
         )
+        filtered = filter_logits(pick_lp, top_k, top_p, min_p, needs)
         cdf = torch.softmax(filtered, dim=-1).cumsum(dim=-1)
         uniform = torch.rand(rows, 1, device=logits.device)
         for i, gen in enumerate(generators):
@@ -167,7 +190,7 @@ def sample(
         for i, p in enumerate(params):
             k = p.logprobs or 0
             top[i] = list(zip(ids_l[i][:k], values_l[i][:k], strict=True))
-    return SampleOutput(chosen.tolist(), token_lp.tolist(), top)
+    return SampleOutput(chosen.tolist(), token_lp.tolist(), top, chosen)
 
 
 def prompt_logprobs(
@@ -178,18 +201,29 @@ def prompt_logprobs(
 
     ``logits`` are the model outputs for the prompt, ``[L, V]`` (position i predicts i+1).
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
     out: list[dict[int, float] | None] = [None]
     if len(prompt_ids) < 2:
         return out
-    targets = torch.tensor(prompt_ids[1:], device=logp.device)
-    actual = logp[:-1].gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    return out + prompt_logprob_entries(logits[: len(prompt_ids) - 1], prompt_ids[1:], k)
+
+
+def prompt_logprob_entries(
+    logits: torch.Tensor, targets: list[int], k: int
+) -> list[dict[int, float] | None]:
+    """One :func:`prompt_logprobs` entry per row of ``logits`` (``[N, V]``), whose next
+    token is ``targets[i]``; a chunked prefill calls this once per chunk."""
+    if not targets:
+        return []
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    index = torch.tensor(targets, device=logp.device)
+    actual = logp.gather(1, index.unsqueeze(1)).squeeze(1).tolist()
     tops_v: list[list[float]] = [[] for _ in actual]
     tops_i: list[list[int]] = [[] for _ in actual]
     if k > 0:
-        v, i = torch.topk(logp[:-1], k=min(k, logp.shape[-1]), dim=-1)
+        v, i = torch.topk(logp, k=min(k, logp.shape[-1]), dim=-1)
         tops_v, tops_i = v.tolist(), i.tolist()
-    for pos, token in enumerate(prompt_ids[1:]):
+    out: list[dict[int, float] | None] = []
+    for pos, token in enumerate(targets):
         entry = {token: actual[pos]}
         for tid, lp in zip(tops_i[pos], tops_v[pos], strict=True):
             entry.setdefault(tid, lp)

@@ -1,4 +1,4 @@
-"""Pure pieces of the server: sampling filters, KV batch merging, tool-call parsing, CLI."""
+"""Pure pieces of the server: sampling filters, tool-call parsing, CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atroposlib.cli.serve_model import build_parser
-from atroposlib.serving.kv_cache import KVBatch, cache_tensors
 from atroposlib.serving.responses import parse_tool_calls
 from atroposlib.serving.sampling import SamplingParams, filter_logits, sample
 
@@ -81,35 +80,6 @@ def test_sample_frequencies_follow_the_distribution():
     out = sample(logits, [SamplingParams()] * 4000, [gen] * 4000)
     freq = torch.bincount(torch.tensor(out.tokens), minlength=3).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03)
-
-
-def _batch(lengths: list[int], width: int, fill: float) -> KVBatch:
-    rows = len(lengths)
-    mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths])
-    k = torch.full((rows, 1, width, 2), fill) * mask[:, None, :, None]
-    return KVBatch([(k, k.clone())], mask, torch.tensor(lengths))
-
-
-def test_merge_left_pads_the_shorter_batch_and_select_trims_padding():
-    a, b = _batch([3, 1], 3, 1.0), _batch([5], 5, 2.0)
-    merged = KVBatch.merge(a, b)
-    assert merged.mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [1, 1, 1, 1, 1]]
-    assert merged.kv[0][0][:, 0, :, 0].tolist() == [
-        [0, 0, 1, 1, 1],
-        [0, 0, 0, 0, 1],
-        [2, 2, 2, 2, 2],
-    ]
-    assert merged.positions.tolist() == [3, 1, 5]
-    kept = merged.select([1, 0])
-    assert kept.mask.tolist() == [[0, 0, 1], [1, 1, 1]]  # all-padding columns dropped
-    assert kept.kv[0][0].shape[2] == 3 and kept.positions.tolist() == [1, 3]
-
-
-def test_cache_tensors_reads_legacy_tuples():
-    k = torch.zeros(1, 1, 2, 2)
-    assert cache_tensors(((k, k),))[0][0] is k
-    with pytest.raises(TypeError):
-        cache_tensors(object())
 
 
 def test_tool_calls_are_split_from_content():
