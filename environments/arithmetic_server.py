@@ -45,11 +45,16 @@ def answer_text(a: int, b: int) -> str:
     return str(a + b)
 
 
-def score_completion(text: str, a: int, b: int) -> float:
-    """1.0 when ``text`` is exactly the sum (surrounding whitespace and end tokens ignored)."""
+def completion_text(text: str) -> str:
+    """A decoded completion up to its end token: what the model said."""
     for end in ("<|im_end|>", "<|endoftext|>"):
         text = text.split(end)[0]
-    m = _ANSWER_RE.fullmatch(text)
+    return text
+
+
+def score_completion(text: str, a: int, b: int) -> float:
+    """1.0 when ``text`` is exactly the sum (surrounding whitespace and end tokens ignored)."""
+    m = _ANSWER_RE.fullmatch(completion_text(text))
     return 1.0 if m is not None and int(m.group(1)) == a + b else 0.0
 
 
@@ -229,7 +234,9 @@ if BaseEnv is not None:
                 max_tokens=self.config.max_answer_tokens,
                 temperature=self.config.temperature,
             )
-            group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[])
+            group = ScoredDataGroup(
+                tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[]
+            )
             for out, lps in zip(outputs, logprobs, strict=False):
                 text = self.tokenizer.decode(out, skip_special_tokens=False)
                 score = score_completion(text, a, b)
@@ -237,6 +244,12 @@ if BaseEnv is not None:
                 group["masks"].append([-100] * len(ids) + list(out))
                 group["inference_logprobs"].append([1.0] * len(ids) + list(lps)[: len(out)])
                 group["scores"].append(score)
+                # The conversation as text, so viewers and exports show "8+7=" and the
+                # reply rather than the chat template rendered from the tokens.
+                group["messages"].append(
+                    problem_messages(a, b)
+                    + [{"role": "assistant", "content": completion_text(text)}]
+                )
                 self.percent_correct.append(score)
             return group, []
 

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -141,6 +142,65 @@ def content_text(content: Any) -> str:
                 parts.append(str(part))
         return "\n".join(parts)
     return str(content)
+
+
+_RENDERED_TURNS = (
+    # ChatML (Qwen, the tiny model): <|im_start|>role\ncontent<|im_end|>
+    re.compile(r"<\|im_start\|>([^\n<]*)\n(.*?)(?:<\|im_end\|>|(?=<\|im_start\|>)|\Z)", re.S),
+    # Llama 3: <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>
+    re.compile(
+        r"<\|start_header_id\|>([^<]*)<\|end_header_id\|>\n\n(.*?)"
+        r"(?:<\|eot_id\|>|(?=<\|start_header_id\|>)|\Z)",
+        re.S,
+    ),
+)
+_TRAILING_SPECIALS = ("<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>")
+
+
+def rendered_chat_turns(text: str) -> list[dict[str, str]] | None:
+    """Split a chat template rendered to text back into ``{"role", "content"}`` turns.
+
+    None when ``text`` is not a ChatML or Llama-3 rendering. Padding and end tokens after
+    a turn's content are dropped; the trailing newline the template adds is kept out.
+    """
+    for pattern in _RENDERED_TURNS:
+        found = pattern.findall(text)
+        if not found:
+            continue
+        turns = []
+        for role, content in found:
+            content = content.rstrip("\n")
+            stripped = True
+            while stripped:
+                stripped = False
+                for special in _TRAILING_SPECIALS:
+                    if content.endswith(special):
+                        content = content[: -len(special)].rstrip("\n")
+                        stripped = True
+            turns.append({"role": role.strip() or "?", "content": content})
+        return turns
+    return None
+
+
+def as_turns(messages: Any) -> Any:
+    """One rollout's ``messages``, with a rendered template taken apart into turns.
+
+    ``BaseEnv`` (as in the original) fills missing ``messages`` with a single user
+    message holding the whole decoded sequence, template markup included; shown as
+    is it reads ``user: <|im_start|>user 8+7=<|im_end|>...``. Anything else is
+    returned unchanged.
+    """
+    if (
+        isinstance(messages, list)
+        and len(messages) == 1
+        and isinstance(messages[0], dict)
+        and messages[0].get("role") == "user"
+        and isinstance(messages[0].get("content"), str)
+    ):
+        turns = rendered_chat_turns(messages[0]["content"])
+        if turns:
+            return turns
+    return messages
 
 
 def messages_text(messages: Any) -> str:
@@ -338,5 +398,5 @@ def default_group_text(group: dict[str, Any]) -> str:
     """Searchable text of a group without a tokenizer: its messages transcripts."""
     messages = group.get("messages")
     if isinstance(messages, list):
-        return "\n".join(messages_text(m) for m in messages)
+        return "\n".join(messages_text(as_turns(m)) for m in messages)
     return ""

@@ -17,7 +17,14 @@ import re
 from typing import Any, Callable, Sequence
 
 from atroposlib.frontend.multimodal import extract_text_prompt, group_image
-from atroposlib.frontend.rollouts import MASKED, TokenSpan, messages_text, split_prefix, token_spans
+from atroposlib.frontend.rollouts import (
+    MASKED,
+    TokenSpan,
+    as_turns,
+    messages_text,
+    split_prefix,
+    token_spans,
+)
 
 _B64 = re.compile(r"^(data:image/(png|jpeg|jpg|gif|webp);base64,)?[A-Za-z0-9+/=\s]+$")
 
@@ -134,7 +141,7 @@ def render_group_html(
     tokens = group.get("tokens") or []
     masks = group.get("masks") or []
     logprobs = group.get("inference_logprobs") or []
-    messages = group.get("messages") or []
+    messages = [as_turns(m) for m in group.get("messages") or []]
     n_shared = shared_turns(messages[: len(scores)]) if len(messages) >= len(scores) else 0
     n_prompt = shared_masked_prefix(tokens[: len(scores)], masks[: len(scores)])
     parts = [

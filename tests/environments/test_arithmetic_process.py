@@ -7,6 +7,8 @@ import asyncio
 import json
 import re
 
+from transformers import AutoTokenizer
+
 from atroposlib.envs.cli import build_env, parse_cli
 from environments.arithmetic_server import ArithmeticEnv, score_completion
 from tests.environments.env_helpers import check_groups, process_argv
@@ -20,15 +22,22 @@ def test_arithmetic_process_writes_groups_with_logprobs_and_binary_scores(serve_
     )
     asyncio.run(env.process_manager())
     groups = check_groups(out, 4, 3, 0.0, 1.0)
+    tok = AutoTokenizer.from_pretrained(serve_model["model"])
     for group in groups:
-        for messages, score in zip(group["messages"], group["scores"], strict=True):
-            text = messages[-1]["content"]  # the decoded rollout: prompt and completion
-            match = re.search(
-                r"user\n(\d+)\+(\d+)=<\|im_end\|>\n<\|im_start\|>assistant\n(.*)$", text, re.S
-            )
-            assert match, text
-            a, b, completion = int(match[1]), int(match[2]), match[3]
-            assert score == score_completion(completion, a, b)
+        for messages, tokens, masks, score in zip(
+            group["messages"], group["tokens"], group["masks"], group["scores"], strict=True
+        ):
+            # The conversation as text, not the chat template rendered from the tokens.
+            assert [m["role"] for m in messages] == ["user", "assistant"], messages
+            assert all("<|im_start|>" not in m["content"] for m in messages), messages
+            match = re.fullmatch(r"(\d+)\+(\d+)=", messages[0]["content"])
+            assert match, messages
+            a, b = int(match[1]), int(match[2])
+            assert score == score_completion(messages[1]["content"], a, b)
+            completion = [t for t, m in zip(tokens, masks, strict=True) if m != -100]
+            decoded = tok.decode(completion, skip_special_tokens=False)
+            assert decoded.startswith(messages[1]["content"])
+            assert score == score_completion(decoded, a, b)
 
 
 def test_arithmetic_evaluate_writes_accuracy(serve_model, tmp_path):

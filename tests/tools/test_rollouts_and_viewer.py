@@ -244,3 +244,50 @@ def test_group_html_shows_shared_turns_once_and_folds_shared_prompt_tokens() -> 
     # identical conversations keep their last turn per rollout; trained tokens are never folded
     assert shared_turns([prompt, prompt]) == 1
     assert shared_masked_prefix([[1, 2], [1, 2]], [[1, 2], [1, 2]]) == 0
+
+
+def test_viewer_shows_turns_of_a_decoded_template_not_its_markup() -> None:
+    """``messages`` that BaseEnv synthesised from tokens (one user message holding the
+    decoded ChatML) are shown as the turns' text: ``user: 8+7=`` / ``assistant: 15``."""
+    import html as html_lib
+
+    from atroposlib.frontend.rollouts import as_turns, default_group_text
+    from atroposlib.tiny_model import load_tiny_tokenizer
+
+    tok = load_tiny_tokenizer()
+    chats = [
+        [{"role": "user", "content": "8+7="}, {"role": "assistant", "content": reply}]
+        for reply in ("15", "14")
+    ]
+    tokens = [tok.apply_chat_template(c, tokenize=True, return_dict=False) for c in chats]
+    tokens[1] = list(tokens[1]) + [tok.pad_token_id]  # padding after the end token
+    synthesised = [[{"role": "user", "content": tok.decode(t)}] for t in tokens]
+    assert "<|im_start|>user" in synthesised[0][0]["content"]  # what BaseEnv stores
+    assert as_turns(synthesised[0]) == chats[0]
+    assert as_turns(synthesised[1]) == chats[1]
+    group = {"tokens": tokens, "masks": tokens, "scores": [1.0, 0.0], "messages": synthesised}
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", render_group_html(group, None)))
+    assert "<|im_start|>" not in text and "<|im_end|>" not in text
+    assert text.count("user: 8+7=") == 1  # shared turn shown once
+    assert "assistant: 15" in text and "assistant: 14" in text
+    assert "user: 8+7=" in default_group_text(group)
+    # Real messages and plain strings are left alone.
+    assert as_turns(chats[0]) is chats[0]
+    plain = [{"role": "user", "content": "no template here"}]
+    assert as_turns(plain) is plain
+
+
+def test_llama3_rendering_is_taken_apart_too() -> None:
+    from atroposlib.frontend.rollouts import rendered_chat_turns
+
+    text = (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>"
+    )
+    assert rendered_chat_turns(text) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert rendered_chat_turns("just text") is None
