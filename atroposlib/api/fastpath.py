@@ -57,6 +57,15 @@ def _query_env_id(scope: Scope) -> int | None:
         return None
 
 
+def _query_ack(scope: Scope) -> str | None:
+    """``ack`` of ``GET /batch?ack=ID`` (an empty value means "none yet"); None when absent."""
+    query = scope.get("query_string", b"")
+    if not query:
+        return None
+    values = parse_qs(query.decode("latin-1"), keep_blank_values=True).get("ack")
+    return values[-1] if values else None
+
+
 class BypassFor:
     """Send the requests of ``routes`` (method, path) straight to ``direct``, the rest to ``app``."""
 
@@ -101,6 +110,9 @@ class HotPathMiddleware:
         body = await _read_body(receive)
         if body is None:
             return
+        if handler == self._batch:
+            await self._answer(send, lambda: self._batch(body, scope))
+            return
         await self._answer(send, lambda: handler(body))
 
     async def _answer(self, send: Send, produce: Callable[[], Any]) -> None:
@@ -131,5 +143,5 @@ class HotPathMiddleware:
     def _scored_data_list(self, body: bytes) -> bytes:
         return handlers.ingest_groups(self.store, body, many=True)
 
-    def _batch(self, body: bytes) -> bytes:
-        return handlers.serve_batch(self.store)
+    def _batch(self, body: bytes, scope: Scope | None = None) -> bytes:
+        return handlers.serve_batch(self.store, _query_ack(scope) if scope else None)

@@ -155,14 +155,15 @@ def ingest_groups(store: RolloutStore, body: bytes, many: bool) -> bytes:
     return json.dumps({"status": "buffered", "buffer_size": outcome.buffer_size}).encode()
 
 
-def serve_batch(store: RolloutStore) -> bytes:
-    """``GET /batch``: the oldest full batch as joined group JSON, or ``{"batch":null}``."""
+def serve_batch(store: RolloutStore, ack: str | None = None) -> bytes:
+    """``GET /batch[?ack=ID]``: the oldest full batch as joined group JSON, or ``{"batch":null}``.
+
+    ``ack`` is the client's last ``batch_id`` (None for clients that never send
+    it); see :meth:`RolloutStore.serve_batch`.
+    """
     if not store.registered:
         return json.dumps(NOT_REGISTERED).encode()
-    groups = store.next_batch()
-    if groups is None:
-        return b'{"batch":null}'
-    return b'{"batch":[' + b",".join(groups) + b"]}"
+    return store.batch_answer(ack)
 
 
 def status_env(store: RolloutStore, env_id: int) -> bytes:

@@ -49,11 +49,42 @@ def render_metrics(store: RolloutStore) -> str:
         "Bytes of queued groups, per env.",
         [(_env_label(e), s.nbytes) for e, s in per_env],
     )
+    buffers = [(i, store.buffer_stats(i)) for i in range(len(store.envs))]
     lines += _family(
         "atropos_buffer_groups",
         "gauge",
         "Odd-sized groups buffered, per env.",
-        [(_env_label(i), len(store.buffered(i))) for i in range(len(store.envs))],
+        [(_env_label(i), b[0]) for i, b in buffers],
+    )
+    lines += _family(
+        "atropos_buffer_sequences",
+        "gauge",
+        "Sequences in buffered odd-sized groups, per env.",
+        [(_env_label(i), b[1]) for i, b in buffers],
+    )
+    lines += _family(
+        "atropos_buffer_bytes",
+        "gauge",
+        "Bytes of buffered odd-sized groups (all envs).",
+        [("", store.buffered_bytes)],
+    )
+    lines += _family(
+        "atropos_buffer_limit_bytes",
+        "gauge",
+        "Bound of the buffers (--max-buffer-mb, at most half the queue budget) in bytes.",
+        [("", store.max_buffer_bytes)],
+    )
+    lines += _family(
+        "atropos_buffer_released_total",
+        "counter",
+        "Oldest buffered groups released onto the queue as groups of their own size (buffer full).",
+        [("", c["buffer_released"])],
+    )
+    lines += _family(
+        "atropos_buffer_dropped_total",
+        "counter",
+        "Buffered groups dropped, per reason (logged).",
+        [('{reason="buffer_full"}', c["buffer_dropped"])],
     )
     lines += _family(
         "atropos_queue_bytes_total",
@@ -103,6 +134,30 @@ def render_metrics(store: RolloutStore) -> str:
         "counter",
         "Requests that failed inside the server (logged with a traceback).",
         [("", c["internal_errors"])],
+    )
+    lines += _family(
+        "atropos_batches_resent_total",
+        "counter",
+        "Unacknowledged batches served again (not received, or after a restart).",
+        [("", c["batches_resent"])],
+    )
+    lines += _family(
+        "atropos_batches_acknowledged_total",
+        "counter",
+        "Batches acknowledged (consumed) by the trainer.",
+        [("", c["batches_acknowledged"])],
+    )
+    lines += _family(
+        "atropos_unacknowledged_batch_groups",
+        "gauge",
+        "Groups of the served batch awaiting acknowledgement.",
+        [("", len(store.pending.groups) if store.pending else 0)],
+    )
+    lines += _family(
+        "atropos_envs_inactive",
+        "gauge",
+        "Connected envs silent for longer than --env-timeout (not counted for min_batch_allocation).",
+        [("", len(store.inactive_envs()))],
     )
     lines += _family(
         "atropos_step", "gauge", "Trainer step counter (batches served).", [("", store.step)]

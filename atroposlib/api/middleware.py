@@ -1,12 +1,17 @@
-"""Pure-ASGI middleware of the rollout API: bearer auth, body size limit, gzip request bodies."""
+"""Pure-ASGI middleware of the rollout API: body size limit, in-flight bound, gzip request bodies.
+
+Bearer auth and the browser guard live in :mod:`atroposlib.utils.http_security` (one
+implementation for every server); ``BearerAuthMiddleware`` is re-exported here for old imports.
+"""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import zlib
 from typing import Any, Awaitable, Callable, Iterable, MutableMapping
+
+from atroposlib.utils.http_security import BearerAuthMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -42,46 +47,52 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
-class BearerAuthMiddleware:
-    """Require ``Authorization: Bearer KEY`` on every path except the open ones (401 otherwise)."""
-
-    def __init__(
-        self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/", "/health")
-    ) -> None:
-        self.app = app
-        self._expected = f"Bearer {api_key}".encode()
-        self._open = frozenset(open_paths)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self._open:
-            await self.app(scope, receive, send)
-            return
-        given = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                given = value
-                break
-        if hmac.compare_digest(given, self._expected):
-            await self.app(scope, receive, send)
-            return
-        await _send_error(
-            send,
-            401,
-            {"detail": "missing or invalid API key: send 'Authorization: Bearer <key>'"},
-            headers=[(b"www-authenticate", b"Bearer")],
-        )
-
-
 class _BodyTooLarge(Exception):
-    pass
+    def __init__(self, reserved: int) -> None:
+        super().__init__()
+        self.reserved = reserved
+
+
+class _Busy(Exception):
+    def __init__(self, reserved: int) -> None:
+        super().__init__()
+        self.reserved = reserved
 
 
 class RequestBodyMiddleware:
-    """Reject bodies above ``max_bytes`` (413) and inflate ``Content-Encoding: gzip`` bodies (bad gzip → 400)."""
+    """Reject bodies above ``max_bytes`` (413) and inflate ``Content-Encoding: gzip`` bodies (bad gzip → 400).
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    With ``max_inflight_bytes``, the bodies of all requests being received or
+    processed at once are bounded: a request whose body would take the total
+    beyond it gets 503 with ``Retry-After`` (unless nothing else is in flight,
+    so a single body up to ``max_bytes`` is always served). A gzipped body
+    counts with its inflated size once inflated.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, max_inflight_bytes: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_inflight_bytes = max_inflight_bytes
+        self.inflight_bytes = 0
+
+    def _reserve(self, size: int) -> bool:
+        limit = self.max_inflight_bytes
+        if limit is not None and self.inflight_bytes and self.inflight_bytes + size > limit:
+            return False
+        self.inflight_bytes += size
+        return True
+
+    async def _busy(self, send: Send) -> None:
+        logger.info("refused a request body: %d bytes already in flight", self.inflight_bytes)
+        await _send_error(
+            send,
+            503,
+            {
+                "detail": f"server busy: {self.inflight_bytes} bytes of request bodies in flight "
+                f"(run-api --max-inflight-mb {self.max_inflight_bytes // (1024 * 1024)}); retry later"
+            },
+            headers=[(b"retry-after", b"1")],
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,10 +112,20 @@ class RequestBodyMiddleware:
         if length is not None and length > self.max_bytes:
             await self._too_large(send, length)
             return
-        if length is not None and not gzipped:
+        if not length and not gzipped and length is not None:
             await self.app(scope, receive, send)
             return
-        await self._buffered(scope, receive, send, inflate=gzipped)
+        reserved = length or 0
+        if not self._reserve(reserved):
+            await self._busy(send)
+            return
+        try:
+            if length is not None and not gzipped:
+                await self.app(scope, receive, send)
+            else:
+                reserved = await self._buffered(scope, receive, send, gzipped, reserved)
+        finally:
+            self.inflight_bytes -= reserved
 
     async def _too_large(self, send: Send, size: int) -> None:
         await _send_error(
@@ -116,30 +137,43 @@ class RequestBodyMiddleware:
             },
         )
 
-    async def _read_all(self, receive: Receive) -> bytes | None:
+    async def _read_all(self, receive: Receive, reserved: int) -> tuple[bytes | None, int]:
+        """The whole body (None when the client left) and the bytes now reserved for it."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return None
+                return None, reserved
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                raise _BodyTooLarge
+                raise _BodyTooLarge(reserved)
+            if size > reserved:
+                if not self._reserve(size - reserved):
+                    raise _Busy(reserved)
+                reserved = size
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return b"".join(chunks), reserved
 
-    async def _buffered(self, scope: Scope, receive: Receive, send: Send, inflate: bool) -> None:
-        """Read the whole (bounded) body, inflate it if gzipped, and replay it to the app."""
+    async def _buffered(
+        self, scope: Scope, receive: Receive, send: Send, inflate: bool, reserved: int
+    ) -> int:
+        """Read the whole (bounded) body, inflate it if gzipped, and replay it to the app.
+
+        Returns the bytes reserved in the in-flight budget, for the caller to release.
+        """
         try:
-            body = await self._read_all(receive)
-        except _BodyTooLarge:
+            body, reserved = await self._read_all(receive, reserved)
+        except _BodyTooLarge as e:
             await self._too_large(send, self.max_bytes + 1)
-            return
+            return e.reserved
+        except _Busy as e:
+            await self._busy(send)
+            return e.reserved
         if body is None:
-            return
+            return reserved
         headers = [
             (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
         ]
@@ -150,21 +184,30 @@ class RequestBodyMiddleware:
                 body = inflater.decompress(raw, self.max_bytes + 1)
                 if len(body) > self.max_bytes or inflater.unconsumed_tail:
                     await self._too_large(send, self.max_bytes + 1)
-                    return
+                    return reserved
                 if not inflater.eof:
                     raise zlib.error("truncated gzip stream")
             except zlib.error as e:
                 logger.info("rejected a request with a bad gzip body: %s", e)
                 await _send_error(send, 400, "Invalid gzip payload", text=True)
-                return
+                return reserved
+            del raw
+            if len(body) > reserved:
+                if not self._reserve(len(body) - reserved):
+                    await self._busy(send)
+                    return reserved
+                reserved = len(body)
         headers.append((b"content-length", str(len(body)).encode()))
         sent = False
 
         async def replay() -> Message:
-            nonlocal sent
+            nonlocal sent, body
             if sent:
                 return await receive()
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            message = {"type": "http.request", "body": body, "more_body": False}
+            body = b""  # the app holds the only reference from here on
+            return message
 
         await self.app({**scope, "headers": headers}, replay, send)
+        return reserved

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
+import struct
+import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -24,7 +28,15 @@ from atroposlib.api.errors import StorageError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GroupRow", "PersistedState", "SqlitePersistence"]
+__all__ = [
+    "DamagedDatabaseError",
+    "GroupRow",
+    "PersistedState",
+    "SqlitePersistence",
+    "check_database",
+    "open_persistence",
+    "recover_database",
+]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -33,7 +45,8 @@ CREATE TABLE IF NOT EXISTS groups (
     env_id INTEGER,
     size INTEGER NOT NULL,
     buffered INTEGER NOT NULL,
-    body BLOB NOT NULL
+    body BLOB NOT NULL,
+    crc INTEGER
 );
 """
 
@@ -75,6 +88,9 @@ class SqlitePersistence:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(groups)")}
+            if "crc" not in columns:  # a database written before group checksums
+                self._conn.execute("ALTER TABLE groups ADD COLUMN crc INTEGER")
         except sqlite3.Error as e:
             raise StorageError(f"cannot open persistence database {self.path}: {e}") from e
 
@@ -96,31 +112,51 @@ class SqlitePersistence:
         row = self._conn.execute("SELECT body FROM groups WHERE seq = ?", (seq,)).fetchone()
         return bytes(row[0]) if row else None
 
-    def take(self, seqs: Sequence[int], meta: dict[str, Any]) -> list[bytes]:
-        """Atomically read and delete the groups ``seqs`` (in that order) and set ``meta``."""
+    def _read(self, seqs: Sequence[int], delete: bool = False) -> dict[int, bytes]:
+        """Bodies of ``seqs`` by seq, one statement per chunk of rows (inside a transaction)."""
         conn = self._conn
-        try:
-            conn.execute("BEGIN")
-            # One read and one delete per chunk of rows rather than per row.
-            found: dict[int, bytes] = {}
-            for i in range(0, len(seqs), _IN_CHUNK):
-                chunk = list(seqs[i : i + _IN_CHUNK])
-                marks = ",".join("?" * len(chunk))
+        found: dict[int, bytes] = {}
+        for i in range(0, len(seqs), _IN_CHUNK):
+            chunk = list(seqs[i : i + _IN_CHUNK])
+            marks = ",".join("?" * len(chunk))
+            if delete:
+                conn.execute(f"DELETE FROM groups WHERE seq IN ({marks})", chunk)
+            else:
                 found.update(
                     conn.execute(f"SELECT seq, body FROM groups WHERE seq IN ({marks})", chunk)
                 )
-                conn.execute(f"DELETE FROM groups WHERE seq IN ({marks})", chunk)
-            missing = [seq for seq in seqs if seq not in found]
+        return found
+
+    def bodies(self, seqs: Sequence[int]) -> list[bytes]:
+        """The stored JSON of the groups ``seqs``, in that order (all must exist)."""
+        return self.swap_batch((), seqs, None)
+
+    def swap_batch(
+        self, consume: Sequence[int], serve: Sequence[int], meta: dict[str, Any] | None
+    ) -> list[bytes]:
+        """Atomically delete the acknowledged groups ``consume``, read ``serve`` and set ``meta``.
+
+        The served groups stay in the table: they are deleted only when the
+        trainer acknowledges them (a later call's ``consume``).
+        """
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            if consume:
+                self._read(consume, delete=True)
+            found = self._read(serve)
+            missing = [seq for seq in serve if seq not in found]
             if missing:
                 raise sqlite3.IntegrityError(f"groups {missing} are missing from the database")
-            bodies = [bytes(found[seq]) for seq in seqs]
-            self._set_meta(meta)
+            bodies = [bytes(found[seq]) for seq in serve]
+            if meta:
+                self._set_meta(meta)
             conn.execute("COMMIT")
             return bodies
         except sqlite3.Error as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            logger.error("persistence take failed: %s", e)
+            logger.error("persistence batch read failed: %s", e)
             raise StorageError(f"could not read the batch from the database: {e}") from e
 
     def _set_meta(self, meta: dict[str, Any]) -> None:
@@ -145,8 +181,11 @@ class SqlitePersistence:
             if clear_groups:
                 conn.execute("DELETE FROM groups")
             conn.executemany(
-                "INSERT INTO groups (seq, env_id, size, buffered, body) VALUES (?, ?, ?, ?, ?)",
-                [(r.seq, r.env_id, r.size, int(r.buffered), r.body) for r in insert],
+                "INSERT INTO groups (seq, env_id, size, buffered, body, crc) VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (r.seq, r.env_id, r.size, int(r.buffered), r.body, zlib.crc32(r.body or b""))
+                    for r in insert
+                ],
             )
             if move_to_queue:
                 conn.executemany(
@@ -171,3 +210,253 @@ class SqlitePersistence:
         except sqlite3.Error as e:
             logger.warning("WAL checkpoint on close failed: %s", e)
         self._conn.close()
+
+
+# ----------------------------------------------------------------- damage and recovery
+
+
+class DamagedDatabaseError(StorageError):
+    """The ``--persist`` database is damaged; starting from it would lose data silently."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            f"the --persist database {path} is damaged ({problem}); nothing was changed. "
+            f"Start again with --persist-recover to salvage every readable group into a fresh "
+            f"database (the damaged files are kept beside it)"
+        )
+        self.path = path
+        self.problem = problem
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_WAL_HEADER = 32
+_WAL_FRAME_HEADER = 24
+
+
+def _shm_frames(shm: Path) -> tuple[int, int] | None:
+    """``(mxFrame, nBackfill)`` from the WAL index a killed server left, or None when unusable.
+
+    The index is shared memory that SQLite updates on every commit, so after
+    ``kill -9`` it records how many WAL frames were committed (``mxFrame``) and
+    how many of them are already copied into the main file (``nBackfill``).
+    """
+    try:
+        raw = shm.read_bytes()[:136]
+    except OSError:
+        return None
+    if len(raw) < 136 or raw[:48] != raw[48:96]:
+        return None  # no index, or one caught mid-update: nothing to compare against
+    version, _, _, is_init = struct.unpack_from("<IIIB", raw, 0)
+    if version != 3007000 or not is_init:
+        return None
+    (mx_frame,) = struct.unpack_from("<I", raw, 16)
+    (backfill,) = struct.unpack_from("<I", raw, 96)
+    return mx_frame, backfill
+
+
+def _file_problem(path: Path) -> str | None:
+    """A damage visible in the files' sizes and headers, without opening them with SQLite."""
+    if not path.is_file():
+        return None  # absent (a new database) or not a file (opening it reports that)
+    size = path.stat().st_size
+    if size == 0:
+        return f"{path} is empty (zero-length)"
+    with path.open("rb") as f:
+        header = f.read(100)
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        return f"{path} is not an SQLite database (bad or truncated header)"
+    (page,) = struct.unpack_from(">H", header, 16)
+    page = 65536 if page == 1 else page
+    if page < 512 or size % page:
+        return f"{path} is truncated ({size} bytes is not a whole number of {page}-byte pages)"
+    (pages,) = struct.unpack_from(">I", header, 28)
+    change, valid_for = (
+        struct.unpack_from(">I", header, 24)[0],
+        struct.unpack_from(">I", header, 92)[0],
+    )
+    if pages and change == valid_for and size < pages * page:
+        return f"{path} is truncated ({size} bytes, its header says {pages * page})"
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    frames = _shm_frames(shm) if shm.exists() else None
+    if frames is not None:
+        mx_frame, backfill = frames
+        if mx_frame > backfill:
+            needed = _WAL_HEADER + mx_frame * (page + _WAL_FRAME_HEADER)
+            wal_size = wal.stat().st_size if wal.exists() else None
+            if wal_size is None:
+                return f"{wal} is missing although {mx_frame - backfill} committed pages live only there"
+            if wal_size < needed:
+                what = "empty (zero-length)" if wal_size == 0 else f"truncated ({wal_size} bytes)"
+                return f"{wal} is {what}; its committed transactions need {needed} bytes"
+    return None
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A connection that reads the database and its WAL and never writes (no checkpoint on close)."""
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+
+
+def check_database(path: str | Path) -> str | None:
+    """What is damaged in the database at ``path`` (None when sound or absent).
+
+    Checks the files' sizes and headers, that every WAL transaction the server
+    committed is still in the WAL, SQLite's ``quick_check`` (page structure),
+    and every group's checksum. Reads only: the files are left as they are.
+    """
+    path = Path(path)
+    problem = _file_problem(path)
+    if problem is not None or not path.is_file():
+        return problem
+    try:
+        conn = _read_only(path)
+    except sqlite3.Error as e:
+        return f"{path} cannot be opened: {e}"
+    try:
+        verdict = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
+        if verdict != ["ok"]:
+            return f"{path} fails SQLite's check: " + "; ".join(verdict)[:300]
+        tables = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if "groups" not in tables:
+            return None
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(groups)")}
+        if "crc" in columns:
+            for seq, body, crc in conn.execute("SELECT seq, body, crc FROM groups"):
+                if crc is not None and zlib.crc32(body) != crc:
+                    return f"{path}: group {seq} does not match its checksum (garbage in the file)"
+    except sqlite3.Error as e:
+        return f"{path} cannot be read: {e}"
+    finally:
+        conn.close()
+    return None
+
+
+def _salvage_rows(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
+    """Every readable, intact group row of a damaged database, by seq; and the count of bad ones.
+
+    Rows are read one seek at a time so a damaged page costs only the rows on
+    it: after an error the scan jumps forward (1, 2, 4, ... seqs) past it.
+    """
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(groups)")}
+    crc_col = "crc" if "crc" in columns else "NULL"
+    query = (
+        f"SELECT seq, env_id, size, buffered, body, {crc_col} FROM groups "
+        "WHERE seq > ? ORDER BY seq LIMIT 1"
+    )
+    try:
+        top = conn.execute("SELECT max(seq) FROM groups").fetchone()[0] or 0
+    except sqlite3.Error:
+        top = 1 << 62
+    rows: list[tuple] = []
+    bad = 0
+    last, jump = 0, 1
+    while last < top:
+        try:
+            row = conn.execute(query, (last,)).fetchone()
+        except sqlite3.Error:
+            bad += 1
+            last += jump
+            jump *= 2
+            continue
+        jump = 1
+        if row is None:
+            break
+        seq, env_id, size, buffered, body, crc = row
+        last = seq
+        body = bytes(body) if body is not None else b""
+        if crc is not None and zlib.crc32(body) != crc:
+            bad += 1
+            continue
+        try:
+            tokens = json.loads(body)["tokens"]
+            intact = isinstance(tokens, list) and len(tokens) == size
+        except (ValueError, KeyError, TypeError):
+            intact = False
+        if not intact:
+            bad += 1
+            continue
+        rows.append((seq, env_id, size, buffered, body))
+    return rows, bad
+
+
+def recover_database(path: str | Path) -> int:
+    """Salvage a damaged database into a fresh one at ``path``; returns the groups restored.
+
+    The damaged files are renamed to ``PATH.damaged-<time>`` (with their
+    ``-wal``/``-shm``) and kept. Registration, envs and step are restored when
+    their record is readable; a batch that was served but not acknowledged
+    goes back onto the queue when any of its groups is lost.
+    """
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{path}{suffix}")
+        if src.exists():
+            os.replace(src, f"{aside}{suffix}")
+    meta: dict[str, Any] = {}
+    rows: list[tuple] = []
+    bad = 0
+    try:
+        conn = _read_only(aside)
+        try:
+            try:
+                for key, value in conn.execute("SELECT key, value FROM meta"):
+                    meta[key] = json.loads(value)
+            except (sqlite3.Error, ValueError) as e:
+                logger.warning("the registration record of %s is unreadable (%s)", aside, e)
+                meta = {}
+            try:
+                rows, bad = _salvage_rows(conn)
+            except sqlite3.Error as e:
+                logger.warning("no group of %s is readable (%s)", aside, e)
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        logger.warning("%s cannot be opened at all (%s)", aside, e)
+    state = meta.get("state")
+    if isinstance(state, dict) and state.get("pending"):
+        wanted = set(state["pending"].get("seqs", []))
+        if not wanted <= {r[0] for r in rows}:
+            state["pending"] = None  # incomplete: its surviving groups go back onto the queue
+    fresh = SqlitePersistence(path)
+    try:
+        fresh.commit(
+            insert=[
+                GroupRow(seq, env, size, bool(buf), body) for seq, env, size, buf, body in rows
+            ],
+            meta=meta or None,
+        )
+    finally:
+        fresh.close()
+    logger.warning(
+        "--persist-recover: restored %d groups from %s into a fresh %s (%d unreadable or "
+        "damaged, registration %s); the damaged files are kept as %s*",
+        len(rows),
+        aside,
+        path,
+        bad,
+        "restored" if state else "lost",
+        aside,
+    )
+    return len(rows)
+
+
+def open_persistence(path: str | Path, recover: bool = False) -> SqlitePersistence:
+    """Open the ``--persist`` database after checking it (:func:`check_database`).
+
+    A damaged database raises :class:`DamagedDatabaseError` naming the file and
+    ``--persist-recover``; with ``recover`` it is salvaged first
+    (:func:`recover_database`).
+    """
+    path = Path(path)
+    problem = check_database(path)
+    if problem is not None:
+        if not recover:
+            raise DamagedDatabaseError(path, problem)
+        logger.warning("--persist-recover: %s", problem)
+        recover_database(path)
+    elif recover:
+        logger.info("--persist-recover: %s is not damaged; opening it as it is", path)
+    return SqlitePersistence(path)

@@ -25,16 +25,21 @@ from atroposlib.api.fastpath import SMALL_ANSWER_ROUTES, BypassFor, HotPathMiddl
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
 from atroposlib.api.middleware import (
     ASGIApp,
-    BearerAuthMiddleware,
     Receive,
     RequestBodyMiddleware,
     Scope,
     Send,
 )
 from atroposlib.api.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
-from atroposlib.api.persistence import SqlitePersistence
+from atroposlib.api.persistence import open_persistence
 from atroposlib.api.settings import APISettings
 from atroposlib.api.store import MIN_ENV_WEIGHT, RolloutStore
+from atroposlib.utils.http_security import (
+    BearerAuthMiddleware,
+    BrowserGuardMiddleware,
+    is_loopback_host,
+    load_api_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,16 @@ def _body_of(schema: dict[str, Any] | type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {_JSON: {"schema": schema}}}}
 
 
+class BatchAck(BaseModel):
+    """``POST /batch/ack`` body: the ``batch_id`` of a ``/batch`` answer the trainer is done with."""
+
+    batch_id: str
+
+
+_OPEN_PATHS = ("/", "/health")
+_BROWSER_GUARDED_GETS = ("/reset_data", "/batch")
+"""GETs that change state: refused when a browser sends them (Origin or cross-site fetch)."""
+
 _GROUP_SCHEMA = ScoredData.model_json_schema()
 _GROUP_LIST_SCHEMA = {"type": "array", "items": _GROUP_SCHEMA, "title": "ScoredDataList"}
 
@@ -72,8 +87,10 @@ _GROUP_LIST_SCHEMA = {"type": "array", "items": _GROUP_SCHEMA, "title": "ScoredD
 class RolloutAPI(FastAPI):
     """A FastAPI app whose guards and hot path wrap FastAPI's own middleware stack.
 
-    Requests pass CORS (when origins are configured), bearer auth, the body
-    guard (413 / gzip inflation), response gzip and the hot path before
+    Requests pass the browser guard (foreign Origin, non-loopback Host, non-JSON
+    bodies, browser GETs that change state), CORS (when origins are
+    configured), bearer auth, the body guard (413, in-flight bound, gzip
+    inflation), response gzip and the hot path before
     reaching FastAPI, so the endpoints called in a loop skip FastAPI's
     per-request machinery while every endpoint gets the same guards.
     """
@@ -102,9 +119,14 @@ class RolloutAPI(FastAPI):
         gzipped = GzipResponseMiddleware(hot, minimum_size=1000, level=settings.gzip_level)
         # Ingest and /status-env answers are a few bytes: skip gzip's per-request work for them.
         app: ASGIApp = BypassFor(gzipped, hot, SMALL_ANSWER_ROUTES)
-        app = RequestBodyMiddleware(app, max_bytes=settings.max_request_bytes)
-        if settings.api_key:
-            app = BearerAuthMiddleware(app, api_key=settings.api_key)
+        app = RequestBodyMiddleware(
+            app,
+            max_bytes=settings.max_request_bytes,
+            max_inflight_bytes=settings.max_inflight_bytes,
+        )
+        api_key = settings.api_key or load_api_key(None, settings.api_key_file, component="run-api")
+        if api_key:
+            app = BearerAuthMiddleware(app, api_key=api_key, open_paths=_OPEN_PATHS)
         if settings.cors_origins:
             app = CORSMiddleware(
                 app,
@@ -113,15 +135,33 @@ class RolloutAPI(FastAPI):
                 allow_headers=["*"],
                 allow_credentials=True,
             )
-        return app
+        # Outermost, so that a page in the user's browser cannot reach anything (SPEC D18).
+        return BrowserGuardMiddleware(
+            app,
+            allowed_origins=settings.cors_origins,
+            check_host=is_loopback_host(settings.host),
+            require_json=True,
+            guarded_get_paths=_BROWSER_GUARDED_GETS,
+            open_paths=("/health",),
+        )
 
 
 def create_app(settings: APISettings | None = None, store: RolloutStore | None = None) -> FastAPI:
     """Build the API app around one :class:`RolloutStore` (made from ``settings`` when not given)."""
     settings = settings or APISettings()
     if store is None:
-        persistence = SqlitePersistence(settings.persist) if settings.persist else None
-        store = RolloutStore(settings.max_queue_bytes, persistence, settings.pack_above_bytes)
+        persistence = (
+            open_persistence(settings.persist, recover=settings.persist_recover)
+            if settings.persist
+            else None
+        )
+        store = RolloutStore(
+            settings.max_queue_bytes,
+            persistence,
+            settings.pack_above_bytes,
+            max_buffer_bytes=settings.max_buffer_bytes,
+            env_timeout=settings.env_timeout,
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -199,9 +239,26 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
         return {"batch_size": store.batch_size, "max_token_len": store.max_token_len}
 
     @app.get("/batch")
-    async def batch() -> Response:
-        """Serve the oldest full batch (one per call) and count a step; ``{"batch": null}`` when short."""
-        return _json(handlers.serve_batch(store))
+    async def batch(
+        ack: str | None = Query(
+            None,
+            description="batch_id of the last batch received (empty when none): that batch is "
+            "consumed; any other unacknowledged batch is served again. Without ack, this call "
+            "acknowledges the previous batch.",
+        ),
+    ) -> Response:
+        """Serve the oldest full batch (one per call) and count a step; ``{"batch": null}`` when short.
+
+        The answer carries ``batch_id`` and ``step``; the batch stays recoverable
+        until acknowledged (see the API README, "Delivery").
+        """
+        return _json(handlers.serve_batch(store, ack))
+
+    @app.post("/batch/ack", openapi_extra=_body_of(BatchAck))
+    async def batch_ack(request: Request) -> dict:
+        """Acknowledge (consume) the batch ``batch_id``; idempotent, 404 for an unknown id."""
+        ack = handlers.parse_body(BatchAck, await request.body())
+        return {"status": store.acknowledge(ack.batch_id), "batch_id": ack.batch_id}
 
     @app.get("/latest_example")
     async def latest_example() -> Response:
@@ -222,8 +279,9 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
 
     @app.get("/status")
     async def status() -> dict:
-        """Current step and number of queued groups."""
-        return {"current_step": store.step, "queue_size": len(store.queue)}
+        """Current step and queued groups, plus buffered groups, the unacknowledged batch
+        and the envs silent for longer than --env-timeout."""
+        return store.status()
 
     @app.get("/status-env")
     async def status_env(
@@ -245,9 +303,15 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
             env_id = handlers.parse_body(EnvIdentifier, body).env_id
         return _json(handlers.status_env(store, env_id))
 
-    @app.get("/reset_data", response_class=PlainTextResponse)
+    @app.post("/reset_data", response_class=PlainTextResponse)
     async def reset_data() -> PlainTextResponse:
         """Forget queue, envs and registration."""
+        store.reset()
+        return PlainTextResponse("Reset successful")
+
+    @app.get("/reset_data", response_class=PlainTextResponse, include_in_schema=False)
+    async def reset_data_get() -> PlainTextResponse:
+        """The original's GET form, for old clients; refused to browsers (see the guard)."""
         store.reset()
         return PlainTextResponse("Reset successful")
 

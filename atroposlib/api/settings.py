@@ -31,7 +31,36 @@ class APISettings(BaseSettings):
         description="SQLite file keeping queue, envs, registration and step across restarts (WAL mode).",
     )
     api_key: str | None = Field(
-        None, description="Require 'Authorization: Bearer KEY' on every endpoint but / and /health."
+        None,
+        description="Require 'Authorization: Bearer KEY' on every endpoint but / and /health. "
+        "A key on the command line shows in `ps`: prefer ATROPOS_API_KEY or --api-key-file.",
+    )
+    api_key_file: str | None = Field(
+        None, description="Read the API key from this file (the key alone; white space ignored)."
+    )
+    persist_recover: bool = Field(
+        False,
+        description="Start from a damaged --persist database: salvage every readable group into "
+        "a fresh database (the damaged files are kept beside it) and report how many.",
+    )
+    max_buffer_mb: float = Field(
+        64,
+        gt=0,
+        description="Bound of the odd-sized group buffers in MiB (at most half of --max-queue-mb); "
+        "beyond it the oldest buffered group is released onto the queue (when its size divides "
+        "the group size) or dropped, logged and counted.",
+    )
+    env_timeout: float = Field(
+        300,
+        ge=0,
+        description="Seconds without a post after which an env stops counting for "
+        "min_batch_allocation (until it posts again); 0 never.",
+    )
+    max_inflight_mb: float = Field(
+        512,
+        gt=0,
+        description="Bound on the request bodies being received or processed at once, in MiB; "
+        "beyond it requests get 503 with Retry-After.",
     )
     max_queue_mb: float = Field(
         1024,
@@ -69,6 +98,16 @@ class APISettings(BaseSettings):
     def pack_above_bytes(self) -> int:
         """``pack_above_mb`` in bytes."""
         return int(self.pack_above_mb * 1024 * 1024)
+
+    @property
+    def max_buffer_bytes(self) -> int:
+        """``max_buffer_mb`` in bytes."""
+        return int(self.max_buffer_mb * 1024 * 1024)
+
+    @property
+    def max_inflight_bytes(self) -> int:
+        """``max_inflight_mb`` in bytes."""
+        return int(self.max_inflight_mb * 1024 * 1024)
 
     @property
     def max_request_bytes(self) -> int:

@@ -8,7 +8,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ from typing import Sequence
 import uvicorn
 
 from atroposlib.api.settings import APISettings
+from atroposlib.utils.http_security import is_loopback_host, load_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
         dest="api_key",
         metavar="KEY",
         help=_help("api_key") + " Also read from ATROPOS_API_KEY.",
+    )
+    p.add_argument(
+        "--api-key-file", dest="api_key_file", metavar="PATH", help=_help("api_key_file")
+    )
+    p.add_argument(
+        "--persist-recover",
+        dest="persist_recover",
+        action="store_true",
+        default=None,
+        help=_help("persist_recover"),
+    )
+    p.add_argument(
+        "--max-buffer-mb",
+        dest="max_buffer_mb",
+        type=float,
+        metavar="N",
+        help=_help("max_buffer_mb"),
+    )
+    p.add_argument(
+        "--env-timeout", dest="env_timeout", type=float, metavar="S", help=_help("env_timeout")
+    )
+    p.add_argument(
+        "--max-inflight-mb",
+        dest="max_inflight_mb",
+        type=float,
+        metavar="N",
+        help=_help("max_inflight_mb"),
     )
     p.add_argument(
         "--max-queue-mb", dest="max_queue_mb", type=float, metavar="N", help=_help("max_queue_mb")
@@ -89,22 +116,21 @@ def parse_settings(argv: Sequence[str] | None = None) -> APISettings:
     return APISettings(**given)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``run-api``."""
     settings = parse_settings(argv)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if _is_loopback(settings.host):
+    flag_key = build_parser().parse_args(argv).api_key
+    try:
+        # Flag > --api-key-file > ATROPOS_API_KEY; a key given as a flag is warned about (ps).
+        api_key = load_api_key(flag_key, settings.api_key_file, component="run-api")
+    except ValueError as e:
+        logger.error("%s", e)
+        raise SystemExit(2) from None
+    settings = settings.model_copy(update={"api_key": api_key or settings.api_key})
+    if is_loopback_host(settings.host):
         logger.info(
             "listening on %s only; pass --host 0.0.0.0 to accept remote environments", settings.host
         )

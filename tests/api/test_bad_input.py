@@ -125,7 +125,11 @@ def test_invalid_registrations_are_422(fresh: Api):
 
 def test_bad_gzip_body_is_400(fresh: Api):
     for body in (b"not gzip at all", gzip.compress(b'{"tokens": [[1]]}')[:-6]):
-        r = fresh.client.post("/scored_data", content=body, headers={"Content-Encoding": "gzip"})
+        r = fresh.client.post(
+            "/scored_data",
+            content=body,
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+        )
         assert r.status_code == 400 and r.text == "Invalid gzip payload"
 
 
@@ -135,9 +139,17 @@ def test_body_over_max_request_mb_is_413(fresh: Api):
     assert r.status_code == 413 and "max-request-mb" in r.json()["detail"]
     bomb = gzip.compress(json.dumps(big).encode())
     assert len(bomb) < 2**20
-    r = fresh.client.post("/scored_data", content=bomb, headers={"Content-Encoding": "gzip"})
+    r = fresh.client.post(
+        "/scored_data",
+        content=bomb,
+        headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+    )
     assert r.status_code == 413
-    chunked = fresh.client.post("/scored_data", content=iter([json.dumps(big).encode()]))
+    chunked = fresh.client.post(
+        "/scored_data",
+        content=iter([json.dumps(big).encode()]),
+        headers={"Content-Type": "application/json"},
+    )
     assert chunked.status_code == 413
     assert fresh.client.get("/status").json()["queue_size"] == 0
 

@@ -162,15 +162,17 @@ def test_persistence_restores_queue_buffer_envs_and_step(tmp_path):
     assert (again.registered, again.started, again.step, len(again.envs)) == (True, True, 6, 1)
     assert [g.seq for g in again.queue] == [3] and json.loads(again.latest)["tokens"][0][0] == 2
     assert [g.size for g in again.buffered(0)] == [2]
-    # The buffered group still completes a group after the restart, and nothing is re-served.
+    # The buffered group still completes a group after the restart.
     again.ingest([incoming(2, 0, tag=10)])
     assert [g.size for g in again.queue] == [4, 2, 2]
+    # The batch served before the restart was never acknowledged: it comes first, once.
+    assert [json.loads(b)["tokens"][0][0] for b in again.next_batch()] == [0, 1]
     served = again.next_batch()
     assert [json.loads(b)["tokens"][0][0] for b in served] == [2, 9, 10]
     assert again.next_batch() is None
 
 
-def test_persistence_take_reads_in_order_across_chunks_and_is_all_or_nothing(tmp_path):
+def test_persistence_swap_reads_in_order_across_chunks_and_is_all_or_nothing(tmp_path):
     from atroposlib.api.errors import StorageError
     from atroposlib.api.persistence import GroupRow
 
@@ -178,9 +180,13 @@ def test_persistence_take_reads_in_order_across_chunks_and_is_all_or_nothing(tmp
     rows = [GroupRow(seq, None, 1, False, b'{"n":%d}' % seq) for seq in range(1, 1201)]
     db.commit(insert=rows)
     wanted = list(range(1200, 0, -2))  # 600 rows, more than one IN chunk, reversed order
-    assert db.take(wanted, {"state": {}}) == [b'{"n":%d}' % s for s in wanted]
+    # Serving reads without deleting: the rows stay until acknowledged.
+    assert db.swap_batch((), wanted, {"state": {}}) == [b'{"n":%d}' % s for s in wanted]
+    assert len(db.load().groups) == 1200
     with pytest.raises(StorageError):
-        db.take([1, 5000], {"state": {}})
-    assert db.body(1) == b'{"n":1}'  # the failed take deleted nothing
+        db.swap_batch(wanted, [1, 5000], {"state": {}})
+    assert len(db.load().groups) == 1200  # the failed swap consumed nothing
+    # Acknowledging consumes them in the same transaction that reads the next batch.
+    assert db.swap_batch(wanted, [1, 3], {"state": {}}) == [b'{"n":1}', b'{"n":3}']
     assert [r.seq for r in db.load().groups] == list(range(1, 1201, 2))
     db.close()
