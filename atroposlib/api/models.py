@@ -60,7 +60,13 @@ class RegisterEnv(BaseModel):
     desired_name: str = Field(
         ..., description="Base name; the API appends `_<n>` to make it unique."
     )
-    weight: float = Field(..., description="Relative inference weight of this env.")
+    weight: float = Field(
+        ...,
+        gt=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Relative inference weight of this env (finite, > 0, <= 1e6).",
+    )
     group_size: int = Field(
         ..., ge=1, le=_MAX_INT, description="Sequences per group this env sends."
     )
