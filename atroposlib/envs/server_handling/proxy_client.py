@@ -2,7 +2,9 @@
 
 ``ServerManager.managed_server()`` yields one when a proxy URL is configured
 (``proxy_url=`` or ``ATROPOS_PROXY_URL``); it behaves like a ``ManagedServer`` whose
-requests and nodes live in the proxy.
+requests and nodes live in the proxy. It sends ``Authorization: Bearer KEY`` with
+``api_key=`` or, by default, ``ATROPOS_API_KEY`` (the key a proxy started with ``--api-key``
+or that variable requires).
 
 Example::
 
@@ -14,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -33,6 +36,11 @@ class ProxyError(RuntimeError):
         super().__init__(f"proxy error {status}: {message}")
 
 
+def _auth(api_key: str | None) -> dict[str, str]:
+    key = api_key or os.environ.get("ATROPOS_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _check(response: httpx.Response) -> Any:
     if response.status_code >= 400:
         try:
@@ -46,11 +54,18 @@ def _check(response: httpx.Response) -> Any:
 class ProxyManagedServer:
     """A ``ManagedServer`` session held by a remote proxy."""
 
-    def __init__(self, proxy_url: str, session_id: str, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        proxy_url: str,
+        session_id: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        api_key: str | None = None,
+    ):
         self.proxy_url = proxy_url.rstrip("/")
         self.session_id = session_id
         self.timeout = timeout
-        self._client = httpx.AsyncClient(timeout=timeout)
+        self._headers = _auth(api_key)
+        self._client = httpx.AsyncClient(timeout=timeout, headers=self._headers)
 
     @property
     def base_url(self) -> str:
@@ -63,13 +78,14 @@ class ProxyManagedServer:
         proxy_url: str,
         base_url: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        api_key: str | None = None,
         **options: Any,
     ) -> ProxyManagedServer:
         """Open a new session (``options``: tool_parser, preserve_think_blocks, track_tree)."""
         body = {"base_url": base_url, **options} if base_url else dict(options)
-        async with httpx.AsyncClient(timeout=min(timeout, 30.0)) as client:
+        async with httpx.AsyncClient(timeout=min(timeout, 30.0), headers=_auth(api_key)) as client:
             data = _check(await client.post(f"{proxy_url.rstrip('/')}/sessions/create", json=body))
-        return cls(proxy_url, data["uuid"], timeout=timeout)
+        return cls(proxy_url, data["uuid"], timeout=timeout, api_key=api_key)
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
         """Chat completion recorded by the proxy session."""
@@ -105,7 +121,9 @@ class ProxyManagedServer:
     def get_state(self) -> dict[str, Any]:
         """Blocking version of :meth:`aget_state` (for code written against ManagedServer)."""
         response = httpx.get(
-            f"{self.proxy_url}/{self.session_id}/nodes", timeout=min(self.timeout, 30.0)
+            f"{self.proxy_url}/{self.session_id}/nodes",
+            timeout=min(self.timeout, 30.0),
+            headers=self._headers,
         )
         data = _check(response)
         if "nodes" in data:
@@ -115,7 +133,11 @@ class ProxyManagedServer:
     def reset(self) -> None:
         """Forget the session's nodes (blocking call, like :meth:`get_state`)."""
         _check(
-            httpx.post(f"{self.proxy_url}/{self.session_id}/reset", timeout=min(self.timeout, 30.0))
+            httpx.post(
+                f"{self.proxy_url}/{self.session_id}/reset",
+                timeout=min(self.timeout, 30.0),
+                headers=self._headers,
+            )
         )
 
     async def close(self) -> None:
