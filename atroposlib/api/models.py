@@ -62,10 +62,10 @@ class RegisterEnv(BaseModel):
     )
     weight: float = Field(
         ...,
-        gt=0,
         le=1e6,
         allow_inf_nan=False,
-        description="Relative inference weight of this env (finite, > 0, <= 1e6).",
+        description="Relative inference weight of this env: finite, > 0 and <= 1e6, or -1 "
+        "(BaseEnv's `inference_weight=-1`, which counts as 0 in the weight shares).",
     )
     group_size: int = Field(
         ..., ge=1, le=_MAX_INT, description="Sequences per group this env sends."
@@ -73,6 +73,13 @@ class RegisterEnv(BaseModel):
     min_batch_allocation: float | None = Field(
         None, ge=0.0, le=1.0, description="Minimum fraction of every batch reserved for this env."
     )
+
+    @field_validator("weight")
+    @classmethod
+    def _positive_or_ignored(cls, weight: float) -> float:
+        if weight > 0 or weight == -1:
+            return weight
+        raise ValueError("weight must be > 0 (or -1 to leave the inference weight alone)")
 
 
 class EnvIdentifier(BaseModel):
