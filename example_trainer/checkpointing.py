@@ -1,8 +1,9 @@
 """Resumable checkpoints: ``save_path/step_N`` and ``save_path/final_model``.
 
 A checkpoint directory holds the model (``save_pretrained``; only the adapter for
-LoRA runs), the tokenizer, and ``trainer_state.pt`` with the optimizer and
-scheduler state, the step and the RNG state. It is written to a temporary
+LoRA runs), the tokenizer, ``optimizer.pt`` (optimizer state keyed by parameter
+name, so a checkpoint written by N processes resumes on M) and ``trainer_state.pt``
+with the scheduler state, the step and the RNG state. It is written to a temporary
 directory and renamed into place, so a crash never leaves a half-written
 ``step_N`` that ``--resume`` would pick up.
 """
@@ -22,6 +23,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.pt"
+OPTIMIZER_FILE = "optimizer.pt"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -30,19 +32,31 @@ class TrainerState:
     """What ``--resume`` restores besides the weights."""
 
     step: int
-    optimizer: dict
+    optimizer: dict | None
     scheduler: dict | None
     rng: Any | None = None
 
 
-def save_model_dir(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
-    """Save weights and tokenizer to ``out_dir`` atomically (tmp dir + rename)."""
+def _save_pretrained(model: Any, out: Path, state_dict: dict | None) -> None:
+    if state_dict is None:
+        model.save_pretrained(out, safe_serialization=True)
+    else:  # weights gathered from the shards of a multi-process run
+        model.save_pretrained(out, safe_serialization=True, state_dict=state_dict)
+
+
+def save_model_dir(
+    model: Any, tokenizer: Any, out_dir: str | Path, state_dict: dict | None = None
+) -> Path:
+    """Save weights and tokenizer to ``out_dir`` atomically (tmp dir + rename).
+
+    ``state_dict`` replaces the model's own tensors (the full weights of a sharded model).
+    """
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    _save_pretrained(model, tmp, state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if out.exists():
@@ -59,22 +73,33 @@ def save_checkpoint(
     step: int,
     save_path: str | Path,
     name: str | None = None,
+    model_state: dict | None = None,
+    optimizer_state: dict | None = None,
+    world_size: int = 1,
 ) -> Path:
-    """Write a resumable checkpoint ``save_path/step_{step}`` (or ``name``) and return its path."""
+    """Write a resumable checkpoint ``save_path/step_{step}`` (or ``name``) and return its path.
+
+    ``model_state``/``optimizer_state`` are the full (gathered) state dicts of a
+    sharded run; by default the model's and optimizer's own are saved.
+    """
     out = Path(save_path) / (name or f"step_{step}")
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    _save_pretrained(model, tmp, model_state)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save(
+        optimizer_state if optimizer_state is not None else optimizer.state_dict(),
+        tmp / OPTIMIZER_FILE,
+    )
+    torch.save(
         {
             "step": step,
-            "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": torch.get_rng_state(),
+            "world_size": world_size,
         },
         tmp / STATE_FILE,
     )
@@ -100,12 +125,20 @@ def find_latest_checkpoint(save_path: str | Path) -> Path | None:
     return best[1] if best else None
 
 
-def load_trainer_state(checkpoint_dir: str | Path) -> TrainerState:
-    """Read ``trainer_state.pt`` of a checkpoint."""
-    data = torch.load(Path(checkpoint_dir) / STATE_FILE, map_location="cpu", weights_only=False)
+def load_trainer_state(checkpoint_dir: str | Path, with_optimizer: bool = True) -> TrainerState:
+    """Read ``trainer_state.pt`` (and ``optimizer.pt``) of a checkpoint.
+
+    ``with_optimizer=False`` skips the optimizer file (ranks other than 0 receive
+    it by broadcast). Checkpoints of earlier versions kept it in ``trainer_state.pt``.
+    """
+    root = Path(checkpoint_dir)
+    data = torch.load(root / STATE_FILE, map_location="cpu", weights_only=False)
+    optimizer = data.get("optimizer")
+    if with_optimizer and optimizer is None and (root / OPTIMIZER_FILE).exists():
+        optimizer = torch.load(root / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
     return TrainerState(
         step=int(data["step"]),
-        optimizer=data["optimizer"],
+        optimizer=optimizer,
         scheduler=data.get("scheduler"),
         rng=data.get("rng"),
     )

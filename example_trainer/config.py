@@ -13,7 +13,14 @@ Additions over the original (all default to the original behaviour):
   penalty towards a frozen copy of the starting policy;
 - ``resume`` to continue from the newest ``save_path/step_N`` checkpoint;
 - ``inference_url``/``inference_backend``/``sync_timeout`` for weight sync;
-- ``pad_to_multiple``, ``batch_poll_interval``, ``max_grad_norm``, ``seed``.
+- ``pad_to_multiple``, ``batch_poll_interval``, ``max_grad_norm``, ``seed``;
+- ``precision`` (see :mod:`example_trainer.precision`): fp32 master weights under
+  mixed precision unless ``bf16-pure`` is asked for; ``dtype`` is the compute dtype.
+
+``trainer_rank``/``world_size``/``init_method`` start ``torch.distributed`` training
+(FSDP2, see :mod:`example_trainer.distributed`); under ``torchrun`` they come from its
+environment. Settings that this trainer does not implement (``shared_vllm`` and its
+``single_copy``/``vllm_config_path``) are rejected here, before anything is loaded.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 WeightBridgeMode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "http_reload"]
 OptimizerName = Literal["adamw", "adamw_8bit", "adafactor"]
 InferenceBackend = Literal["auto", "vllm", "serve_model"]
+Precision = Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"]
+_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float", "auto")
 
 
 def _default_device() -> str:
@@ -95,7 +104,19 @@ class TrainingConfig(BaseModel):
     )
     dtype: str = Field(
         "bfloat16",
-        description="Model dtype on GPU (bfloat16|float16|float32); CPU always uses float32.",
+        description=(
+            "Compute dtype (bfloat16|float16|float32): autocast dtype under --precision auto; "
+            "master weights stay float32 (bf16-pure is the only policy with bf16 weights). "
+            "On the CPU the default computes in float32 unless --dtype is given."
+        ),
+    )
+    precision: Precision = Field(
+        "auto",
+        description=(
+            "fp32 | bf16-mixed (fp32 weights and optimizer state, bf16 autocast; default on CUDA) | "
+            "fp16-mixed (with a grad scaler) | bf16-pure (bf16 weights: small updates are lost; warns) | "
+            "auto (from --device and --dtype)."
+        ),
     )
     seed: int = Field(0, description="Random seed for torch.")
     torch_threads: int = Field(
@@ -172,10 +193,18 @@ class TrainingConfig(BaseModel):
         None, description="Apply LoRA only to these layers."
     )
 
-    # --- distributed (accepted for compatibility; single process here) -----------------------
-    trainer_rank: int = Field(0, ge=0, description="Rank of this trainer process.")
-    world_size: int = Field(1, ge=1, description="Number of trainer processes.")
-    init_method: str = Field("env://", description="torch.distributed init method.")
+    # --- distributed (torch.distributed + FSDP2; torchrun's RANK/WORLD_SIZE win) -------------
+    trainer_rank: int = Field(
+        0, ge=0, description="Rank of this trainer process (torchrun sets RANK instead)."
+    )
+    world_size: int = Field(
+        1,
+        ge=1,
+        description="Number of trainer processes (torchrun sets WORLD_SIZE instead); >1 shards the model with FSDP2.",
+    )
+    init_method: str = Field(
+        "env://", description="torch.distributed init method (env:// under torchrun)."
+    )
     num_inference_nodes: int = Field(
         0, ge=0, description="Number of inference nodes (informational)."
     )
@@ -213,18 +242,70 @@ class TrainingConfig(BaseModel):
     def _strip_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
 
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, v: str) -> str:
+        if v not in _DTYPES:
+            raise ValueError(
+                f"must be one of bfloat16, float16, float32 (or bf16, fp16, fp32), got {v!r}"
+            )
+        return v
+
+    @field_validator("model_name")
+    @classmethod
+    def _local_path_exists(cls, v: str) -> str:
+        # A name spelled as a path must exist: otherwise transformers would try the hub
+        # and fail after a long traceback.
+        if v.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(v)):
+            raise ValueError(f"{v} does not exist (no such local directory)")
+        return v
+
     @model_validator(mode="after")
     def _check_modes(self) -> TrainingConfig:
-        if self.weight_bridge_mode == "shared_vllm" and not os.environ.get(
-            "VLLM_ENABLE_SHARED_WEIGHTS"
-        ):
+        if self.weight_bridge_mode == "shared_vllm":
             raise ValueError(
-                "weight_bridge_mode=shared_vllm needs vLLM with VLLM_ENABLE_SHARED_WEIGHTS=1 and a CUDA GPU; "
-                "use http_reload (atropos-serve-model) or none instead"
+                "weight_bridge_mode=shared_vllm (CUDA IPC into vLLM) is not implemented by this trainer; "
+                "use http_reload (atropos-serve-model) or none (checkpoint + restart)"
             )
+        if self.single_copy:
+            raise ValueError(
+                "single_copy is part of shared_vllm, which this trainer does not implement"
+            )
+        if self.vllm_config_path is not None:
+            raise ValueError(
+                "vllm_config_path is read only by shared_vllm, which this trainer does not implement"
+            )
+        world = self.effective_world_size
+        if world > 1 and self.uses_lora:
+            raise ValueError(
+                f"weight_bridge_mode={self.weight_bridge_mode} (LoRA) runs on one process only; "
+                f"got world_size {world}"
+            )
+        if world > 1 and self.precision == "fp16-mixed":
+            raise ValueError(
+                "fp16-mixed (grad scaler) runs on one process only; use bf16-mixed or fp32"
+            )
+        if self.trainer_rank >= self.world_size and "RANK" not in os.environ:
+            raise ValueError(
+                f"trainer_rank {self.trainer_rank} must be < world_size {self.world_size}"
+            )
+        try:
+            from .precision import PrecisionError, policy_for
+        except ImportError:  # torch missing: the trainer cannot run anyway, the config still parses
+            return self
+        try:
+            policy_for(self)
+        except PrecisionError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     # --- derived values ----------------------------------------------------------------------
+    @property
+    def effective_world_size(self) -> int:
+        """Trainer processes: torchrun's ``WORLD_SIZE`` when set, else ``world_size``."""
+        env = os.environ.get("WORLD_SIZE")
+        return int(env) if env and env.isdigit() else self.world_size
+
     @property
     def api_batch_size(self) -> int:
         """Sequences per API batch: ``batch_size * gradient_accumulation_steps``."""

@@ -10,27 +10,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .config import TrainingConfig
+from .precision import policy_for
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
-}
 _LAYER_RE = re.compile(r"\.layers\.(\d+)\.")
 
 
 def resolve_dtype(config: TrainingConfig) -> torch.dtype:
-    """float32 on CPU (bf16 matmuls are slow there); ``config.dtype`` elsewhere."""
-    if not config.device.startswith("cuda"):
-        return torch.float32
-    if config.dtype not in _DTYPES:
-        raise ValueError(f"--dtype must be one of {sorted(_DTYPES)}, got {config.dtype!r}")
-    return _DTYPES[config.dtype]
+    """The dtype the weights (and so the optimizer state) are kept in.
+
+    float32 under every policy but ``bf16-pure``: mixed precision computes in
+    bf16/fp16 under autocast while the master weights stay float32 (D20).
+    """
+    return policy_for(config).param_dtype
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -42,7 +35,7 @@ def load_tokenizer(name_or_path: str) -> Any:
 
 
 def load_model(name_or_path: str, config: TrainingConfig) -> torch.nn.Module:
-    """Load the causal LM on ``config.device`` with the trainer's dtype."""
+    """Load the causal LM on ``config.device`` with the weights in :func:`resolve_dtype`."""
     if config.debug_loading:
         logger.info("loading %s on %s", name_or_path, config.device)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(config))
@@ -92,8 +85,11 @@ def build_optimizer(
     params: List[torch.nn.Parameter], config: TrainingConfig
 ) -> torch.optim.Optimizer:
     """AdamW, 8-bit AdamW (bitsandbytes, GPU only; falls back to AdamW) or Adafactor."""
+    sharded = config.effective_world_size > 1
     if config.optimizer == "adamw_8bit":
-        if config.device.startswith("cuda"):
+        if sharded:
+            logger.info("adamw_8bit does not take sharded (FSDP) parameters; using torch AdamW")
+        elif config.device.startswith("cuda"):
             try:
                 import bitsandbytes as bnb
 
@@ -112,7 +108,7 @@ def build_optimizer(
             relative_step=config.adafactor_relative_step,
             warmup_init=False,
         )
-    fused = config.device.startswith("cuda")
+    fused = config.device.startswith("cuda") and not sharded
     return (
         torch.optim.AdamW(params, lr=config.lr, fused=fused)
         if fused

@@ -15,6 +15,10 @@
 - token-level averaging: the sum over all label tokens divided by ``normalizer``
   (by default the label tokens of this micro-batch; the trainer passes the count
   over the whole optimizer step so that gradient accumulation is exact).
+
+Nothing here reads a value back to the host: the statistics are 0-d tensors on the
+logits' device, so a GPU step runs without waiting for the host until the trainer
+reads all its metrics at once.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ from .data import IGNORE_INDEX
 
 @dataclass
 class LossOutput:
-    """The scalar loss to backpropagate plus detached statistics for logging."""
+    """The scalar loss to backpropagate plus detached statistics (0-d tensors) for logging."""
 
     loss: torch.Tensor
-    metrics: Dict[str, float]
+    metrics: Dict[str, torch.Tensor]
 
 
 def token_logprobs(
@@ -41,9 +45,12 @@ def token_logprobs(
 ) -> torch.Tensor:
     """Log-probability of each label under ``logits / temperature``; 0 where label is −100.
 
-    ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``.
+    ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``
+    (pass None when all are 1: checking a GPU tensor here would wait for the device).
     """
-    if temperatures is not None and not bool(torch.all(temperatures == 1.0)):
+    if temperatures is not None and (
+        temperatures.device.type != "cpu" or not bool(torch.all(temperatures == 1.0))
+    ):
         # Skipped at temperature 1: the division copies the [B, T, V] logits and its backward.
         logits = logits / temperatures.to(logits.dtype).view(-1, 1, 1)
     logits = logits.float()
@@ -86,46 +93,49 @@ def compute_grpo_loss(
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + kl_coef * kl
     n_tokens = mask.sum()
-    denom = float(normalizer) if normalizer is not None else max(float(n_tokens), 1.0)
+    denom = normalizer if normalizer is not None else n_tokens.clamp(min=1.0)
     loss = (per_token * mask).sum() / denom
 
     with torch.no_grad():
-        tok = max(float(n_tokens), 1.0)
-        seq_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        seq_logp = (logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        pos, neg = seq_adv > 0, seq_adv < 0
+        tok = n_tokens.clamp(min=1.0)
+        seq_len = mask.sum(-1).clamp(min=1)
+        seq_adv = (advantages * mask).sum(-1) / seq_len
+        seq_logp = (logp * mask).sum(-1) / seq_len
+        pos, neg = (seq_adv > 0).float(), (seq_adv < 0).float()
         clipped = ((ratio - clipped_ratio).abs() > 1e-6).float() * mask
+        mean_logp = (logp * mask).sum() / tok
         metrics = {
-            "grpo/mean_ratio": float((ratio * mask).sum() / tok),
-            "grpo/clipped_fraction": float(clipped.sum() / tok),
-            "train/logp": float((logp * mask).sum() / tok),
-            "train/pos_logp": float(seq_logp[pos].mean()) if pos.any() else 0.0,
-            "train/neg_logp": float(seq_logp[neg].mean()) if neg.any() else 0.0,
-            "logprobs/training_mean": float((logp * mask).sum() / tok),
+            "grpo/mean_ratio": (ratio * mask).sum() / tok,
+            "grpo/clipped_fraction": clipped.sum() / tok,
+            "train/logp": mean_logp,
+            "train/pos_logp": (seq_logp * pos).sum() / pos.sum().clamp(min=1),
+            "train/neg_logp": (seq_logp * neg).sum() / neg.sum().clamp(min=1),
+            "logprobs/training_mean": mean_logp,
             "logprobs/training_std": _masked_std(logp, mask),
-            "train/num_tokens": float(n_tokens),
-            "grpo/has_inference_logprobs": 1.0 if has_old else 0.0,
+            "train/num_tokens": n_tokens,
+            "grpo/has_inference_logprobs": torch.tensor(
+                1.0 if has_old else 0.0, device=logp.device
+            ),
         }
         if has_old:
             diff = (logp - old_logp) * mask
             metrics.update(
                 {
-                    "logprobs/inference_mean": float((old_logp * mask).sum() / tok),
+                    "logprobs/inference_mean": (old_logp * mask).sum() / tok,
                     "logprobs/inference_std": _masked_std(old_logp, mask),
-                    "alignment/diff_mean": float(diff.sum() / tok),
-                    "alignment/diff_abs_mean": float(diff.abs().sum() / tok),
-                    "alignment/diff_max": float(diff.abs().max()) if n_tokens > 0 else 0.0,
+                    "alignment/diff_mean": diff.sum() / tok,
+                    "alignment/diff_abs_mean": diff.abs().sum() / tok,
+                    "alignment/diff_max": diff.abs().amax() if diff.numel() else tok * 0,
                 }
             )
         if kl is not None:
-            metrics["train/kl"] = float((kl * mask).sum() / tok)
+            metrics["train/kl"] = (kl * mask).sum() / tok
     return LossOutput(loss=loss, metrics=metrics)
 
 
-def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> float:
-    n = float(mask.sum())
-    if n < 2:
-        return 0.0
-    mean = (values * mask).sum() / n
-    var = (((values - mean) ** 2) * mask).sum() / (n - 1)
-    return float(var.sqrt())
+def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sample standard deviation over the masked entries (0 with fewer than two)."""
+    n = mask.sum()
+    mean = (values * mask).sum() / n.clamp(min=1)
+    var = (((values - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
+    return torch.where(n >= 2, var.sqrt(), torch.zeros_like(var))

@@ -2,6 +2,8 @@
 
 One class per ``weight_bridge_mode``; all share :class:`WeightSync`'s interface
 (``start`` once, ``sync(step)`` after optimizer steps, ``close`` at the end).
+In a multi-process run only rank 0 syncs; it gets the full weights gathered from
+the shards as ``sync(step, state_dict=...)``.
 Every network call and process wait is bounded by ``config.sync_timeout``; a
 failure raises :class:`WeightSyncError` with the reason, it never hangs.
 
@@ -58,8 +60,8 @@ class WeightSync:
     def start(self) -> None:
         """Called once before training."""
 
-    def sync(self, step: int) -> float:
-        """Push the current weights; returns the seconds it took."""
+    def sync(self, step: int, state_dict: dict | None = None) -> float:
+        """Push the current weights (``state_dict``: gathered full weights); returns seconds taken."""
         return 0.0
 
     def close(self) -> None:
@@ -115,10 +117,10 @@ class HttpReloadSync(WeightSync):
         except ValueError:
             return {}
 
-    def sync(self, step: int) -> float:
+    def sync(self, step: int, state_dict: dict | None = None) -> float:
         t0 = time.perf_counter()
         target = self.live_root / f"step_{step}"
-        save_model_dir(merged_copy(self.model), self.tokenizer, target)
+        save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
         data = self._post(target)
         version = data.get("version")
         if (
@@ -163,10 +165,10 @@ class RestartSync(WeightSync):
             except InferenceServerError as exc:
                 raise WeightSyncError(f"could not start the inference server: {exc}") from exc
 
-    def sync(self, step: int) -> float:
+    def sync(self, step: int, state_dict: dict | None = None) -> float:
         t0 = time.perf_counter()
         target = self.root / "served_weights" / f"step_{step}"
-        save_model_dir(merged_copy(self.model), self.tokenizer, target)
+        save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
         try:
             self.server.restart(str(target))
         except InferenceServerError as exc:
@@ -184,7 +186,7 @@ class RestartSync(WeightSync):
 class LoraOnlySync(HttpReloadSync):
     """Hot-swap the adapter through ``POST /lora/load``; merged ``/update_weights`` fallback."""
 
-    def sync(self, step: int) -> float:
+    def sync(self, step: int, state_dict: dict | None = None) -> float:
         t0 = time.perf_counter()
         adapter = self.root / f"adapter_step_{step}"
         save_model_dir(self.model, None, adapter)

@@ -129,4 +129,4 @@ def test_kl_term_is_zero_at_reference_and_positive_away_from_it():
     assert same.metrics["train/kl"] == pytest.approx(0.0, abs=1e-6)
     far = compute_grpo_loss(logits, labels, adv, ref_logprobs=lp - 1.0, kl_coef=0.5)
     assert far.metrics["train/kl"] > 0.1
-    assert far.loss.item() == pytest.approx(0.5 * far.metrics["train/kl"], rel=1e-4)
+    assert far.loss.item() == pytest.approx(0.5 * float(far.metrics["train/kl"]), rel=1e-4)

@@ -1,0 +1,246 @@
+"""Multi-process training on ``torch.distributed`` with FSDP2 (``fully_shard``).
+
+Why FSDP2 rather than DDP: DDP keeps a full copy of the weights, gradients and
+AdamW state (16 bytes per parameter under mixed precision) on every rank, so it
+cannot train a model that does not fit one GPU, which is why users leave a single
+process. FSDP2 shards all three across the ranks and gathers one decoder layer at a
+time; on a model that does fit, its per-layer all-gather costs little next to the
+layer's own compute. One strategy also means one code path for checkpoints.
+
+Who does what:
+
+- rank 0 alone talks to ``run-api``: it fetches ``/batch``, splits it across the
+  ranks (:func:`split_groups`: whole groups, balanced token budgets) and scatters
+  the shares;
+- every rank runs forward/backward on its share; ranks with fewer micro-batches run
+  empty ones so that FSDP's collectives line up; the loss is normalised by the
+  token count of the whole batch, so the gradient equals the one-process gradient;
+- rank 0 saves checkpoints (full state dicts gathered from the shards, so a
+  checkpoint resumes at any world size) and drives the weight sync.
+
+With one process nothing is initialised or wrapped: :class:`DistContext` turns every
+collective into a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, Sequence, Tuple, TypeVar
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class DistributedError(RuntimeError):
+    """Another rank failed; this rank stops too."""
+
+
+def split_groups(batch: Sequence[Mapping[str, Any]], world_size: int) -> List[List[int]]:
+    """Indices of the groups each rank trains on: whole groups, balanced token budgets.
+
+    Greedy longest-first: each group (largest token count first) goes to the rank
+    with the fewest tokens so far. Deterministic, and every group lands on exactly one
+    rank.
+
+    Example::
+
+        split_groups(batch, 2)  # -> [[0, 3], [1, 2]]
+    """
+    sizes = [sum(len(t) for t in g.get("tokens", [])) for g in batch]
+    order = sorted(range(len(batch)), key=lambda i: (-sizes[i], i))
+    loads = [0] * world_size
+    shares: List[List[int]] = [[] for _ in range(world_size)]
+    for i in order:
+        r = min(range(world_size), key=lambda k: (loads[k], len(shares[k]), k))
+        shares[r].append(i)
+        loads[r] += sizes[i]
+    return [sorted(s) for s in shares]
+
+
+@dataclass
+class DistContext:
+    """This process's place in the job, and the few collectives the trainer needs."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        """True when more than one process trains."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that talks to the API, logs, saves and syncs weights."""
+        return self.rank == 0
+
+    # --- collectives (no-ops on one process) -----------------------------------------------
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def scatter(self, per_rank: List[Any] | None) -> Any:
+        """Rank 0 gives ``per_rank[r]`` to rank r (any picklable object)."""
+        if not self.enabled:
+            assert per_rank is not None
+            return per_rank[0]
+        out: List[Any] = [None]
+        torch.distributed.scatter_object_list(out, per_rank if self.is_main else None, src=0)
+        return out[0]
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj if self.is_main else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Sum (or max) ``tensor`` over the ranks, in place; returns it."""
+        if self.enabled:
+            red = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
+            torch.distributed.all_reduce(tensor, op=red)
+        return tensor
+
+    def on_main(self, fn: Callable[[], T], what: str) -> T | None:
+        """Run ``fn`` on rank 0 only; if it fails there, every rank stops.
+
+        Without this a failure on rank 0 (API down, weight sync refused) would leave
+        the other ranks waiting forever in their next collective.
+        """
+        result: T | None = None
+        error: str | None = None
+        exc: BaseException | None = None
+        if self.is_main:
+            try:
+                result = fn()
+            except Exception as e:  # re-raised below on rank 0, reported on the others
+                error, exc = f"{what} failed on rank 0: {e}", e
+        if self.enabled:
+            error = self.broadcast(error)
+        if exc is not None:
+            raise exc
+        if error is not None:
+            raise DistributedError(error)
+        return result
+
+    def close(self) -> None:
+        """Leave the process group."""
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def init_distributed(config: Any) -> Tuple[DistContext, str]:
+    """Join the process group when more than one trainer process runs.
+
+    Under ``torchrun`` the rank and world size come from ``RANK``/``WORLD_SIZE``/
+    ``LOCAL_RANK``; otherwise from ``--trainer-rank``/``--world-size``/``--init-method``.
+    Returns the context and the device this rank trains on (``cuda:LOCAL_RANK`` when
+    the config says ``cuda``).
+    """
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", config.world_size))
+    rank = int(env.get("RANK", config.trainer_rank))
+    local = int(env.get("LOCAL_RANK", rank))
+    device = config.device
+    if world <= 1:
+        return DistContext(), device
+    dev_type = torch.device(device).type
+    if dev_type == "cuda":
+        if torch.device(device).index is None:
+            device = f"cuda:{local}"
+        torch.cuda.set_device(torch.device(device))
+    backend = "nccl" if dev_type == "cuda" else "gloo"
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend=backend,
+            init_method=config.init_method,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(minutes=30),
+        )
+    logger.info("rank %d of %d on %s (%s)", rank, world, device, backend)
+    return DistContext(rank=rank, world_size=world, local_rank=local), device
+
+
+def decoder_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (the unit FSDP shards by)."""
+    for name in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        obj: Any = model
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.ModuleList):
+            return list(obj)
+    return []
+
+
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Apply ``fully_shard`` to every decoder layer, then to the whole model."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = decoder_layers(model)
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    if not layers:
+        logger.warning("no decoder layers found: the model is sharded as one unit")
+    return model
+
+
+def full_model_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict | None:
+    """The unsharded weights on rank 0's CPU (None elsewhere); collective."""
+    if not ctx.enabled:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return sd if ctx.is_main else None
+
+
+def full_optimizer_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext
+) -> dict:
+    """Optimizer state keyed by parameter name, unsharded (rank 0); collective.
+
+    Keyed by name rather than position, so a checkpoint loads at any world size.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    return get_optimizer_state_dict(
+        model,
+        optimizer,
+        options=StateDictOptions(full_state_dict=True, cpu_offload=ctx.enabled),
+    )
+
+
+def load_optimizer_state_dict(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict | None, ctx: DistContext
+) -> None:
+    """Load a name-keyed optimizer state (read by rank 0, broadcast to the shards)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    set_optimizer_state_dict(
+        model,
+        optimizer,
+        optim_state_dict=state if state is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=ctx.enabled),
+    )
