@@ -18,10 +18,8 @@ Run it like any environment::
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
-import time
 from typing import Any, Dict, List, Sequence, Tuple
 
 import httpx
@@ -166,6 +164,7 @@ def local_greedy_eval(
 
 try:  # the env class needs atroposlib's BaseEnv; the pure helpers above do not
     from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+    from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 except ImportError:  # pragma: no cover - only without the library's env runtime
     BaseEnv = None  # type: ignore[assignment,misc]
@@ -254,9 +253,7 @@ if BaseEnv is not None:
             return group, []
 
         async def evaluate(self, *args: Any, **kwargs: Any) -> Dict[str, float]:
-            start = time.time()
-
-            async def one(problem: Problem) -> float:
+            async def one(problem: Problem) -> Dict[str, Any]:
                 a, b = problem
                 _, outs, _, _ = await self.server.tokens_and_logprobs_completion(
                     input_ids=prompt_ids(self.tokenizer, a, b),
@@ -265,32 +262,32 @@ if BaseEnv is not None:
                     max_tokens=self.config.max_answer_tokens,
                     temperature=self.config.eval_temperature,
                 )
-                return score_completion(
-                    self.tokenizer.decode(outs[0], skip_special_tokens=False), a, b
-                )
+                text = completion_text(self.tokenizer.decode(outs[0], skip_special_tokens=False))
+                score = score_completion(text, a, b)
+                return {
+                    "messages": problem_messages(a, b) + [{"role": "assistant", "content": text}],
+                    "score": score,
+                    "correct": score > 0,
+                }
 
-            scores = await asyncio.gather(*(one(p) for p in self.eval_problems))
-            metrics = {"eval/percent_correct": sum(scores) / max(len(scores), 1)}
-            await self.evaluate_log(
-                metrics=metrics,
+            # All problems at once, so the inference server decodes them as one batch.
+            return await run_eval_set(
+                self,
+                self.eval_problems,
+                one,
                 task_name="arithmetic_eval",
-                start_time=start,
-                end_time=time.time(),
+                concurrency=len(self.eval_problems),
                 generation_parameters={
                     "temperature": self.config.eval_temperature,
                     "max_tokens": self.config.max_answer_tokens,
                 },
             )
-            return metrics
 
         async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-            wandb_metrics = dict(wandb_metrics or {})
-            if self.percent_correct:
-                wandb_metrics["train/percent_correct"] = sum(self.percent_correct) / len(
-                    self.percent_correct
-                )
-                self.percent_correct = []
-            await super().wandb_log(wandb_metrics)
+            metrics = drain_metrics(
+                wandb_metrics, train={"train/percent_correct": self.percent_correct}
+            )
+            await super().wandb_log(metrics)
 
         def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
             super().save_checkpoint(step, {"iter": self.iter} if data is None else data)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Tuple
 
 import gymnasium as gym
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 
@@ -255,8 +255,6 @@ class BlackjackEnv(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         cfg = self.config
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, cfg.max_eval_workers))
 
         async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
             out = await self.server.chat_completion(
@@ -268,40 +266,37 @@ class BlackjackEnv(BaseEnv):
             )
             return out.choices[0].message.content or ""
 
-        async def one(seed: int) -> Dict[str, Any] | None:
-            async with sem:
-                try:
-                    return await play_blackjack(
-                        chat,
-                        seed,
-                        cfg.max_turns,
-                        cfg.max_tokens_per_turn,
-                        cfg.invalid_action_reward,
-                        on_invalid_action=cfg.on_invalid_action,
-                    )
-                except Exception:  # counted in eval/failed_games
-                    logger.exception("blackjack eval game failed")
-                    return None
+        async def one(seed: int) -> Dict[str, Any]:
+            game = await play_blackjack(
+                chat,
+                seed,
+                cfg.max_turns,
+                cfg.max_tokens_per_turn,
+                cfg.invalid_action_reward,
+                on_invalid_action=cfg.on_invalid_action,
+            )
+            return {
+                "messages": game["messages"],
+                "score": game["reward"],
+                "outcome": game["outcome"],
+            }
 
-        results = await asyncio.gather(*(one(cfg.eval_seed + i) for i in range(cfg.eval_episodes)))
-        games = [g for g in results if g is not None]
-        n = max(1, len(games))
-        metrics = {
-            "eval/mean_reward": sum(g["reward"] for g in games) / n,
-            "eval/win_rate": sum(g["outcome"] == "win" for g in games) / n,
-            "eval/invalid_action_rate": sum(g["outcome"] == "invalid_action" for g in games) / n,
-            "eval/failed_games": float(len(results) - len(games)),
-        }
-        self.eval_metrics = metrics
-        samples = [
-            {"messages": g["messages"], "score": g["reward"], "outcome": g["outcome"]}
-            for g in games
-        ]
-        await self.evaluate_log(
-            metrics=metrics,
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        def outcome_rates(games: List[Dict[str, Any]]) -> Dict[str, float]:
+            n = max(1, len(games))
+            return {
+                "eval/win_rate": sum(g["outcome"] == "win" for g in games) / n,
+                "eval/invalid_action_rate": sum(g["outcome"] == "invalid_action" for g in games)
+                / n,
+            }
+
+        self.eval_metrics = await run_eval_set(
+            self,
+            range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes),
+            one,
+            metric="eval/mean_reward",
+            value="score",
+            failed_metric="eval/failed_games",
+            extra_metrics=outcome_rates,
             generation_parameters={
                 "temperature": cfg.eval_temperature,
                 "max_tokens": cfg.max_tokens_per_turn,
@@ -309,13 +304,11 @@ class BlackjackEnv(BaseEnv):
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics)
         if self.outcomes:
             for outcome in ("win", "draw", "loss", "invalid_action"):
                 metrics[f"train/{outcome}_rate"] = self.outcomes.count(outcome) / len(self.outcomes)
         self.outcomes = []
-        metrics.update(self.eval_metrics)
-        self.eval_metrics = {}
         await super().wandb_log(metrics)
 
 

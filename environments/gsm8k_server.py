@@ -16,15 +16,14 @@ Run::
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import time
 from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, EvalHandlingEnum, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.reward_fns.math_answers import (
     answer_after_think,
     parse_gold,
@@ -112,7 +111,7 @@ class GSM8kEnv(BaseEnv):
         self.config: GSM8kConfig = config
         self.iter = 0
         self.percent_correct_buffer: List[float] = []
-        self.eval_metrics: List[Tuple[str, float]] = []
+        self.eval_metrics: Dict[str, float] = {}
         self.skips = SkipCounter(self.name)
         self.eval_skips = SkipCounter(f"{self.name} (eval)")
         self.train: List[Dict[str, str]] = []
@@ -293,27 +292,10 @@ class GSM8kEnv(BaseEnv):
         }
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
-
-        async def one(item: Dict[str, str]) -> Dict[str, Any] | None:
-            async with sem:
-                try:
-                    return await self.rollout_and_score_eval(item)
-                except Exception:  # one failed request must not void the whole eval; counted below
-                    logger.exception("gsm8k eval request failed")
-                    return None
-
-        results = await asyncio.gather(*(one(item) for item in self.test))
-        samples = [r for r in results if r is not None]
-        failed = len(results) - len(samples)
-        percent = sum(s["score"] for s in samples) / len(samples) if samples else 0.0
-        self.eval_metrics.append(("eval/percent_correct", percent))
-        await self.evaluate_log(
-            metrics={"eval/percent_correct": percent, "eval/failed_requests": failed},
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        self.eval_metrics = await run_eval_set(
+            self,
+            self.test,
+            self.rollout_and_score_eval,
             generation_parameters={
                 "temperature": self.config.eval_temperature,
                 "max_tokens": self.config.max_token_length,
@@ -321,17 +303,9 @@ class GSM8kEnv(BaseEnv):
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
-        if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
-                self.percent_correct_buffer
-            )
-        self.percent_correct_buffer = []
-        for key, value in self.eval_metrics:
-            metrics[key] = value
-        self.eval_metrics = []
-        metrics.update(self.skips.metrics())
-        await super().wandb_log(metrics)
+        train = {"train/percent_correct": self.percent_correct_buffer}
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics, train=train)
+        await super().wandb_log({**metrics, **self.skips.metrics()})
 
 
 if __name__ == "__main__":

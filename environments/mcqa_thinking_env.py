@@ -15,16 +15,15 @@ Run::
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import string
-import time
 from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -239,26 +238,18 @@ class MCQAThinkingEnv(BaseEnv):
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
-
-        async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
+        async def one(item: Dict[str, Any]) -> Dict[str, Any]:
             messages = [
                 {"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": item["prompt"]},
             ]
-            async with sem:
-                try:
-                    out = await self.server.chat_completion(
-                        messages=messages,
-                        n=1,
-                        split="eval",
-                        max_tokens=self.config.max_token_length,
-                        temperature=self.config.eval_temperature,
-                    )
-                except Exception:  # counted in eval/failed_requests
-                    logger.exception("mcqa eval request failed")
-                    return None
+            out = await self.server.chat_completion(
+                messages=messages,
+                n=1,
+                split="eval",
+                max_tokens=self.config.max_token_length,
+                temperature=self.config.eval_temperature,
+            )
             text = out.choices[0].message.content or ""
             predicted = extract_letter(text, item["n_choices"])
             return {
@@ -270,32 +261,18 @@ class MCQAThinkingEnv(BaseEnv):
                 "finish_reason": out.choices[0].finish_reason,
             }
 
-        results = await asyncio.gather(*(one(item) for item in self.test))
-        samples = [r for r in results if r is not None]
-        accuracy = sum(s["score"] for s in samples) / len(samples) if samples else 0.0
-        self.eval_metrics = {"eval/accuracy": accuracy}
-        await self.evaluate_log(
-            metrics={
-                "eval/accuracy": accuracy,
-                "eval/failed_requests": len(results) - len(samples),
-            },
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        self.eval_metrics = await run_eval_set(
+            self,
+            self.test,
+            one,
+            metric="eval/accuracy",
             generation_parameters={"temperature": self.config.eval_temperature},
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
-        if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
-                self.percent_correct_buffer
-            )
-        self.percent_correct_buffer = []
-        metrics.update(self.eval_metrics)
-        self.eval_metrics = {}
-        metrics.update(self.skips.metrics())
-        await super().wandb_log(metrics)
+        train = {"train/percent_correct": self.percent_correct_buffer}
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics, train=train)
+        await super().wandb_log({**metrics, **self.skips.metrics()})
 
 
 if __name__ == "__main__":

@@ -27,12 +27,12 @@ import logging
 import os
 import random
 import re
-import time
 from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -281,34 +281,24 @@ class RLAIFEnv(BaseEnv):
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
-
-        async def one(prompt: str) -> Dict[str, Any] | None:
-            async with sem:
-                try:
-                    out = await self.server.chat_completion(
-                        messages=[{"role": "user", "content": prompt}],
-                        n=1,
-                        max_tokens=self.config.max_token_length,
-                        temperature=0.0,
-                        split="eval",
-                    )
-                    answer = out.choices[0].message.content or ""
-                    rating_prompt = EVAL_TEMPLATE.format(
-                        criterion=self.config.judge_criterion,
-                        prompt=prompt,
-                        answer=strip_thinking(answer),
-                    )
-                    judged = await self.judge.chat_completion(
-                        messages=[{"role": "user", "content": rating_prompt}],
-                        n=1,
-                        max_tokens=self.config.judge_max_tokens,
-                        temperature=self.config.judge_temperature,
-                    )
-                except Exception:  # counted in eval/failed_requests
-                    logger.exception("rlaif eval request failed")
-                    return None
+        async def one(prompt: str) -> Dict[str, Any]:
+            out = await self.server.chat_completion(
+                messages=[{"role": "user", "content": prompt}],
+                n=1,
+                max_tokens=self.config.max_token_length,
+                temperature=0.0,
+                split="eval",
+            )
+            answer = out.choices[0].message.content or ""
+            rating_prompt = EVAL_TEMPLATE.format(
+                criterion=self.config.judge_criterion, prompt=prompt, answer=strip_thinking(answer)
+            )
+            judged = await self.judge.chat_completion(
+                messages=[{"role": "user", "content": rating_prompt}],
+                n=1,
+                max_tokens=self.config.judge_max_tokens,
+                temperature=self.config.judge_temperature,
+            )
             return {
                 "messages": [
                     {"role": "user", "content": prompt},
@@ -317,28 +307,23 @@ class RLAIFEnv(BaseEnv):
                 "score": parse_rating(judged.choices[0].message.content or ""),
             }
 
-        results = await asyncio.gather(*(one(p) for p in self.test))
-        samples = [r for r in results if r is not None]
-        rated = [s["score"] for s in samples if s["score"] is not None]
-        metrics = {
-            "eval/mean_rating": sum(rated) / len(rated) if rated else 0.0,
-            "eval/unrated_fraction": 1 - len(rated) / len(samples) if samples else 0.0,
-            "eval/failed_requests": float(len(results) - len(samples)),
-        }
-        self.eval_metrics = metrics
-        await self.evaluate_log(
-            metrics=metrics,
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        def unrated(samples: List[Dict[str, Any]]) -> Dict[str, float]:
+            missing = sum(s["score"] is None for s in samples)
+            return {"eval/unrated_fraction": missing / len(samples) if samples else 0.0}
+
+        self.eval_metrics = await run_eval_set(
+            self,
+            self.test,
+            one,
+            metric="eval/mean_rating",
+            value="score",
+            extra_metrics=unrated,
             generation_parameters={"temperature": 0.0},
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics)
         metrics["train/judge_unparsed_verdicts"] = self.unparsed_verdicts
-        metrics.update(self.eval_metrics)
-        self.eval_metrics = {}
         metrics.update(self.skips.metrics())
         await super().wandb_log(metrics)
 

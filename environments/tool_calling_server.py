@@ -19,17 +19,16 @@ Run::
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
-import time
 from collections import Counter
 from typing import Any, Dict, List, Tuple
 
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -288,22 +287,14 @@ class SingleToolCallingEnv(BaseEnv):
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
-
-        async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
-            async with sem:
-                try:
-                    out = await self.server.chat_completion(
-                        messages=self.messages_for(item),
-                        n=1,
-                        split="eval",
-                        max_tokens=self.config.max_token_length,
-                        temperature=self.config.eval_temperature,
-                    )
-                except Exception:  # counted in eval/failed_requests
-                    logger.exception("tool_calling eval request failed")
-                    return None
+        async def one(item: Dict[str, Any]) -> Dict[str, Any]:
+            out = await self.server.chat_completion(
+                messages=self.messages_for(item),
+                n=1,
+                split="eval",
+                max_tokens=self.config.max_token_length,
+                temperature=self.config.eval_temperature,
+            )
             text = out.choices[0].message.content or ""
             score = score_tool_calls(text, item["expected"])
             return {
@@ -313,32 +304,17 @@ class SingleToolCallingEnv(BaseEnv):
                 "correct": score > 0,
             }
 
-        results = await asyncio.gather(*(one(item) for item in self.test))
-        samples = [r for r in results if r is not None]
-        accuracy = sum(s["correct"] for s in samples) / len(samples) if samples else 0.0
-        self.eval_metrics = {"eval/percent_correct": accuracy}
-        await self.evaluate_log(
-            metrics={
-                "eval/percent_correct": accuracy,
-                "eval/failed_requests": len(results) - len(samples),
-            },
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        self.eval_metrics = await run_eval_set(
+            self,
+            self.test,
+            one,
             generation_parameters={"temperature": self.config.eval_temperature},
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
-        if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
-                self.percent_correct_buffer
-            )
-        self.percent_correct_buffer = []
-        metrics.update(self.eval_metrics)
-        self.eval_metrics = {}
-        metrics.update(self.skips.metrics())
-        await super().wandb_log(metrics)
+        train = {"train/percent_correct": self.percent_correct_buffer}
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics, train=train)
+        await super().wandb_log({**metrics, **self.skips.metrics()})
 
 
 if __name__ == "__main__":

@@ -30,13 +30,13 @@ import operator
 import random
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Tuple
 
 from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, mean_of, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -332,8 +332,6 @@ class MultiTurnToolUseEnv(BaseEnv):
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         cfg = self.config
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, cfg.max_eval_workers))
 
         async def chat(messages: List[Dict[str, str]], max_tokens: int) -> str:
             out = await self.server.chat_completion(
@@ -345,20 +343,15 @@ class MultiTurnToolUseEnv(BaseEnv):
             )
             return out.choices[0].message.content or ""
 
-        async def one(index: int) -> Dict[str, Any] | None:
+        async def one(index: int) -> Dict[str, Any]:
             item = self.task(10_000_000 + index) if not self.rows else self.task(index)
-            async with sem:
-                try:
-                    episode = await run_episode(
-                        chat,
-                        item["question"],
-                        cfg.max_turns,
-                        cfg.max_tokens_per_turn,
-                        cfg.max_calls_per_turn,
-                    )
-                except Exception:  # counted in eval/failed_episodes
-                    logger.exception("multiturn_tool_use eval episode failed")
-                    return None
+            episode = await run_episode(
+                chat,
+                item["question"],
+                cfg.max_turns,
+                cfg.max_tokens_per_turn,
+                cfg.max_calls_per_turn,
+            )
             score = score_episode(
                 episode["final_text"],
                 item["answer"],
@@ -374,20 +367,12 @@ class MultiTurnToolUseEnv(BaseEnv):
             }
 
         n_eval = cfg.eval_episodes if not self.rows else min(cfg.eval_episodes, len(self.rows))
-        results = await asyncio.gather(*(one(i) for i in range(n_eval)))
-        samples = [r for r in results if r is not None]
-        n = max(1, len(samples))
-        metrics = {
-            "eval/percent_correct": sum(s["correct"] for s in samples) / n,
-            "eval/mean_tool_calls": sum(s["tool_calls"] for s in samples) / n,
-            "eval/failed_episodes": float(len(results) - len(samples)),
-        }
-        self.eval_metrics = metrics
-        await self.evaluate_log(
-            metrics=metrics,
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        self.eval_metrics = await run_eval_set(
+            self,
+            range(n_eval),
+            one,
+            failed_metric="eval/failed_episodes",
+            extra_metrics=lambda samples: {"eval/mean_tool_calls": mean_of(samples, "tool_calls")},
             generation_parameters={
                 "temperature": cfg.eval_temperature,
                 "max_tokens": cfg.max_tokens_per_turn,
@@ -395,16 +380,9 @@ class MultiTurnToolUseEnv(BaseEnv):
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
-        if self.percent_correct_buffer:
-            metrics["train/percent_correct"] = sum(self.percent_correct_buffer) / len(
-                self.percent_correct_buffer
-            )
-        self.percent_correct_buffer = []
-        metrics.update(self.eval_metrics)
-        self.eval_metrics = {}
-        metrics.update(self.skips.metrics())
-        await super().wandb_log(metrics)
+        train = {"train/percent_correct": self.percent_correct_buffer}
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics, train=train)
+        await super().wandb_log({**metrics, **self.skips.metrics()})
 
 
 if __name__ == "__main__":

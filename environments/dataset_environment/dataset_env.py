@@ -26,14 +26,13 @@ Run::
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import Any, Dict, List, Tuple, Union
 
 from pydantic import Field, field_validator
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.reward_fns import CombinedReward, registry
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
@@ -259,22 +258,14 @@ class DatasetEnv(BaseEnv):
         return group, []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
-        start = time.time()
-        sem = asyncio.Semaphore(max(1, self.config.max_eval_workers))
-
-        async def one(item: Dict[str, Any]) -> Dict[str, Any] | None:
-            async with sem:
-                try:
-                    out = await self.server.chat_completion(
-                        messages=self.messages_for(item),
-                        n=1,
-                        split="eval",
-                        max_tokens=self.config.max_token_length,
-                        temperature=self.config.eval_temperature,
-                    )
-                except Exception:  # counted in eval/failed_requests
-                    logger.exception("dataset env eval request failed")
-                    return None
+        async def one(item: Dict[str, Any]) -> Dict[str, Any]:
+            out = await self.server.chat_completion(
+                messages=self.messages_for(item),
+                n=1,
+                split="eval",
+                max_tokens=self.config.max_token_length,
+                temperature=self.config.eval_temperature,
+            )
             text = out.choices[0].message.content or ""
             return {
                 "messages": self.messages_for(item) + [{"role": "assistant", "content": text}],
@@ -282,30 +273,19 @@ class DatasetEnv(BaseEnv):
                 "score": self.score([text], item["answer"])[0],
             }
 
-        results = await asyncio.gather(*(one(item) for item in self.test))
-        samples = [r for r in results if r is not None]
-        metrics = {
-            "eval/mean_score": sum(s["score"] for s in samples) / len(samples) if samples else 0.0,
-            "eval/failed_requests": float(len(results) - len(samples)),
-        }
-        self.eval_metrics = metrics
-        await self.evaluate_log(
-            metrics=metrics,
-            samples=samples,
-            start_time=start,
-            end_time=time.time(),
+        self.eval_metrics = await run_eval_set(
+            self,
+            self.test,
+            one,
+            metric="eval/mean_score",
+            value="score",
             generation_parameters={"temperature": self.config.eval_temperature},
         )
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
-        metrics = dict(wandb_metrics or {})
-        if self.score_buffer:
-            metrics["train/mean_score"] = sum(self.score_buffer) / len(self.score_buffer)
-        self.score_buffer = []
-        metrics.update(self.eval_metrics)
-        self.eval_metrics = {}
-        metrics.update(self.skips.metrics())
-        await super().wandb_log(metrics)
+        train = {"train/mean_score": self.score_buffer}
+        metrics = drain_metrics(wandb_metrics, self.eval_metrics, train=train)
+        await super().wandb_log({**metrics, **self.skips.metrics()})
 
 
 if __name__ == "__main__":
