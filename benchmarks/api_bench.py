@@ -1,34 +1,48 @@
 """Benchmark of the rollout API (``run-api`` as a real process on a free port).
 
-Prints ingest groups/s (2,000 groups x 8 sequences x 256 tokens, 16 concurrent
-posters), ``/status-env`` p50 latency at a full queue and its flatness from 100
-to 10,000 queued groups, drain batches/s (batch 64, with and without gzip), and
-the server's peak RSS. The client's own CPU time is reported so a saturated
-client is visible.
+Ingest: 2,000 groups x 8 sequences x 256 tokens (26 KiB of JSON each) posted to
+``/scored_data``, then again to ``/scored_data_list`` in posts of 16 groups.
+The bodies are encoded before the clock starts and sent as ready-made HTTP/1.1
+requests over keep-alive sockets from several client processes, so the client
+stays far below the server's cost; the client's CPU is printed to show it.
 
-    .venv/bin/python benchmarks/api_bench.py [--groups 2000] [--persist] [--pack-above-mb N]
+The load-independent figure is the **server's CPU time per group**, read from
+``/proc`` (``psutil``) before and after each phase; the wall-clock rates and the
+server's CPU utilisation (its CPU seconds over the phase's wall seconds, 100 %
+= one core saturated) are printed next to it. Also measured: ``/status-env``
+p50 at 100 / 2,000 / 10,000 queued groups, drain of batches of 64 (gzip and
+identity) with server CPU per batch, RSS with 2,000 groups queued, and the
+per-request floor of the HTTP server itself: a bare ASGI app under the same
+uvicorn settings that reads the same bodies and answers ``{"status":"received"}``.
 
-Wall-clock rates depend on what else the machine runs; the server CPU time per
-request (``psutil`` before/after each phase) and the in-process per-stage CPU
-times at the end are the load-independent figures.
+    .venv/bin/python benchmarks/api_bench.py                 # one in-memory run
+    .venv/bin/python benchmarks/api_bench.py --persist       # one run with --persist
+    .venv/bin/python benchmarks/api_bench.py --table --repeats 3
+        # in-memory, --persist and the floor, 3 runs each; prints the markdown
+        # table of the READMEs (median and range)
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import datetime
 import json
+import multiprocessing as mp
 import os
+import platform
 import random
+import selectors
+import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
-import aiohttp
+import orjson
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +60,8 @@ TRAINER = {
     "starting_step": 0,
     "num_steps": 10**6,
 }
+LIST_GROUPS = 16
+"""Groups per ``/scored_data_list`` post."""
 
 
 def make_group(
@@ -67,9 +83,187 @@ def make_group(
     }
     if logprobs:
         group["inference_logprobs"] = lps
-    return json.dumps(group).encode()
+    return json.dumps(group).encode()  # what json.dumps-based clients send
 
 
+# ---------------------------------------------------------------- raw HTTP client
+def http_request(method: str, path: str, port: int, body: bytes = b"", headers: str = "") -> bytes:
+    """A complete HTTP/1.1 keep-alive request as bytes."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}"
+    if body or method == "POST":
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+class Connection:
+    """One keep-alive socket that sends ready-made requests and reads whole responses."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def send(self, request: bytes) -> None:
+        self.sock.sendall(request)
+
+    def read(self) -> tuple[int, bytes]:
+        """``(status, body)`` of the next response (``Content-Length`` framed)."""
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        self.buf = rest
+        while len(self.buf) < length:
+            self._fill()
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return status, body
+
+    def request(self, request: bytes) -> tuple[int, bytes]:
+        """Send and read one response; reconnect once if the server closed an idle socket."""
+        try:
+            self.send(request)
+            return self.read()
+        except (ConnectionError, BrokenPipeError):
+            self.sock.close()
+            self.__init__(self.port)  # type: ignore[misc]
+            self.send(request)
+            return self.read()
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _client_worker(
+    port: int,
+    requests: Sequence[bytes],
+    indices: Sequence[int],
+    conns: int,
+    ready: mp.Barrier,
+    out: mp.Queue,
+) -> None:
+    """Send ``requests[i]`` for each ``i`` over ``conns`` sockets, each with one request in flight."""
+    sockets = [Connection(port) for _ in range(conns)]
+    sel = selectors.DefaultSelector()
+    todo = iter(indices)
+    bad = 0
+    ready.wait()
+    cpu0 = time.process_time()
+    for c in sockets:
+        i = next(todo, None)
+        if i is not None:
+            c.send(requests[i])
+            sel.register(c.sock, selectors.EVENT_READ, c)
+    while sel.get_map():
+        for key, _ in sel.select():
+            c = key.data
+            c._fill()
+            while b"\r\n\r\n" in c.buf:
+                try:
+                    status, _ = _parse_buffered(c)
+                except _Incomplete:
+                    break
+                bad += status != 200
+                i = next(todo, None)
+                if i is None:
+                    sel.unregister(c.sock)
+                else:
+                    c.send(requests[i])
+    out.put((time.process_time() - cpu0, bad))
+    for c in sockets:
+        c.close()
+
+
+class _Incomplete(Exception):
+    pass
+
+
+def _parse_buffered(c: Connection) -> tuple[int, bytes]:
+    """A response already wholly in ``c.buf`` (else :class:`_Incomplete`, buffer untouched)."""
+    head, _, rest = c.buf.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    if len(rest) < length:
+        raise _Incomplete
+    c.buf = rest[length:]
+    return int(lines[0].split()[1]), rest[:length]
+
+
+@dataclass
+class Phase:
+    """Wall time, server CPU and client CPU of one timed phase."""
+
+    n: int
+    wall: float
+    server_cpu: float
+    client_cpu: float = 0.0
+    failures: int = 0
+
+    @property
+    def utilisation(self) -> float:
+        return self.server_cpu / self.wall
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU seconds of ``proc`` (from /proc)."""
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def blast(
+    port: int,
+    server: psutil.Process,
+    requests: Sequence[bytes],
+    n: int,
+    procs: int,
+    conns: int,
+) -> Phase:
+    """Send ``n`` requests (cycling through ``requests``) from ``procs`` processes x ``conns`` sockets."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Barrier(procs + 1)
+    out: mp.Queue = ctx.Queue()
+    workers = [
+        ctx.Process(
+            target=_client_worker,
+            args=(
+                port,
+                requests,
+                [i % len(requests) for i in range(p, n, procs)],
+                conns,
+                ready,
+                out,
+            ),
+        )
+        for p in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    ready.wait()
+    cpu0, t0 = cpu_seconds(server), time.perf_counter()
+    results = [out.get(timeout=600) for _ in workers]
+    wall, server_cpu = time.perf_counter() - t0, cpu_seconds(server) - cpu0
+    for w in workers:
+        w.join()
+    return Phase(n, wall, server_cpu, sum(r[0] for r in results), sum(r[1] for r in results))
+
+
+# ---------------------------------------------------------------- server under test
 class RssSampler:
     """Polls a process's RSS in a thread and remembers the peak."""
 
@@ -96,71 +290,178 @@ class RssSampler:
         self._thread.join()
 
 
-async def setup(session: aiohttp.ClientSession, base: str, group_size: int) -> int:
-    await (await session.get(f"{base}/reset_data")).read()
-    await (await session.post(f"{base}/register", json=TRAINER)).read()
-    await (await session.get(f"{base}/batch")).read()
-    r = await session.post(
-        f"{base}/register-env",
-        json={
-            "max_token_length": 2048,
-            "desired_name": "bench",
-            "weight": 1.0,
-            "group_size": group_size,
-        },
-    )
-    return (await r.json())["env_id"]
+def _json(conn: Connection, request: bytes) -> dict:
+    status, body = conn.request(request)
+    if status != 200:
+        raise RuntimeError(f"{request.split(b' ', 2)[:2]} answered {status}: {body[:200]!r}")
+    return orjson.loads(body)
 
 
-async def ingest(
-    session: aiohttp.ClientSession,
-    base: str,
-    bodies: List[bytes],
-    n: int,
-    concurrency: int,
-    path: str = "/scored_data",
-) -> float:
-    """POST ``n`` bodies to ``path`` from ``concurrency`` posters; the wall time taken."""
-    counter = iter(range(n))
-    headers = {"Content-Type": "application/json"}
-
-    async def poster() -> None:
-        for i in counter:
-            async with session.post(
-                f"{base}{path}", data=bodies[i % len(bodies)], headers=headers
-            ) as r:
-                await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"POST {path} answered {r.status}")
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(poster() for _ in range(concurrency)))
-    return time.perf_counter() - t0
+def setup(conn: Connection, port: int, group_size: int) -> int:
+    """Reset the server, register a trainer and one env; the env's id."""
+    conn.request(http_request("GET", "/reset_data", port))
+    _json(conn, http_request("POST", "/register", port, orjson.dumps(TRAINER)))
+    _json(conn, http_request("GET", "/batch", port))
+    env = {"max_token_length": 2048, "desired_name": "bench", "weight": 1.0}
+    body = orjson.dumps({**env, "group_size": group_size})
+    return _json(conn, http_request("POST", "/register-env", port, body))["env_id"]
 
 
-async def status_p50(session: aiohttp.ClientSession, base: str, env_id: int, n: int = 500) -> float:
+def status_p50(conn: Connection, port: int, env_id: int, n: int = 500) -> float:
+    """Median latency (ms) of sequential ``/status-env`` calls."""
+    request = http_request("GET", f"/status-env?env_id={env_id}", port)
     lat = []
     for _ in range(n):
         t0 = time.perf_counter()
-        async with session.get(f"{base}/status-env", params={"env_id": env_id}) as r:
-            await r.read()
+        conn.request(request)
         lat.append(time.perf_counter() - t0)
     return statistics.median(lat) * 1000
 
 
-async def drain(session: aiohttp.ClientSession, base: str, gzip: bool) -> tuple[int, float]:
-    headers = {} if gzip else {"Accept-Encoding": "identity"}
+def drain(conn: Connection, port: int, server: psutil.Process, gzip: bool) -> Phase:
+    """Pull ``/batch`` until it is empty, one request at a time like a trainer."""
+    encoding = "gzip" if gzip else "identity"
+    request = http_request("GET", "/batch", port, headers=f"Accept-Encoding: {encoding}\r\n")
     batches = 0
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_seconds(server), time.perf_counter()
     while True:
-        async with session.get(f"{base}/batch", headers=headers) as r:
-            data = await r.read()  # not parsed: the client must not be the bottleneck
-        if r.status != 200 or data.startswith(b'{"batch":null'):
+        status, body = conn.request(request)  # not parsed: the client must not be the bottleneck
+        if status != 200 or body.startswith(b'{"batch":null'):
             break
         batches += 1
-    return batches, time.perf_counter() - t0
+    return Phase(batches, time.perf_counter() - t0, cpu_seconds(server) - cpu0)
 
 
+@dataclass
+class Run:
+    """The figures of one benchmark run (seconds and bytes)."""
+
+    figures: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+
+def bench_api(port: int, pid: int, args: argparse.Namespace) -> Run:
+    """Every phase against one started ``run-api``."""
+    run = Run()
+    f = run.figures
+    server = psutil.Process(pid)
+    rng = random.Random(0)
+    bodies = [make_group(rng, 8, 256, 0, args.logprobs) for _ in range(64)]
+    tiny = [make_group(rng, 8, 4, 0) for _ in range(16)]
+    singles = [http_request("POST", "/scored_data", port, b) for b in bodies]
+    lists = [
+        http_request(
+            "POST", "/scored_data_list", port, b"[" + b",".join(bodies[i : i + LIST_GROUPS]) + b"]"
+        )
+        for i in range(0, len(bodies), LIST_GROUPS)
+    ]
+    conn = Connection(port)
+    env_id = setup(conn, port, 8)
+    n = args.groups
+    with RssSampler(pid) as rss:
+        p = blast(port, server, singles, n, args.procs, args.conns)
+        f["single_us"] = p.server_cpu / n * 1e6
+        f["single_rate"] = n / p.wall
+        f["single_util"] = p.utilisation
+        f["single_client"] = p.client_cpu / p.wall
+        if p.failures:
+            run.notes.append(f"{p.failures} posts to /scored_data failed")
+        f["status_full"] = status_p50(conn, port, env_id)
+        f["rss_full"] = server.memory_info().rss
+        cpu0 = cpu_seconds(server)
+        status_p50(conn, port, env_id, n=200)
+        f["status_cpu_us"] = (cpu_seconds(server) - cpu0) / 200 * 1e6
+        d = drain(conn, port, server, gzip=True)
+    f["rss_peak"] = rss.peak
+    f["drain_gzip_ms"] = d.server_cpu / max(d.n, 1) * 1e3
+    f["drain_gzip_rate"] = d.n / d.wall
+    posts = n // LIST_GROUPS
+    p = blast(port, server, lists, posts, args.procs, args.conns)
+    f["list_us"] = p.server_cpu / (posts * LIST_GROUPS) * 1e6
+    f["list_rate"] = posts * LIST_GROUPS / p.wall
+    f["list_util"] = p.utilisation
+    f["list_client"] = p.client_cpu / p.wall
+    if p.failures:
+        run.notes.append(f"{p.failures} posts to /scored_data_list failed")
+    d = drain(conn, port, server, gzip=False)
+    f["drain_identity_ms"] = d.server_cpu / max(d.n, 1) * 1e3
+    f["drain_identity_rate"] = d.n / d.wall
+    for target in (100, 10_000):
+        env_id = setup(conn, port, 8)
+        tiny_posts = [http_request("POST", "/scored_data", port, b) for b in tiny]
+        blast(port, server, tiny_posts, target, args.procs, args.conns)
+        f[f"status_{target}"] = status_p50(conn, port, env_id)
+    conn.close()
+    return run
+
+
+# ---------------------------------------------------------------- HTTP floor
+async def _floor_app(scope: dict, receive: Callable, send: Callable) -> None:
+    """The least an ASGI app can do per request: read the whole body, answer a constant."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    payload = b'{"status":"received"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+def serve_floor(port: int) -> None:
+    """Run :func:`_floor_app` with the uvicorn settings ``run-api`` uses."""
+    import uvicorn
+
+    uvicorn.run(
+        _floor_app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop="auto",
+        http="auto",
+        proxy_headers=False,
+    )
+
+
+def bench_floor(port: int, pid: int, args: argparse.Namespace) -> Run:
+    run = Run()
+    server = psutil.Process(pid)
+    rng = random.Random(0)
+    bodies = [make_group(rng, 8, 256, 0, args.logprobs) for _ in range(64)]
+    singles = [http_request("POST", "/scored_data", port, b) for b in bodies]
+    lists = [
+        http_request(
+            "POST", "/scored_data_list", port, b"[" + b",".join(bodies[i : i + LIST_GROUPS]) + b"]"
+        )
+        for i in range(0, len(bodies), LIST_GROUPS)
+    ]
+    p = blast(port, server, singles, args.groups, args.procs, args.conns)
+    run.figures["floor_us"] = p.server_cpu / args.groups * 1e6
+    run.figures["floor_rate"] = args.groups / p.wall
+    posts = args.groups // LIST_GROUPS
+    p = blast(port, server, lists, posts, args.procs, args.conns)
+    run.figures["floor_list_us"] = p.server_cpu / (posts * LIST_GROUPS) * 1e6
+    return run
+
+
+# ---------------------------------------------------------------- in-process stages
 def _cpu_per_call(fn: Callable[[int], object], n: int, repeats: int = 5) -> float:
     """Least CPU seconds per call of ``fn(i)`` over ``repeats`` runs of ``n`` calls (least is least disturbed)."""
     best = float("inf")
@@ -173,7 +474,7 @@ def _cpu_per_call(fn: Callable[[int], object], n: int, repeats: int = 5) -> floa
 
 
 def handler_stages(bodies: List[bytes], n: int) -> Dict[str, float]:
-    """In-process CPU per stage of the hot path, without HTTP (seconds per call)."""
+    """In-process CPU per stage of the hot path, without HTTP (seconds per group)."""
     from atroposlib.api import handlers
     from atroposlib.api.compression import gzip_compress, pack
     from atroposlib.api.models import RegisterEnv, Registration, ScoredData
@@ -191,12 +492,25 @@ def handler_stages(bodies: List[bytes], n: int) -> Dict[str, float]:
     def body(i: int) -> bytes:
         return bodies[i % len(bodies)]
 
+    lists = [
+        b"[" + b",".join(bodies[i : i + LIST_GROUPS]) + b"]"
+        for i in range(0, len(bodies), LIST_GROUPS)
+    ]
     stages: Dict[str, float] = {}
-    stages["validate (pydantic, strict)"] = _cpu_per_call(
+    stages["pydantic strict validation (error path only)"] = _cpu_per_call(
         lambda i: ScoredData.model_validate_json(body(i)), n
     )
+    stages["parse + check one group (handlers.parse_groups)"] = _cpu_per_call(
+        lambda i: handlers.parse_groups(body(i), many=False), n
+    )
+    stages["parse + check, per group of a list of 16"] = (
+        _cpu_per_call(
+            lambda i: handlers.parse_groups(lists[i % len(lists)], many=True), n // LIST_GROUPS
+        )
+        / LIST_GROUPS
+    )
     raw, packed = store(2**40), store(0)
-    stages["ingest, raw (validate+check+store)"] = _cpu_per_call(
+    stages["ingest, raw (parse+check+store)"] = _cpu_per_call(
         lambda i: handlers.ingest_groups(raw, body(i), many=False), n
     )
     stages["ingest, packed (+deflate)"] = _cpu_per_call(
@@ -204,92 +518,169 @@ def handler_stages(bodies: List[bytes], n: int) -> Dict[str, float]:
     )
     stages["deflate one group (pack)"] = _cpu_per_call(lambda i: pack(body(i)), n)
     batches = min(len(raw.queue), len(packed.queue)) // 8
-    stages["/batch assembly, raw"] = _cpu_per_call(lambda i: handlers.serve_batch(raw), batches, 1)
-    stages["/batch assembly, packed"] = _cpu_per_call(
+    stages["/batch assembly, raw (per batch)"] = _cpu_per_call(
+        lambda i: handlers.serve_batch(raw), batches, 1
+    )
+    stages["/batch assembly, packed (per batch)"] = _cpu_per_call(
         lambda i: handlers.serve_batch(packed), batches, 1
     )
-    one_batch = b'{"batch":[' + b",".join(bodies[:8]) + b"]}"
-    stages["gzip of one batch (level 1)"] = _cpu_per_call(lambda i: gzip_compress(one_batch, 1), 50)
+    one_batch = b'{"batch":[' + b",".join(bodies[:64]) + b"]}"
+    stages["gzip of one batch of 64 (level 1)"] = _cpu_per_call(
+        lambda i: gzip_compress(one_batch, 1), 20
+    )
     return stages
 
 
-async def run(args: argparse.Namespace, base: str, pid: int) -> None:
-    me = psutil.Process()
-    rng = random.Random(0)
-    bodies = [make_group(rng, 8, 256, 0, args.logprobs) for _ in range(64)]
-    tiny = [make_group(rng, 8, 4, 0) for _ in range(16)]
-    conn = aiohttp.TCPConnector(limit=64)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
-        env_id = await setup(s, base, 8)
-        server = psutil.Process(pid)
-        cpu0, scpu0 = sum(me.cpu_times()[:2]), sum(server.cpu_times()[:2])
-        with RssSampler(pid) as rss:
-            secs = await ingest(s, base, bodies, args.groups, args.concurrency)
-            client_cpu = sum(me.cpu_times()[:2]) - cpu0
-            server_cpu = sum(server.cpu_times()[:2]) - scpu0
-            p50_full = await status_p50(s, base, env_id)
-            rss_full = psutil.Process(pid).memory_info().rss
-            scpu0 = sum(server.cpu_times()[:2])
-            await status_p50(s, base, env_id, n=200)
-            status_cpu = (sum(server.cpu_times()[:2]) - scpu0) / 200
-            scpu0 = sum(server.cpu_times()[:2])
-            batches, dsecs = await drain(s, base, gzip=True)
-            drain_cpu = sum(server.cpu_times()[:2]) - scpu0
-        print(f"body size            {len(bodies[0]) / 1024:.1f} KiB per group")
-        print(
-            f"ingest               {args.groups / secs:,.0f} groups/s "
-            f"({args.groups} groups in {secs:.2f}s, client CPU {client_cpu / secs * 100:.0f}% of a core, "
-            f"server CPU {server_cpu / args.groups * 1e6:.0f} us/group)"
-        )
-        print(
-            f"/status-env p50      {p50_full:.3f} ms at {args.groups} queued groups "
-            f"(server CPU {status_cpu * 1e6:.0f} us per request)"
-        )
-        print(
-            f"RSS full queue       {rss_full / 2**20:.1f} MiB (peak during run {rss.peak / 2**20:.1f} MiB)"
-        )
-        print(
-            f"drain (gzip)         {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
-            f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)"
-        )
-        # Refill through /scored_data_list, lists of 8 groups (what a busy BaseEnv sends).
-        lists = [b"[" + b",".join(bodies[i : i + 8]) + b"]" for i in range(0, len(bodies), 8)]
-        scpu0 = sum(server.cpu_times()[:2])
-        secs = await ingest(
-            s, base, lists, args.groups // 8, args.concurrency, path="/scored_data_list"
-        )
-        list_cpu = sum(server.cpu_times()[:2]) - scpu0
-        print(
-            f"ingest (lists of 8)  {args.groups // 8 * 8 / secs:,.0f} groups/s "
-            f"(server CPU {list_cpu / (args.groups // 8 * 8) * 1e6:.0f} us/group)"
-        )
-        scpu0 = sum(server.cpu_times()[:2])
-        batches, dsecs = await drain(s, base, gzip=False)
-        drain_cpu = sum(server.cpu_times()[:2]) - scpu0
-        print(
-            f"drain (identity)     {batches / dsecs:,.0f} batches/s ({batches} batches of 64 in {dsecs:.2f}s, "
-            f"server CPU {drain_cpu / max(batches, 1) * 1e3:.2f} ms/batch)"
-        )
-        for target in (100, 10_000):
-            env_id = await setup(s, base, 8)
-            await ingest(s, base, tiny, target, args.concurrency)
-            print(
-                f"/status-env p50      {await status_p50(s, base, env_id):.3f} ms at {target} queued groups"
-            )
-    from atroposlib.api.compression import BACKEND
+# ---------------------------------------------------------------- driver
+def start_server(cmd: List[str], port: int) -> running_process:
+    return running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", cwd=ROOT)
 
-    print(f"in-process CPU per call, no HTTP (least of 5 runs; deflate by {BACKEND}):")
-    for stage, secs in handler_stages(bodies, min(args.groups, 500)).items():
-        print(f"  {stage:36s} {secs * 1e6:8.0f} us")
-    print(f"load average         {os.getloadavg()}")
+
+def one_run(args: argparse.Namespace, persist: bool) -> Run:
+    port = free_port()
+    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(port), "--log-level", "warning"]
+    with tempfile.TemporaryDirectory() as tmp:
+        if persist:
+            cmd += ["--persist", str(Path(tmp) / "api.db")]
+        if args.pack_above_mb is not None:
+            cmd += ["--pack-above-mb", str(args.pack_above_mb)]
+        with start_server(cmd, port) as proc:
+            return bench_api(port, proc.pid, args)
+
+
+def floor_run(args: argparse.Namespace) -> Run:
+    port = free_port()
+    cmd = [PYTHON, str(Path(__file__).resolve()), "--serve-floor", str(port)]
+    with start_server(cmd, port) as proc:
+        return bench_floor(port, proc.pid, args)
+
+
+def print_run(run: Run, label: str) -> None:
+    f = run.figures
+    print(f"--- {label}")
+    if "single_us" in f:
+        print(
+            f"ingest /scored_data        {f['single_rate']:8,.0f} groups/s   server CPU "
+            f"{f['single_us']:5.0f} us/group   server utilisation {f['single_util']:4.0%}   "
+            f"clients {f['single_client']:4.0%} of a core"
+        )
+        print(
+            f"ingest /scored_data_list   {f['list_rate']:8,.0f} groups/s   server CPU "
+            f"{f['list_us']:5.0f} us/group   server utilisation {f['list_util']:4.0%}   "
+            f"clients {f['list_client']:4.0%} of a core   ({LIST_GROUPS} groups per post)"
+        )
+        print(
+            f"drain, gzip                {f['drain_gzip_rate']:8,.0f} batches/s  server CPU "
+            f"{f['drain_gzip_ms']:5.2f} ms/batch of 64"
+        )
+        print(
+            f"drain, identity            {f['drain_identity_rate']:8,.0f} batches/s  server CPU "
+            f"{f['drain_identity_ms']:5.2f} ms/batch of 64"
+        )
+        print(
+            f"RSS with {args_groups} queued      {f['rss_full'] / 2**20:8.1f} MiB "
+            f"(peak {f['rss_peak'] / 2**20:.1f} MiB)"
+        )
+        print(
+            f"/status-env p50            {f['status_100']:.3f} / {f['status_full']:.3f} / "
+            f"{f['status_10000']:.3f} ms at 100 / {args_groups} / 10,000 queued groups "
+            f"(server CPU {f['status_cpu_us']:.0f} us per sequential request)"
+        )
+    if "floor_us" in f:
+        print(
+            f"bare ASGI app (floor)      {f['floor_rate']:8,.0f} requests/s server CPU "
+            f"{f['floor_us']:5.0f} us/request of one group, {f['floor_list_us']:.0f} us/group "
+            f"in posts of {LIST_GROUPS}"
+        )
+    for note in run.notes:
+        print(f"!! {note}")
+
+
+args_groups = 2000
+
+
+def _agg(runs: List[Run], key: str, scale: float = 1.0, fmt: str = "{:,.0f}") -> str:
+    values = sorted(r.figures[key] * scale for r in runs if key in r.figures)
+    if not values:
+        return "—"
+    med = fmt.format(statistics.median(values))
+    if len(values) == 1:
+        return med
+    return f"{med} ({fmt.format(values[0])}–{fmt.format(values[-1])})"
+
+
+def markdown_table(
+    mem: List[Run], persist: List[Run], floor: List[Run], args: argparse.Namespace
+) -> str:
+    """The README table: median (range) of the runs."""
+    cmd = "`python benchmarks/api_bench.py --table`"
+    g = f"{args.groups:,}"
+    rows = [
+        (
+            f"API ingest `/scored_data`: server CPU per group ({g} groups × 8 × 256 tokens)",
+            "≤ 150 µs",
+            f"{_agg(mem, 'single_us')} µs; {_agg(mem, 'single_rate')} groups/s at "
+            f"{_agg(mem, 'single_util', 100)} % server CPU",
+        ),
+        (
+            f"API ingest `/scored_data_list`, {LIST_GROUPS} groups per post: server CPU per group",
+            "≤ 90 µs",
+            f"{_agg(mem, 'list_us')} µs; {_agg(mem, 'list_rate')} groups/s at "
+            f"{_agg(mem, 'list_util', 100)} % server CPU",
+        ),
+        (
+            "API ingest `/scored_data` with `--persist` (SQLite WAL): server CPU per group",
+            "≤ 250 µs",
+            f"{_agg(persist, 'single_us')} µs; {_agg(persist, 'single_rate')} groups/s",
+        ),
+        (
+            "HTTP floor: bare ASGI app under the same uvicorn, same bodies: server CPU per request",
+            "—",
+            f"{_agg(floor, 'floor_us')} µs ({_agg(floor, 'floor_list_us')} µs/group in posts of {LIST_GROUPS})",
+        ),
+        (
+            "API `/batch` drain, batch of 64, gzip: server CPU per batch",
+            "≤ 1.1 ms",
+            f"{_agg(mem, 'drain_gzip_ms', fmt='{:.2f}')} ms; {_agg(mem, 'drain_gzip_rate')} batches/s",
+        ),
+        (
+            "API `/batch` drain, identity: server CPU per batch",
+            "—",
+            f"{_agg(mem, 'drain_identity_ms', fmt='{:.2f}')} ms; "
+            f"{_agg(mem, 'drain_identity_rate')} batches/s "
+            f"(`--persist`: {_agg(persist, 'drain_identity_ms', fmt='{:.2f}')} ms)",
+        ),
+        (
+            f"API RSS with {g} groups queued",
+            "≤ 90 MiB",
+            f"{_agg(mem, 'rss_full', 1 / 2**20, '{:.1f}')} MiB "
+            f"(`--persist`: {_agg(persist, 'rss_full', 1 / 2**20, '{:.1f}')} MiB)",
+        ),
+        (
+            "API `/status-env` p50 at 100 / 2,000 / 10,000 queued groups",
+            "≤ 1 ms, flat",
+            f"{_agg(mem, 'status_100', fmt='{:.2f}')} / {_agg(mem, 'status_full', fmt='{:.2f}')} / "
+            f"{_agg(mem, 'status_10000', fmt='{:.2f}')} ms",
+        ),
+    ]
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = platform.processor() or platform.machine()
+    header = (
+        f"Measured {now} on {os.cpu_count()} cores ({cpu}), load average "
+        f"{os.getloadavg()[0]:.1f} at the end, {len(mem)} runs each: median (range).\n\n"
+        "| what | target | measured | command |\n|---|---|---|---|\n"
+    )
+    return header + "\n".join(f"| {a} | {b} | {c} | {cmd} |" for a, b, c in rows)
 
 
 def main() -> None:
+    global args_groups
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--groups", type=int, default=2000)
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--procs", type=int, default=4, help="client processes")
+    p.add_argument("--conns", type=int, default=4, help="keep-alive sockets per client process")
     p.add_argument("--logprobs", action="store_true", help="groups also carry inference_logprobs")
     p.add_argument(
         "--persist", action="store_true", help="run the server with --persist (SQLite WAL)"
@@ -300,19 +691,43 @@ def main() -> None:
         default=None,
         help="pass --pack-above-mb to the server (default: the server's default)",
     )
+    p.add_argument("--floor", action="store_true", help="also measure the bare ASGI floor")
+    p.add_argument("--stages", action="store_true", help="also print in-process CPU per stage")
+    p.add_argument(
+        "--table", action="store_true", help="in-memory, --persist and floor runs; markdown table"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="runs of each kind with --table")
+    p.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
-    port = free_port()
-    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(port), "--log-level", "warning"]
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.persist:
-            cmd += ["--persist", str(Path(tmp) / "api.db")]
-        if args.pack_above_mb is not None:
-            cmd += ["--pack-above-mb", str(args.pack_above_mb)]
-        with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", cwd=ROOT) as proc:
-            print(
-                f"run-api pid {proc.pid} on port {port}{' with --persist' if args.persist else ''}"
-            )
-            asyncio.run(run(args, f"http://127.0.0.1:{port}", proc.pid))
+    if args.serve_floor:
+        serve_floor(args.serve_floor)
+        return
+    args_groups = args.groups
+    if args.table:
+        mem, persist, floor = [], [], []
+        for i in range(args.repeats):
+            mem.append(one_run(args, persist=False))
+            print_run(mem[-1], f"in memory, run {i + 1}")
+            persist.append(one_run(args, persist=True))
+            print_run(persist[-1], f"--persist, run {i + 1}")
+            floor.append(floor_run(args))
+            print_run(floor[-1], f"floor, run {i + 1}")
+        print()
+        print(markdown_table(mem, persist, floor, args))
+    else:
+        run = one_run(args, persist=args.persist)
+        print_run(run, "with --persist" if args.persist else "in memory")
+        if args.floor:
+            print_run(floor_run(args), "floor")
+    if args.stages:
+        from atroposlib.api.compression import BACKEND
+
+        rng = random.Random(0)
+        bodies = [make_group(rng, 8, 256, 0, args.logprobs) for _ in range(64)]
+        print(f"in-process CPU, no HTTP (least of 5 runs; deflate by {BACKEND}):")
+        for stage, secs in handler_stages(bodies, min(args.groups, 512)).items():
+            print(f"  {stage:48s} {secs * 1e6:8.0f} us")
+    print(f"load average {os.getloadavg()}")
 
 
 if __name__ == "__main__":

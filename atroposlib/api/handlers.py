@@ -3,28 +3,45 @@
 Each function takes the store and raw inputs (body bytes, ids) and returns
 the answer as JSON bytes; domain problems are raised as
 :class:`~atroposlib.api.errors.ApiError`. Posted groups are validated once from
-their JSON bytes and kept as canonical JSON (see :func:`incoming`).
+their JSON bytes (:mod:`~atroposlib.api.decode`) and kept as the posted bytes,
+with absent fields added as nulls (see :func:`parse_groups`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
+import weakref
+from dataclasses import dataclass
 from typing import Any, List, Sequence, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from atroposlib.api.decode import (
+    GroupShape,
+    fast_shape,
+    model_shape,
+    split_lenient,
+    split_list,
+)
 from atroposlib.api.errors import (
     BodyValidationError,
     GroupInconsistentError,
     UnknownEnvError,
     validation_detail,
 )
-from atroposlib.api.models import ScoredData, ScoredDataList, check_group_consistency
+from atroposlib.api.models import ScoredData, ScoredDataList, check_lengths
 from atroposlib.api.store import IncomingGroup, IngestOutcome, RolloutStore
 
-__all__ = ["ingest_groups", "incoming", "parse_body", "serve_batch", "status_env"]
+__all__ = [
+    "ParsedGroup",
+    "incoming",
+    "ingest_groups",
+    "parse_body",
+    "parse_groups",
+    "serve_batch",
+    "status_env",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,20 +55,17 @@ NOT_REGISTERED = {
 }
 _FIELD_NULLS = {name: b'"%s":null,' % name.encode() for name in ScoredData.model_fields}
 _missing_cache: dict[frozenset, bytes] = {}
+_warned: weakref.WeakKeyDictionary[RolloutStore, set] = weakref.WeakKeyDictionary()
 
 
-def _missing_nulls(present: set) -> bytes:
+def _missing_nulls(present: frozenset) -> bytes:
     """``"field":null,`` for every field absent from the posted group (cached per field set)."""
-    key = frozenset(present)
-    nulls = _missing_cache.get(key)
+    nulls = _missing_cache.get(present)
     if nulls is None:
-        nulls = b"".join(v for k, v in _FIELD_NULLS.items() if k not in key)
+        nulls = b"".join(v for k, v in _FIELD_NULLS.items() if k not in present)
         if len(_missing_cache) < 4096:
-            _missing_cache[key] = nulls
+            _missing_cache[present] = nulls
     return nulls
-
-
-_to_json = ScoredData.__pydantic_serializer__.to_json
 
 
 def _invalid(e: ValidationError, prefix: Sequence[Any] = ("body",)) -> BodyValidationError:
@@ -68,62 +82,94 @@ def parse_body(model: type[M], body: bytes) -> M:
         raise _invalid(e) from None
 
 
-def incoming(group: ScoredData, loc: tuple = (), raw: bytes | None = None) -> IncomingGroup:
-    """Check a validated group and keep it as canonical JSON with every field present.
+def _stored_form(raw: bytes, present: frozenset) -> bytes:
+    """The posted object's bytes, as posted, with the absent ``ScoredData`` fields added as nulls."""
+    missing = _missing_nulls(present)
+    if not missing:
+        return raw.strip()
+    start = raw.index(b"{")  # only JSON whitespace can precede it: validation passed
+    return b"".join((b"{", missing, memoryview(raw)[start + 1 :]))
 
-    When the posted bytes are at hand they are kept as they are (strict
-    validation guarantees they hold exactly the validated values), with the
-    absent fields added as nulls; this skips a full re-serialisation.
+
+def _shape(raw: bytes) -> GroupShape:
+    """The shape of one posted group: simdjson's single pass, or strict pydantic for the rest."""
+    shape = fast_shape(raw)
+    if shape is None:
+        shape = model_shape(ScoredData.model_validate_json(raw))
+    return shape
+
+
+@dataclass(frozen=True)
+class ParsedGroup:
+    """A type-valid posted group and its canonical bytes, before the consistency checks."""
+
+    shape: GroupShape
+    body: bytes
+
+
+def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
+    """Type-validate one group (or a list of groups) from the posted bytes, in one parse each.
+
+    A list is split into its elements' exact bytes first (msgspec); each group
+    is kept as posted, unknown keys included. Any type error is reported as
+    strict pydantic reports it for the whole body (every error, FastAPI-shaped).
     """
-    check_group_consistency(group, loc)
-    if raw is None:
-        body = _to_json(group)
+    if many:
+        raws = split_list(body)
+        if raws is None:  # not strict JSON, or not an array: pydantic words it (or reads NaN)
+            try:
+                ScoredDataList.validate_json(body)
+            except ValidationError as e:
+                raise _invalid(e) from None
+            raws = split_lenient(body)
     else:
-        missing = _missing_nulls(group.model_fields_set)
-        start = raw.index(b"{")  # only JSON whitespace can precede it: validation passed
-        body = b"".join((b"{", missing, memoryview(raw)[start + 1 :])) if missing else raw.strip()
-    return IncomingGroup(env_id=group.env_id, size=len(group.tokens), body=body)
-
-
-# Between two elements of a JSON array of objects there is only whitespace and a comma.
-_BETWEEN_OBJECTS = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
-
-
-def element_bytes(body: bytes, count: int) -> List[bytes] | None:
-    """The raw bytes of each object of ``body``, a *validated* JSON array of ``count`` objects.
-
-    Every boundary between two top-level objects matches ``}\\s*,\\s*{``; the
-    same text can also occur inside an element (nested objects, strings). So
-    when exactly ``count - 1`` matches exist they are the boundaries, and
-    otherwise the answer is None (the caller re-serialises instead).
-    """
-    if count == 0:
-        return []
-    cuts = list(_BETWEEN_OBJECTS.finditer(body))
-    if len(cuts) != count - 1:
-        return None
-    starts = [body.index(b"{")] + [m.end() - 1 for m in cuts]
-    ends = [m.start() + 1 for m in cuts] + [body.rindex(b"}") + 1]
-    return [body[a:b] for a, b in zip(starts, ends, strict=True)]
-
-
-def parse_groups(body: bytes, many: bool) -> List[IncomingGroup]:
-    """Validate one group (or a list of groups) from the posted bytes.
-
-    Groups are kept as their posted bytes (see :func:`incoming`); a list's
-    elements are cut out of the body by :func:`element_bytes`, and re-serialised
-    only when that is ambiguous.
-    """
+        raws = [body]
     try:
-        if many:
-            groups = ScoredDataList.validate_json(body)
-            raws: Sequence[bytes | None] = element_bytes(body, len(groups)) or [None] * len(groups)
-            return [
-                incoming(g, (i,), raw) for i, (g, raw) in enumerate(zip(groups, raws, strict=True))
-            ]
-        return [incoming(ScoredData.model_validate_json(body), raw=body)]
+        shapes = [_shape(raw) for raw in raws]
     except ValidationError as e:
-        raise _invalid(e) from None
+        if not many:
+            raise _invalid(e) from None
+        try:  # every element's errors, located by index, as for the whole list
+            ScoredDataList.validate_json(body)
+        except ValidationError as whole:
+            raise _invalid(whole) from None
+        raise _invalid(e) from None  # pragma: no cover - the list cannot pass when an element fails
+    return [ParsedGroup(s, _stored_form(r, s.fields)) for s, r in zip(shapes, raws, strict=True)]
+
+
+def incoming(
+    parsed: Sequence[ParsedGroup], many: bool, strict: bool
+) -> tuple[List[IncomingGroup], List[tuple[int | None, str]]]:
+    """Check each group's counts and lengths (D5/D17); the groups to store and the lenient findings.
+
+    The findings are ``(env_id, field)`` for optional per-token fields whose
+    lengths disagree with ``tokens`` (accepted unless ``strict``).
+    """
+    out: List[IncomingGroup] = []
+    findings: List[tuple[int | None, str]] = []
+    for i, p in enumerate(parsed):
+        loc = (i,) if many else ()
+        for name in check_lengths(p.shape.rows, p.shape.scores, loc, strict):
+            findings.append((p.shape.env_id, name))
+        out.append(IncomingGroup(env_id=p.shape.env_id, size=p.shape.size, body=p.body))
+    return out, findings
+
+
+def _note_inconsistent(store: RolloutStore, findings: Sequence[tuple[int | None, str]]) -> None:
+    """Count accepted groups with mismatched optional fields; warn once per env and field."""
+    warned = _warned.setdefault(store, set())
+    for env_id, name in findings:
+        key = f"inconsistent_{name}"
+        store.counters[key] = store.counters.get(key, 0) + 1
+        if (env_id, name) not in warned:
+            warned.add((env_id, name))
+            logger.warning(
+                "env %s sent %s whose lengths differ from tokens; accepted as the original API "
+                "does (counted in atropos_inconsistent_groups_total; run-api --strict-groups "
+                "rejects such groups with 422). Further ones from this env are only counted.",
+                "without env_id" if env_id is None else env_id,
+                name,
+            )
 
 
 def _list_answer(outcomes: Sequence[IngestOutcome]) -> dict[str, Any]:
@@ -135,10 +181,20 @@ def _list_answer(outcomes: Sequence[IngestOutcome]) -> dict[str, Any]:
     return answer
 
 
-def ingest_groups(store: RolloutStore, body: bytes, many: bool) -> bytes:
-    """``POST /scored_data`` (``many=False``) and ``/scored_data_list`` (``many=True``)."""
+def ingest_groups(
+    store: RolloutStore, body: bytes, many: bool, strict: bool | None = None
+) -> bytes:
+    """``POST /scored_data`` (``many=False``) and ``/scored_data_list`` (``many=True``).
+
+    ``strict`` (default: the store's ``strict_groups``, ``run-api
+    --strict-groups``) rejects optional per-token fields whose lengths differ
+    from ``tokens``; otherwise they are accepted, warned about and counted (D17).
+    """
+    if strict is None:
+        strict = getattr(store, "strict_groups", False)
     try:
-        outcomes = store.ingest(parse_groups(body, many))
+        groups, findings = incoming(parse_groups(body, many), many, strict)
+        outcomes = store.ingest(groups)
     except (BodyValidationError, GroupInconsistentError) as e:
         store.counters["rejected_invalid"] += 1
         logger.info("rejected a post: %s", e.message)
@@ -147,6 +203,8 @@ def ingest_groups(store: RolloutStore, body: bytes, many: bool) -> bytes:
         store.counters["rejected_unknown_env"] += 1
         logger.info("rejected a post: %s", e.message)
         raise
+    if findings:
+        _note_inconsistent(store, findings)
     if many:
         return json.dumps(_list_answer(outcomes)).encode()
     outcome = outcomes[0]

@@ -130,6 +130,16 @@ def render_metrics(store: RolloutStore) -> str:
         ],
     )
     lines += _family(
+        "atropos_inconsistent_groups_total",
+        "counter",
+        "Groups accepted although this per-token field's lengths differ from tokens "
+        "(rejected instead with run-api --strict-groups).",
+        [
+            (f'{{field="{name}"}}', c.get(f"inconsistent_{name}", 0))
+            for name in ("advantages", "ref_logprobs", "inference_logprobs")
+        ],
+    )
+    lines += _family(
         "atropos_internal_errors_total",
         "counter",
         "Requests that failed inside the server (logged with a traceback).",

@@ -1,13 +1,13 @@
 """Wire models of the rollout API (request bodies), with the original's field names.
 
 ``ScoredData`` is what environments post: one group of rollouts. Type-level
-validation is pydantic's; :func:`check_group_consistency` adds the cross-field
-checks the original skipped (counts and per-sequence lengths must agree).
+validation is pydantic's; :func:`check_lengths` adds the cross-field checks the
+original skipped (counts and per-sequence lengths must agree, D5/D17).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -18,8 +18,10 @@ __all__ = [
     "RegisterEnv",
     "Registration",
     "ScoredData",
+    "PER_TOKEN_OPTIONAL",
     "ScoredDataList",
     "check_group_consistency",
+    "check_lengths",
 ]
 
 # Strict: the stored JSON is the posted JSON, so `1.0` or `"1"` where an int belongs must be
@@ -137,34 +139,67 @@ class ScoredData(BaseModel):
 
 ScoredDataList = TypeAdapter(List[ScoredData])
 
-# Per-token fields that, when present, must match `tokens` sequence by sequence.
-_PER_TOKEN_FIELDS = ("masks", "advantages", "ref_logprobs", "inference_logprobs")
+# Per-token fields that, when present, must match `tokens` sequence by sequence (D5); the
+# optional ones only with `run-api --strict-groups` (D17: the original accepts any length).
+PER_TOKEN_OPTIONAL = ("advantages", "ref_logprobs", "inference_logprobs")
+_PER_TOKEN_FIELDS = ("masks", *PER_TOKEN_OPTIONAL)
 
 
-def check_group_consistency(group: ScoredData, loc_prefix: tuple = ()) -> None:
-    """Raise :class:`GroupInconsistentError` naming the field and index that disagree.
+def check_lengths(
+    rows: Mapping[str, Sequence[int]],
+    scores: int,
+    loc_prefix: tuple = (),
+    strict: bool = True,
+) -> List[str]:
+    """Check a group's counts and row lengths; the optional fields that disagree.
 
-    ``masks`` and ``scores`` are required to have one entry per sequence, and
-    the optional per-token fields must have the same length as their sequence.
+    ``rows`` maps ``tokens`` and each present per-token field to its row
+    lengths; ``scores`` is the number of scores. ``scores`` and ``masks`` must
+    agree with ``tokens`` (:class:`GroupInconsistentError` naming the field and
+    index otherwise). An optional per-token field that disagrees raises too
+    when ``strict``; otherwise its name is returned, for the caller to warn
+    about and count.
     """
-    tokens = group.tokens
+    tokens = rows["tokens"]
     n = len(tokens)
-    if len(group.scores) != n:
+    if scores != n:
         raise GroupInconsistentError(
             loc_prefix + ("scores",),
-            f"scores has {len(group.scores)} entries but tokens has {n} sequences",
+            f"scores has {scores} entries but tokens has {n} sequences",
         )
+    lenient: List[str] = []
     for name in _PER_TOKEN_FIELDS:
-        rows = getattr(group, name)
-        if rows is None:
+        lengths = rows.get(name)
+        if lengths is None:
             continue
-        if len(rows) != n:
-            raise GroupInconsistentError(
-                loc_prefix + (name,), f"{name} has {len(rows)} sequences but tokens has {n}"
+        error: GroupInconsistentError | None = None
+        if len(lengths) != n:
+            error = GroupInconsistentError(
+                loc_prefix + (name,), f"{name} has {len(lengths)} sequences but tokens has {n}"
             )
-        for i, (row, seq) in enumerate(zip(rows, tokens, strict=True)):
-            if len(row) != len(seq):
-                raise GroupInconsistentError(
-                    loc_prefix + (name, i),
-                    f"{name}[{i}] has {len(row)} entries but tokens[{i}] has {len(seq)}",
-                )
+        else:
+            for i, (got, want) in enumerate(zip(lengths, tokens, strict=True)):
+                if got != want:
+                    error = GroupInconsistentError(
+                        loc_prefix + (name, i),
+                        f"{name}[{i}] has {got} entries but tokens[{i}] has {want}",
+                    )
+                    break
+        if error is None:
+            continue
+        if strict or name == "masks":
+            raise error
+        lenient.append(name)
+    return lenient
+
+
+def check_group_consistency(
+    group: ScoredData, loc_prefix: tuple = (), strict: bool = True
+) -> List[str]:
+    """:func:`check_lengths` of a validated group."""
+    rows = {
+        name: [len(r) for r in value]
+        for name in ("tokens", *_PER_TOKEN_FIELDS)
+        if (value := getattr(group, name)) is not None
+    }
+    return check_lengths(rows, len(group.scores), loc_prefix, strict)

@@ -162,6 +162,7 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
             max_buffer_bytes=settings.max_buffer_bytes,
             env_timeout=settings.env_timeout,
         )
+    store.strict_groups = settings.strict_groups  # read by handlers.ingest_groups (D17)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -88,6 +88,12 @@ class APISettings(BaseSettings):
     )
     log_level: str = Field("info", description="Log level: debug, info, warning or error.")
     access_log: bool = Field(False, description="Log every request (costs throughput).")
+    strict_groups: bool = Field(
+        False,
+        description="Answer 422 for groups whose advantages, ref_logprobs or inference_logprobs "
+        "lengths differ from tokens (by default they are accepted, as by the original API, "
+        "warned about once per env and counted in atropos_inconsistent_groups_total).",
+    )
 
     @property
     def max_queue_bytes(self) -> int:

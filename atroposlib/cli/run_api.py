@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=_help("access_log"),
     )
+    p.add_argument(
+        "--strict-groups",
+        dest="strict_groups",
+        action="store_true",
+        default=None,
+        help=_help("strict_groups"),
+    )
     return p
 
 

@@ -159,33 +159,6 @@ def test_without_isal_the_stdlib_zlib_writes_the_same_formats(monkeypatch):
     assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == data
 
 
-_json_value = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(alphabet='{}[], \\"ab'),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.dictionaries(st.text(alphabet="{}, ab", max_size=4), _json_value, max_size=4), max_size=5
-    ),
-    st.sampled_from([(", ", ": "), (",", ":"), (" ,\n ", " : ")]),
-)
-def test_element_bytes_cuts_exactly_the_elements_or_declines(elements: list, separators: tuple):
-    from atroposlib.api.handlers import element_bytes
-
-    body = json.dumps(elements, separators=separators).encode()
-    pieces = element_bytes(body, len(elements))
-    if pieces is not None:
-        assert [json.loads(p) for p in pieces] == elements
-    if not any("}" in json.dumps(e) for e in elements):
-        assert pieces is not None  # no nested or quoted braces: never ambiguous
-
-
 def test_group_list_keeps_extra_keys_like_a_single_post_and_tricky_strings_exactly(fresh: Api):
     fresh.start_trainer(batch_size=8)
     env = fresh.register_env(group_size=4)
@@ -195,7 +168,7 @@ def test_group_list_keeps_extra_keys_like_a_single_post_and_tricky_strings_exact
     batch = fresh.client.get("/batch").json()["batch"]
     assert batch[0]["trace_id"] == "a-1" and batch[0]["tokens"] == posted[0]["tokens"]
     assert batch[1]["tokens"] == posted[1]["tokens"] and batch[1]["advantages"] is None
-    # A quoted '}, {' makes the cut ambiguous: the groups are re-serialised, values intact.
+    # A quoted '}, {' inside an element: each element is still kept exactly as posted.
     tricky = [[{"role": "user", "content": 'x"}, {"y'}]] * 4
     posted = [group(4, env_id=env, base=3, messages=tricky), group(4, env_id=env, base=4)]
     assert fresh.client.post("/scored_data_list", json=posted).status_code == 200

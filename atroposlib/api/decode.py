@@ -1,0 +1,219 @@
+"""Decoding of posted groups: one typed parse per group, exact bytes kept.
+
+A group (``ScoredData``) is mostly thousands of numbers. Building a Python int
+for each of them is what made validation cost ~120 µs per group whatever the
+library (pydantic, msgspec and orjson all do it). Here a group's bytes are
+parsed once by simdjson (``pysimdjson``); every per-token row is checked and
+measured from simdjson's document in C (``as_buffer``: every leaf must be an
+int64, or a number for float fields), so no Python object is made per number.
+What the store needs comes out of that pass: ``env_id``, the group size, the
+length of every per-token row (for the D5/D17 checks) and which fields are present.
+
+``as_buffer`` flattens nested arrays, so a row such as ``[1, [2], 3]`` would
+look like three ints. Once every leaf of the checked fields is known to be a
+number, every ``[`` in the group's bytes is structural unless it sits in a
+string, so the group is taken on the fast path only when the number of ``[``
+bytes equals the number of arrays the fields should have (one per field plus
+one per row). Strings containing ``[``, nested values in other fields,
+duplicate keys, ``NaN``/``Infinity`` (which the original's json module accepts
+and strict JSON parsers do not), ints beyond 64 bits and the rarer optional
+fields (``messages``, ``distill_*``, ...) all take the other path: full strict
+pydantic validation of the same bytes. That path also produces every 422's
+FastAPI-shaped ``detail``; the fast path accepts a subset of what it accepts.
+
+``/scored_data_list`` bodies are split into their elements' exact bytes by
+msgspec (``list[msgspec.Raw]``), a validating JSON decoder that returns each
+element's span of the input; each element is then decoded as above and stored
+as posted, unknown keys included.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import msgspec
+import simdjson
+
+from atroposlib.api.models import ScoredData
+
+__all__ = [
+    "FAST_FIELDS",
+    "GroupShape",
+    "fast_shape",
+    "model_shape",
+    "split_lenient",
+    "split_list",
+]
+
+INT_ROWS = ("tokens", "masks")
+FLOAT_ROWS = ("advantages", "ref_logprobs", "inference_logprobs")
+FAST_FIELDS = frozenset((*INT_ROWS, *FLOAT_ROWS, "scores", "env_id"))
+"""Fields the fast path checks itself; any other field of ``ScoredData`` must be absent or null."""
+
+_MODEL_FIELDS = frozenset(ScoredData.model_fields)
+_SLOW_FIELDS = _MODEL_FIELDS - FAST_FIELDS
+_Array = simdjson.Array
+_Object = simdjson.Object
+_split_decoder = msgspec.json.Decoder(List[msgspec.Raw])
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """What the store and the consistency checks need from one validated group.
+
+    ``rows`` maps each per-token field that is present (not null) to the length
+    of each of its rows; ``fields`` is the set of ``ScoredData`` fields present
+    in the posted object (null ones included), for the stored canonical form.
+    """
+
+    env_id: int | None
+    size: int
+    scores: int
+    rows: Dict[str, Tuple[int, ...]]
+    fields: frozenset
+
+
+def _int_rows(value: object) -> Tuple[int, ...] | None:
+    """Row lengths of a list of lists of int64 (None: not provably so here)."""
+    if type(value) is not _Array:
+        return None
+    lengths = []
+    try:
+        for row in value:
+            if type(row) is not _Array:
+                return None
+            row.as_buffer(of_type="i")
+            lengths.append(len(row))
+    except (TypeError, ValueError):
+        return None
+    return tuple(lengths)
+
+
+def _float_rows(value: object) -> Tuple[int, ...] | None:
+    """Row lengths of a list of lists of numbers (None: not provably so here)."""
+    if type(value) is not _Array:
+        return None
+    lengths = []
+    try:
+        for row in value:
+            if type(row) is not _Array:
+                return None
+            row.as_buffer(of_type="d")
+            lengths.append(len(row))
+    except (TypeError, ValueError):
+        return None
+    return tuple(lengths)
+
+
+def fast_shape(raw: bytes) -> GroupShape | None:
+    """The shape of ``raw`` when it is provably a valid ``ScoredData``; None sends it to pydantic.
+
+    Never accepts what strict pydantic validation of the same bytes would
+    reject (a property test checks this on generated bodies).
+    """
+    try:
+        doc = simdjson.Parser().parse(raw)
+    except (ValueError, RuntimeError, TypeError):
+        return None
+    if type(doc) is not _Object:
+        return None
+    keys = list(doc.keys())
+    if len(keys) != len(set(keys)):
+        return None  # duplicate keys: pydantic takes the last value, simdjson the first
+    arrays = 0
+    rows: Dict[str, Tuple[int, ...]] = {}
+    for name in INT_ROWS:
+        lengths = _int_rows(doc.get(name))
+        if lengths is None:
+            return None
+        rows[name] = lengths
+        arrays += 1 + len(lengths)
+    size = len(rows["tokens"])
+    if not size:
+        return None  # min_length=1: pydantic words the error
+    scores = doc.get("scores")
+    if type(scores) is not _Array:
+        return None
+    try:
+        scores.as_buffer(of_type="d")
+    except (TypeError, ValueError):
+        return None
+    arrays += 1
+    for name in FLOAT_ROWS:
+        value = doc.get(name)
+        if value is None:
+            continue
+        lengths = _float_rows(value)
+        if lengths is None:
+            return None
+        rows[name] = lengths
+        arrays += 1 + len(lengths)
+    env_id = doc.get("env_id")
+    if env_id is not None and type(env_id) is not int:
+        return None
+    fields = _MODEL_FIELDS.intersection(keys)
+    for name in _SLOW_FIELDS & fields:
+        if doc.get(name) is not None:
+            return None
+    if raw.count(b"[") != arrays:
+        return None  # a nested array in a row, or '[' in a string or another field
+    return GroupShape(env_id, size, len(scores), rows, fields)
+
+
+def model_shape(group: ScoredData) -> GroupShape:
+    """The shape of a group validated by pydantic (the slow path)."""
+    rows = {
+        name: tuple(len(r) for r in value)
+        for name in (*INT_ROWS, *FLOAT_ROWS)
+        if (value := getattr(group, name)) is not None
+    }
+    return GroupShape(
+        group.env_id, len(group.tokens), len(group.scores), rows, frozenset(group.model_fields_set)
+    )
+
+
+def split_list(body: bytes) -> List[bytes] | None:
+    """The exact bytes of each element of a JSON array (None when msgspec cannot parse ``body``).
+
+    msgspec accepts strict JSON only; a body it rejects is validated by
+    pydantic, and when pydantic accepts it (``NaN``/``Infinity``, which the
+    original's json module reads) :func:`split_lenient` splits it.
+    """
+    try:
+        return [bytes(r) for r in _split_decoder.decode(body)]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def split_lenient(body: bytes) -> List[bytes]:
+    """Split a JSON array that Python's json module reads, with that module's parser.
+
+    Each element's span comes from ``JSONDecoder.raw_decode`` (which reports
+    where the value ended); only the whitespace and commas between elements
+    are stepped over here.
+    """
+    text = body.decode("utf-8")
+    decoder = json.JSONDecoder()
+    ws = " \t\n\r"
+    i = len(text) - len(text.lstrip(ws))
+    if text[i : i + 1] != "[":
+        raise ValueError("not a JSON array")
+    i += 1
+    out: List[bytes] = []
+    while True:
+        while text[i] in ws:
+            i += 1
+        if text[i] == "]" and not out:
+            return out
+        _, end = decoder.raw_decode(text, i)
+        out.append(text[i:end].encode("utf-8"))
+        i = end
+        while text[i] in ws:
+            i += 1
+        if text[i] == "]":
+            return out
+        if text[i] != ",":
+            raise ValueError(f"unexpected {text[i]!r} at {i}")
+        i += 1
