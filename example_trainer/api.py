@@ -4,7 +4,9 @@
 - :func:`register_trainer` posts ``/register`` with 5 attempts and exponential
   backoff (2–30 s), checks the HTTP status and requires ``uuid`` in the answer;
 - :func:`get_batch` fetches one batch (``None`` when none is ready) and raises on
-  ``status == "error"``; :func:`wait_for_batch` polls it.
+  ``status == "error"``; :func:`wait_for_batch` polls it. Both go through a
+  :class:`BatchClient`, which acknowledges each batch by the next request and
+  skips a batch served twice (the API's at-least-once delivery, SPEC D19).
 
 Every request has a timeout and sends ``Authorization: Bearer $ATROPOS_API_KEY``
 when that variable is set.
@@ -97,15 +99,97 @@ def register_trainer(config: TrainingConfig, starting_step: int = 0) -> Dict[str
     return data
 
 
+class BatchClient:
+    """Pulls batches from ``GET /batch`` with the rollout API's delivery guarantee.
+
+    The API keeps a served batch until the trainer acknowledges it. Each call
+    of :meth:`get_batch` acknowledges the batch returned by the call before it
+    (``?ack=<batch_id>``): call it again only once that batch is trained on.
+    A batch lost in transit (the API killed while answering, or this trainer
+    restarted before training on it) is served again, and one already
+    received is skipped by its ``batch_id``. Resume with ``last_batch_id`` from
+    a checkpoint so a restarted trainer does not train twice on a batch it
+    had already trained on (the API then consumes that batch).
+
+    Against an API that sends no ``batch_id`` (the original), it behaves as
+    the original trainer did.
+    """
+
+    def __init__(
+        self, url: str, last_batch_id: str | None = None, client: httpx.Client | None = None
+    ) -> None:
+        self.url = url
+        self.last_batch_id = last_batch_id
+        self.last_step: int | None = None
+        self._client = client
+
+    def _get(self) -> Any:
+        getter = self._client.get if self._client is not None else httpx.get
+        resp = getter(
+            f"{self.url}/batch",
+            params={"ack": self.last_batch_id or ""},
+            headers=auth_headers(),
+            timeout=REQUEST_TIMEOUT,
+        )
+        data = _check(resp, "GET /batch")
+        if isinstance(data, dict) and data.get("status") == "error":
+            raise AtroposAPIError(f"GET /batch: {data.get('message', data)}")
+        return data
+
+    def get_batch(self) -> List[Dict[str, Any]] | None:
+        """The next batch not received before, or ``None`` when none is ready."""
+        for _ in range(3):
+            data = self._get()
+            batch = data.get("batch") if isinstance(data, dict) else None
+            if not batch:
+                return None
+            batch_id = data.get("batch_id")
+            if batch_id is None:
+                return batch
+            if batch_id == self.last_batch_id:
+                # Received already (our acknowledgement was lost): asking again acknowledges it.
+                logger.warning("GET /batch: batch %s received twice; skipping it", batch_id)
+                continue
+            self.last_batch_id, self.last_step = batch_id, data.get("step")
+            return batch
+        return None
+
+    def acknowledge(self) -> None:
+        """Acknowledge the last batch now (``POST /batch/ack``), e.g. right after its step."""
+        if self.last_batch_id is None:
+            return
+        poster = self._client.post if self._client is not None else httpx.post
+        resp = poster(
+            f"{self.url}/batch/ack",
+            json={"batch_id": self.last_batch_id},
+            headers=auth_headers(),
+            timeout=REQUEST_TIMEOUT,
+        )
+        _check(resp, "POST /batch/ack")
+
+
+_batch_clients: Dict[str, BatchClient] = {}
+
+
+def batch_client(url: str) -> BatchClient:
+    """The process-wide :class:`BatchClient` of ``url`` (it remembers the last batch_id)."""
+    found = _batch_clients.get(url)
+    if found is None:
+        found = _batch_clients[url] = BatchClient(url)
+    return found
+
+
 def get_batch(url: str, client: httpx.Client | None = None) -> List[Dict[str, Any]] | None:
-    """One ``GET /batch``: the list of groups, or ``None`` when no batch is ready."""
-    getter = client.get if client is not None else httpx.get
-    resp = getter(f"{url}/batch", headers=auth_headers(), timeout=REQUEST_TIMEOUT)
-    data = _check(resp, "GET /batch")
-    if isinstance(data, dict) and data.get("status") == "error":
-        raise AtroposAPIError(f"GET /batch: {data.get('message', data)}")
-    batch = data.get("batch") if isinstance(data, dict) else None
-    return batch or None
+    """One ``GET /batch``: the list of groups, or ``None`` when no batch is ready.
+
+    Acknowledges the batch the previous call returned (see :class:`BatchClient`).
+    """
+    bc = batch_client(url)
+    bc._client = client
+    try:
+        return bc.get_batch()
+    finally:
+        bc._client = None
 
 
 def wait_for_batch(
@@ -117,6 +201,7 @@ def wait_for_batch(
     """Poll ``/batch`` until a batch arrives. ``timeout`` 0 waits forever.
 
     Transient connection errors are logged and retried; an error payload raises.
+    Each call acknowledges the batch the previous call returned.
     """
     start = time.monotonic()
     with httpx.Client() as client:
