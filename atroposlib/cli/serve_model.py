@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
             args["choices"] = list(choices)
         elif name == "served_model_name":
             args["nargs"] = "+"
+        elif anno == (list[str] | None):
+            args["action"] = "append"
+            args["metavar"] = name.split("_")[-1].upper()
+        elif anno is bool:
+            args["action"] = "store_true"
         elif anno is int or anno == (int | None):
             args["type"] = int
         elif anno is float:
@@ -51,13 +56,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     from atroposlib.serving.app import create_app
+    from atroposlib.utils.http_security import is_loopback_host, load_api_key
 
     ns = build_parser().parse_args(argv)
     config = ServeModelConfig(**vars(ns))
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+    try:
+        key = load_api_key(
+            config.api_key,
+            config.api_key_file,
+            env_var="ATROPOS_SERVE_MODEL_API_KEY",
+            component="atropos-serve-model",
+        )
+    except ValueError as exc:
+        raise SystemExit(f"atropos-serve-model: {exc}") from exc
+    config = config.model_copy(update={"api_key": key})
+    if not is_loopback_host(config.host) and not config.api_key:
         logging.getLogger(__name__).warning(
             "listening on %s without --api-key: anyone who can reach it can use the model",
             config.host,

@@ -3,16 +3,22 @@
 Endpoints: ``GET /health``, ``GET /health_generate``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``, the vLLM-style
 ``POST /generate`` used by ``VLLMServer`` and ``POST /update_weights``.
+
+Security (SPEC D18): the shared browser guard and bearer auth of
+:mod:`atroposlib.utils.http_security` wrap the app (their refusals re-shaped as OpenAI
+errors); templating and tokenising run in a thread pool, client chat templates in a sandboxed
+process (:mod:`.chat_templates`), and weight updates only from ``--weights-root``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
-import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,23 +26,26 @@ from typing import Any, TypeVar
 import torch
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2 import TemplateError
 
+from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
 from atroposlib.serving.config import ServeModelConfig
 from atroposlib.serving.engine import Engine, SequenceOutput, TokenEvent
 from atroposlib.serving.errors import (
     ClientGone,
     InvalidRequest,
     ModelNotFound,
-    Unauthorized,
+    OpenAIErrorEnvelope,
     install_error_handlers,
 )
 from atroposlib.serving.loader import (
+    confine_weights_path,
     load_compatible,
     load_model,
     load_tokenizer,
+    prompt_char_limit,
     resolve_device,
     resolve_dtype,
+    weight_roots,
 )
 from atroposlib.serving.protocol import (
     ChatCompletionRequest,
@@ -54,6 +63,11 @@ from atroposlib.serving.responses import (
 )
 from atroposlib.serving.sampling import SamplingParams
 from atroposlib.serving.streaming import new_id, now, stream_choices
+from atroposlib.utils.http_security import (
+    BearerAuthMiddleware,
+    BrowserGuardMiddleware,
+    is_loopback_host,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +83,26 @@ class ServingState:
     tokenizer: Any
     names: list[str]
     started: float
+    max_prompt_chars: int | None = None
 
     @property
     def name(self) -> str:
         """The primary served model name."""
         return self.names[0]
+
+    def check_prompt_chars(self, text: str, param: str = "prompt") -> None:
+        """Refuse text that cannot fit the context whatever it tokenises to, before tokenising.
+
+        Tokenising megabytes costs seconds of CPU; every token covers at most
+        :func:`~.loader.prompt_char_limit`'s share of characters, so longer text is a sure 400.
+        """
+        if self.max_prompt_chars is not None and len(text) > self.max_prompt_chars:
+            raise InvalidRequest(
+                f"this model's maximum context length is {self.engine.max_model_len} tokens; "
+                f"the {param} has {len(text)} characters, more than can fit",
+                param=param,
+                code="context_length_exceeded",
+            )
 
 
 def build_state(config: ServeModelConfig) -> ServingState:
@@ -100,12 +129,28 @@ def build_state(config: ServeModelConfig) -> ServingState:
     )
     logger.info("loaded %s on %s (%s), max_model_len=%d", config.model, device, dtype, max_len)
     return ServingState(
-        config, engine, tokenizer, list(config.served_model_name or [config.model]), time.time()
+        config,
+        engine,
+        tokenizer,
+        list(config.served_model_name or [config.model]),
+        time.time(),
+        prompt_char_limit(tokenizer, max_len),
     )
 
 
 def create_app(config: ServeModelConfig, state: ServingState | None = None) -> FastAPI:
     """Build the FastAPI app; the model is loaded at startup unless ``state`` is given."""
+
+    roots = weight_roots(config)
+    # Templating and tokenising take up to seconds for long prompts: never on the event loop.
+    prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="prep")
+    renderer = (
+        ClientTemplateRenderer(
+            timeout=config.client_template_timeout, max_chars=config.client_template_max_chars
+        )
+        if config.allow_client_chat_template
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -116,20 +161,56 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             yield
         finally:
             await st.engine.stop()
+            if renderer is not None:
+                await renderer.close()
+            prep.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="atropos-serve-model", lifespan=lifespan)
     install_error_handlers(app)
+    # Outermost last: OpenAI-shaped refusals <- browser guard <- bearer auth <- routes.
+    if config.api_key:
+        app.add_middleware(
+            BearerAuthMiddleware, api_key=config.api_key, open_paths=("/", "/health")
+        )
+    app.add_middleware(
+        BrowserGuardMiddleware,
+        allowed_origins=config.cors_origin or (),
+        check_host=is_loopback_host(config.host),
+        require_json=True,
+        open_paths=("/health",),
+    )
+    app.add_middleware(OpenAIErrorEnvelope)
 
     def get_state(request: Request) -> ServingState:
         return request.app.state.serving
 
-    def require_key(request: Request) -> None:
-        if not config.api_key:
-            return
-        header = request.headers.get("authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else ""
-        if not secrets.compare_digest(token.encode(), config.api_key.encode()):
-            raise Unauthorized("missing or invalid API key (send 'Authorization: Bearer KEY')")
+    async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(prep, functools.partial(fn, *args))
+
+    def encode(st: ServingState, text: str, special: bool, param: str = "prompt") -> list[int]:
+        st.check_prompt_chars(text, param)
+        return st.tokenizer.encode(text, add_special_tokens=special)
+
+    async def chat_prompt(st: ServingState, body: ChatCompletionRequest) -> list[int]:
+        template, variables = split_template_kwargs(
+            body.chat_template_kwargs, body.chat_template, renderer is not None
+        )
+        messages = chat_messages(st.tokenizer, body, client_template=template is not None)
+        if template is None:
+            return await off_loop(render_chat, st, body, messages, variables)
+        assert renderer is not None
+        text = await renderer.render(
+            template,
+            {
+                **special_tokens(st.tokenizer),
+                **variables,
+                "messages": messages,
+                "tools": body.tools,
+                "add_generation_prompt": body.add_generation_prompt,
+            },
+            body.continue_final_message,
+        )
+        return await off_loop(encode, st, text, False, "messages")
 
     def check_model(st: ServingState, model: str | None) -> str:
         if model is None or model in st.names:
@@ -143,8 +224,6 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             param="model",
             code="model_not_found",
         )
-
-    auth = [Depends(require_key)]
 
     @app.get("/health")
     async def health(st: ServingState = Depends(get_state)) -> dict[str, Any]:
@@ -160,13 +239,13 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             "kv_cache": st.engine.cache_info(),
         }
 
-    @app.get("/health_generate", dependencies=auth)
+    @app.get("/health_generate")
     async def health_generate(st: ServingState = Depends(get_state)) -> dict[str, Any]:
         ids = st.tokenizer.encode("hi", add_special_tokens=False) or [0]
         await st.engine.generate(ids, SamplingParams(max_tokens=1, temperature=0.0))
         return {"status": "ok", "version": st.engine.version}
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def models(st: ServingState = Depends(get_state)) -> dict[str, Any]:
         return {
             "object": "list",
@@ -185,7 +264,7 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             ],
         }
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions")
     async def completions(
         body: CompletionRequest, request: Request, st: ServingState = Depends(get_state)
     ) -> Response:
@@ -194,16 +273,17 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             st.config.max_n, logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs
         )
         prompts = body.prompts()
-        ids_list = [
-            st.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
-            for p in prompts
-        ]
+        ids_list = await off_loop(
+            lambda: [encode(st, p, True) if isinstance(p, str) else list(p) for p in prompts]
+        )
         for ids in ids_list:  # validate every prompt before generating (or decoding) any
             st.engine.validate(ids, params)
-        texts = [
-            p if isinstance(p, str) else (st.tokenizer.decode(p) if body.echo else "")
-            for p in prompts
-        ]
+        texts = await off_loop(
+            lambda: [
+                p if isinstance(p, str) else (st.tokenizer.decode(p) if body.echo else "")
+                for p in prompts
+            ]
+        )
         if body.stream:
             return stream_completions(st, name, body, params, ids_list, texts)
         results = await unless_disconnected(
@@ -221,14 +301,14 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             )
         )
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions")
     async def chat(
         body: ChatCompletionRequest, request: Request, st: ServingState = Depends(get_state)
     ) -> Response:
         name = check_model(st, body.model)
         top = body.top_logprobs or 0
         params = body.sampling_params(st.config.max_n, logprobs=top if body.logprobs else None)
-        ids = render_chat(st.tokenizer, body)
+        ids = await chat_prompt(st, body)
         if body.stream:
             st.engine.validate(ids, params)
             return stream_chat(st, name, body, params, ids)
@@ -245,7 +325,7 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
             )
         )
 
-    @app.post("/generate", dependencies=auth)
+    @app.post("/generate")
     async def generate(
         body: GenerateRequest, request: Request, st: ServingState = Depends(get_state)
     ) -> Response:
@@ -255,17 +335,18 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         )
         if isinstance(body.prompt, str):
             text: str | None = body.prompt
-            ids = st.tokenizer.encode(body.prompt, add_special_tokens=True)
+            ids = await off_loop(encode, st, body.prompt, True)
         else:
             text, ids = None, list(body.prompt["prompt_token_ids"])
         result = await unless_disconnected(request, st.engine.generate(ids, params))
         return JSONResponse(generate_response(result, text, body.logprobs is not None))
 
-    @app.post("/update_weights", dependencies=auth)
+    @app.post("/update_weights")
     async def update_weights(
         body: UpdateWeightsRequest, st: ServingState = Depends(get_state)
     ) -> dict[str, Any]:
-        info = await st.engine.update_weights(body.path)
+        path = confine_weights_path(body.path, roots)
+        info = await st.engine.update_weights(path)
         return {**info, "model": st.name}
 
     return app
@@ -292,9 +373,16 @@ async def unless_disconnected(request: Request, work: Awaitable[T], poll_s: floa
             task.cancel()
 
 
-def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
-    """Apply the model's chat template (with tools) and tokenize the prompt."""
-    if not getattr(tokenizer, "chat_template", None):
+def special_tokens(tokenizer: Any) -> dict[str, Any]:
+    """The special-token variables (``bos_token``, ``eos_token``, ...) templates expect."""
+    return dict(getattr(tokenizer, "special_tokens_map", None) or {})
+
+
+def chat_messages(
+    tokenizer: Any, body: ChatCompletionRequest, client_template: bool = False
+) -> list[dict[str, Any]]:
+    """The request's messages as template input, after the checks every template needs."""
+    if not client_template and not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest(
             "this model's tokenizer has no chat template; use /v1/completions", param="messages"
         )
@@ -303,18 +391,32 @@ def render_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
         raise InvalidRequest(
             "'continue_final_message' needs a final assistant message", param="messages"
         )
+    return messages
+
+
+def render_chat(
+    st: ServingState,
+    body: ChatCompletionRequest,
+    messages: list[dict[str, Any]],
+    variables: dict[str, Any],
+) -> list[int]:
+    """Apply the model's own chat template (with tools) and tokenize (blocking: run off-loop)."""
     try:
-        text = tokenizer.apply_chat_template(
+        text = st.tokenizer.apply_chat_template(
             messages,
             tools=body.tools,
             tokenize=False,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            **(body.chat_template_kwargs or {}),
+            **variables,
         )
-    except (TemplateError, ValueError, TypeError, KeyError) as exc:
-        raise InvalidRequest(f"cannot render the chat template: {exc}", param="messages") from exc
-    return tokenizer.encode(text, add_special_tokens=False)
+    except Exception as exc:  # the template is trusted; what fails it is the client's input
+        logger.info("chat template failed on a request: %s: %s", type(exc).__name__, exc)
+        raise InvalidRequest(
+            f"cannot render the chat template: {type(exc).__name__}: {exc}", param="messages"
+        ) from exc
+    st.check_prompt_chars(text, "messages")
+    return st.tokenizer.encode(text, add_special_tokens=False)
 
 
 def _events_output(events: list[TokenEvent]) -> SequenceOutput:

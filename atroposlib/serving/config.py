@@ -31,7 +31,33 @@ class ServeModelConfig(BaseModel):
         None, description="Name(s) clients use in the 'model' field; default: MODEL as given."
     )
     api_key: str | None = Field(
-        None, description="Require 'Authorization: Bearer KEY' on every endpoint but /health."
+        None,
+        description="Require 'Authorization: Bearer KEY' on every endpoint but /health (and /). "
+        "Visible in `ps`: prefer --api-key-file or $ATROPOS_SERVE_MODEL_API_KEY.",
+    )
+    api_key_file: str | None = Field(
+        None, description="Read the API key from this file (used when --api-key is not given)."
+    )
+    cors_origin: list[str] | None = Field(
+        None,
+        description="Origin (scheme://host:port) whose browser requests are accepted; "
+        "repeatable, '*' accepts any. Other Origins get 403.",
+    )
+    weights_root: list[str] | None = Field(
+        None,
+        description="Directory /update_weights may load checkpoints from (repeatable); the "
+        "served model's parent directory is always allowed. Paths resolving elsewhere get 403.",
+    )
+    allow_client_chat_template: bool = Field(
+        False,
+        description="Accept 'chat_template' from clients (rendered in a sandboxed process with "
+        "time, memory and size limits). Off: such requests get 400.",
+    )
+    client_template_timeout: float = Field(
+        2.0, gt=0.0, le=60.0, description="Seconds a client chat template may take to render."
+    )
+    client_template_max_chars: int = Field(
+        1_000_000, ge=1, description="Longest output of a client chat template, in characters."
     )
     max_num_seqs: int = Field(
         256,

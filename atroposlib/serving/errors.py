@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,6 +51,13 @@ class Unauthorized(ServingError):
 
     status = 401
     type = "authentication_error"
+
+
+class Forbidden(ServingError):
+    """The request is understood but not allowed (e.g. weights outside ``--weights-root``)."""
+
+    status = 403
+    type = "permission_error"
 
 
 class ClientGone(ServingError):
@@ -111,3 +120,51 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(f"internal error: {exc}", "internal_error", None, 500), status_code=500
         )
+
+
+_GUARD_TYPES = {401: "authentication_error", 403: "permission_error", 415: "invalid_request_error"}
+
+
+class OpenAIErrorEnvelope:
+    """Re-shape the shared security layer's refusals (``{"detail": ...}``) as OpenAI errors.
+
+    :mod:`atroposlib.utils.http_security` answers 401/403/415 with FastAPI's ``detail`` shape,
+    which every other server we ship uses; OpenAI clients of this one expect
+    ``{"error": {...}}``. Only small JSON bodies with those statuses are buffered; everything
+    else (streams included) passes through untouched.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        held: dict[str, Any] = {}
+
+        async def reshape(message: Any) -> None:
+            if message["type"] == "http.response.start" and message["status"] in _GUARD_TYPES:
+                held["start"] = message
+                return
+            if "start" not in held or message["type"] != "http.response.body":
+                await send(message)
+                return
+            start = held.pop("start")
+            body = message.get("body", b"")
+            try:
+                detail = json.loads(body)["detail"] if not message.get("more_body") else None
+            except (ValueError, KeyError, TypeError):
+                detail = None
+            if not isinstance(detail, str):
+                await send(start)
+                await send(message)
+                return
+            status = start["status"]
+            new = json.dumps(error_body(detail, _GUARD_TYPES[status], None, status)).encode()
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(new)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": new})
+
+        await self.app(scope, receive, reshape)

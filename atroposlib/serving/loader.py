@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from atroposlib.serving.errors import InvalidRequest
+from atroposlib.serving.config import ServeModelConfig
+from atroposlib.serving.errors import Forbidden, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -78,3 +79,45 @@ def load_compatible(path: str, current: Any, device: torch.device, dtype: torch.
             param="path",
         )
     return model
+
+
+def weight_roots(config: ServeModelConfig) -> list[str]:
+    """Directories ``/update_weights`` may load from: ``--weights-root`` values and the served
+    model's parent directory (where a trainer saving next to its base model writes), resolved."""
+    roots = [os.path.realpath(r) for r in config.weights_root or []]
+    if os.path.isdir(config.model):
+        roots.append(os.path.dirname(os.path.realpath(config.model)))
+    return list(dict.fromkeys(roots))
+
+
+def confine_weights_path(path: str, roots: list[str]) -> str:
+    """Resolve ``path`` (symlinks, ``..``, relative to the server's directory) and return it if it
+    lies inside one of ``roots``; otherwise raise 403.
+
+    The check runs before anything looks at the path, and the answer is the same whether the
+    path exists or not, so the endpoint cannot be used to probe the file system.
+    """
+    resolved = os.path.realpath(path)
+    for root in roots:
+        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+            return resolved
+    raise Forbidden(
+        "'path' is outside the directories this server loads weights from; start it with "
+        "--weights-root DIR to allow another directory",
+        param="path",
+    )
+
+
+def prompt_char_limit(tokenizer: Any, max_model_len: int) -> int | None:
+    """Characters beyond which a text cannot fit ``max_model_len`` tokens, or ``None``.
+
+    No token stands for more characters than its vocabulary entry has (byte-level entries are
+    one character per byte, and ``<0x0A>``-style entries are longer than what they encode), so
+    ``max_model_len`` times the longest entry bounds what fits. Doubled, for normalisers that
+    drop characters.
+    """
+    try:
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=0)
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    return 2 * max_model_len * max(longest, 1) if longest else None

@@ -8,9 +8,9 @@ server does not implement are rejected with a 400 naming them.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from atroposlib.serving.errors import InvalidRequest
 from atroposlib.serving.sampling import SamplingParams
@@ -18,6 +18,26 @@ from atroposlib.serving.sampling import SamplingParams
 logger = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
+MAX_STOP = 16
+"""Most stop strings (and stop token ids given in ``stop``) per request."""
+MAX_STOP_CHARS = 256
+"""Longest stop string: every step re-decodes that many characters' worth of tokens per row."""
+MAX_STOP_TOKEN_IDS = 256
+MAX_INT32 = 2**31 - 1
+"""Upper bound of counts and ids (``top_k``, ``max_tokens``, token ids): far above any real
+vocabulary or context, far below what overflows a tensor index."""
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""What ``torch.Generator.manual_seed`` accepts; anything outside is a 400, never an engine error."""
+MIN_TEMPERATURE = 1e-2
+"""Temperatures in ``(0, MIN_TEMPERATURE)`` are raised to it (as vLLM does): dividing logits by
+a smaller number overflows float32 and turns logprobs into NaN/inf."""
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
+
+
+def _finite(default: float, **kwargs: Any) -> Any:
+    """A float field that refuses NaN and infinities (JSON from Python clients can carry them)."""
+    return Field(default, allow_inf_nan=False, **kwargs)
 
 
 class _Sampling(BaseModel):
@@ -25,25 +45,38 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    n: int = Field(1, ge=1, description="Completions per prompt.")
-    max_tokens: int | None = Field(None, ge=1, description="Most new tokens per completion.")
-    temperature: float = Field(1.0, ge=0.0, le=100.0, description="0 means greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(-1, ge=-1, description="Keep the k most likely tokens; -1 or 0: all.")
-    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Drop tokens below min_p * max prob.")
-    seed: int | None = Field(None, description="Per-request sampling seed.")
+    n: int = Field(1, ge=1, le=MAX_INT32, description="Completions per prompt.")
+    max_tokens: int | None = Field(
+        None, ge=1, le=MAX_INT32, description="Most new tokens per completion."
+    )
+    temperature: float = _finite(
+        1.0,
+        ge=0.0,
+        le=100.0,
+        description=f"0 means greedy; values below {MIN_TEMPERATURE} count as {MIN_TEMPERATURE}.",
+    )
+    top_p: float = _finite(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(
+        -1, ge=-1, le=MAX_INT32, description="Keep the k most likely tokens; -1 or 0: all."
+    )
+    min_p: float = _finite(0.0, ge=0.0, le=1.0, description="Drop tokens below min_p * max prob.")
+    seed: int | None = Field(
+        None, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="Per-request sampling seed."
+    )
     stop: str | list[str] | None = Field(None, description="Stop strings (not in the output).")
-    stop_token_ids: list[int] | None = Field(None, description="Token ids that end a completion.")
+    stop_token_ids: list[TokenId] | None = Field(
+        None, max_length=MAX_STOP_TOKEN_IDS, description="Token ids that end a completion."
+    )
     ignore_eos: bool = Field(False, description="Keep generating past the eos token.")
     include_stop_str_in_output: bool = Field(False, description="Keep the stop string in text.")
     skip_special_tokens: bool = Field(True, description="Drop special tokens from text.")
-    presence_penalty: float = Field(
+    presence_penalty: float = _finite(
         0.0, ge=-2.0, le=2.0, description="Subtract this from tokens already generated."
     )
-    frequency_penalty: float = Field(
+    frequency_penalty: float = _finite(
         0.0, ge=-2.0, le=2.0, description="Subtract this times each token's count so far."
     )
-    repetition_penalty: float = Field(
+    repetition_penalty: float = _finite(
         1.0,
         gt=0.0,
         le=10.0,
@@ -61,12 +94,17 @@ class _Sampling(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _stop_strings(cls, v: str | list[str] | None) -> str | list[str] | None:
-        items = [v] if isinstance(v, str) else (v or [])
-        if any(s == "" for s in items):
-            raise ValueError("stop strings must be non-empty")
-        if len(items) > 16:
-            raise ValueError("at most 16 stop strings")
+    def _stop_strings(cls, v: Any) -> Any:
+        items = v if isinstance(v, list) else ([] if v is None else [v])
+        if len(items) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop entries")
+        for item in items:
+            if isinstance(item, str) and not item:
+                raise ValueError("stop strings must be non-empty")
+            if isinstance(item, str) and len(item) > MAX_STOP_CHARS:
+                raise ValueError(f"stop strings are at most {MAX_STOP_CHARS} characters")
+            if isinstance(item, int) and not 0 <= item <= MAX_INT32:
+                raise ValueError(f"stop token ids must be in [0, {MAX_INT32}]")
         return v
 
     @model_validator(mode="after")
@@ -83,17 +121,23 @@ class _Sampling(BaseModel):
         """Convert to engine params; ``n`` above ``max_n`` is a 400 naming ``n``."""
         if self.n > max_n:
             raise InvalidRequest(f"'n'={self.n} exceeds this server's limit of {max_n}", param="n")
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        entries = self.stop if isinstance(self.stop, list) else [self.stop]
+        stop = [s for s in entries if isinstance(s, str)]
+        stop_ids = list(self.stop_token_ids or [])
+        stop_ids += [t for t in entries if isinstance(t, int) and t not in stop_ids]
+        temperature = self.temperature
+        if 0.0 < temperature < MIN_TEMPERATURE:
+            temperature = MIN_TEMPERATURE
         return SamplingParams(
             n=self.n,
             max_tokens=self.max_tokens,
-            temperature=self.temperature,
+            temperature=temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             min_p=self.min_p,
             seed=self.seed,
             stop=stop,
-            stop_token_ids=list(self.stop_token_ids or []),
+            stop_token_ids=stop_ids,
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
@@ -112,7 +156,9 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description="Text, texts, token ids or lists of token ids."
     )
-    max_tokens: int | None = Field(16, ge=1, description="Most new tokens (OpenAI default 16).")
+    max_tokens: int | None = Field(
+        16, ge=1, le=MAX_INT32, description="Most new tokens (OpenAI default 16)."
+    )
     logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="Return logprobs plus this many alternatives."
     )
@@ -172,7 +218,9 @@ class ChatCompletionRequest(_Sampling):
 
     model: str | None = Field(None, description="Served model name.")
     messages: list[ChatMessage] = Field(..., min_length=1, description="The conversation.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=MAX_INT32, description="Alias of max_tokens."
+    )
     logprobs: bool = Field(False, description="Return logprobs of the generated tokens.")
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="Alternatives per position (needs logprobs)."
@@ -190,7 +238,14 @@ class ChatCompletionRequest(_Sampling):
         False, description="Continue the last assistant message instead of a new one."
     )
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="Extra variables for the chat template."
+        None,
+        description="Extra variables for the chat template (e.g. enable_thinking); a "
+        "'chat_template' key counts as a client template.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template used instead of the model's; refused unless the "
+        "server runs with --allow-client-chat-template.",
     )
     response_format: dict[str, Any] | None = Field(
         None, description="Only {'type': 'text'} is supported."
@@ -230,7 +285,13 @@ class GenerateRequest(_Sampling):
     prompt_logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="Alternatives per prompt token."
     )
-    max_tokens: int | None = Field(16, ge=1, description="Most new tokens (vLLM default 16).")
+    max_tokens: int | None = Field(
+        16, ge=1, le=MAX_INT32, description="Most new tokens (vLLM default 16)."
+    )
+    stop: str | StrictInt | list[str | StrictInt] | None = Field(
+        None,
+        description="Stop strings and/or stop token ids (as vLLM accepts them on /generate).",
+    )
 
     @model_validator(mode="after")
     def _no_stream(self) -> GenerateRequest:

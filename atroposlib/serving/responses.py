@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
@@ -11,6 +12,17 @@ from typing import Any
 from atroposlib.serving.engine import GenerationResult, SequenceOutput
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+MIN_LOGPROB = -9999.0
+"""Floor of reported logprobs (vLLM's): JSON has no -inf or NaN, and a -inf (a token the
+model masks out) or NaN (numerical overflow) must not turn an answer into invalid JSON or a 500."""
+
+
+def finite_logprob(value: float) -> float:
+    """``value`` clamped to ``[MIN_LOGPROB, 0]``; NaN becomes ``MIN_LOGPROB``."""
+    if math.isnan(value):
+        return MIN_LOGPROB
+    return min(max(value, MIN_LOGPROB), 0.0)
 
 
 def usage(results: list[GenerationResult]) -> dict[str, int]:
@@ -38,10 +50,13 @@ def completion_logprobs(
     for tok in tokens:
         offsets.append(pos)
         pos += len(tok)
-    tops = [{token_text(tokenizer, tid, as_ids): lp for tid, lp in top} for top in out.top_logprobs]
+    tops = [
+        {token_text(tokenizer, tid, as_ids): finite_logprob(lp) for tid, lp in top}
+        for top in out.top_logprobs
+    ]
     return {
         "tokens": tokens,
-        "token_logprobs": list(out.logprobs),
+        "token_logprobs": [finite_logprob(lp) for lp in out.logprobs],
         "top_logprobs": tops,
         "text_offset": offsets,
     }
@@ -52,11 +67,11 @@ def chat_logprobs(tokenizer: Any, out: SequenceOutput, as_ids: bool = False) -> 
     content = []
     for tid, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
         text = token_text(tokenizer, tid, as_ids)
-        alts = [(token_text(tokenizer, t, as_ids), v) for t, v in top]
+        alts = [(token_text(tokenizer, t, as_ids), finite_logprob(v)) for t, v in top]
         content.append(
             {
                 "token": text,
-                "logprob": lp,
+                "logprob": finite_logprob(lp),
                 "bytes": list(text.encode("utf-8")),
                 "top_logprobs": [
                     {"token": a, "logprob": v, "bytes": list(a.encode("utf-8"))} for a, v in alts
@@ -192,11 +207,14 @@ def generate_response(
     if want_logprobs:
         body["logprobs"] = [
             [
-                [{tid: lp}] + [{t: v} for t, v in top if t != tid]
+                [{tid: finite_logprob(lp)}] + [{t: finite_logprob(v)} for t, v in top if t != tid]
                 for tid, lp, top in zip(o.token_ids, o.logprobs, o.top_logprobs, strict=True)
             ]
             for o in result.outputs
         ]
     if result.prompt_logprobs is not None:
-        body["prompt_logprobs"] = result.prompt_logprobs
+        body["prompt_logprobs"] = [
+            None if pos is None else {t: finite_logprob(v) for t, v in pos.items()}
+            for pos in result.prompt_logprobs
+        ]
     return body

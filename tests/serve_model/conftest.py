@@ -19,7 +19,17 @@ def _servers(tiny_model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve")
     specs = {
         "plain": ["--served-model-name", "tiny", "alias"],
-        "keyed": ["--api-key", KEY, "--swap-drain-timeout", "0.5"],
+        "keyed": [
+            "--api-key",
+            KEY,
+            "--swap-drain-timeout",
+            "0.5",
+            "--weights-root",
+            str(tmp_path_factory.getbasetemp()),
+            "--allow-client-chat-template",
+            "--client-template-timeout",
+            "1",
+        ],
     }
     started = {}
     try:

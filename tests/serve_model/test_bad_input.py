@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -62,7 +64,6 @@ CASES = [
     ("/generate", {**GEN, "stream": True}, "stream"),
     ("/v1/completions", {**COMP, "stream": True, "max_tokens": 10**7}, "max_tokens"),
     ("/update_weights", {}, "path"),
-    ("/update_weights", {"path": "/nonexistent/checkpoint"}, "path"),
 ]
 
 
@@ -95,19 +96,26 @@ def test_unknown_model_is_404_in_openai_format(served):
 
 
 @pytest.mark.parametrize(
-    "content,ctype",
+    "content,ctype,status",
     [
-        (b"{not json", "application/json"),
-        (b"[1, 2]", "application/json"),
-        (b"prompt=hi", "application/x-www-form-urlencoded"),
+        (b"{not json", "application/json", 400),
+        (b"[1, 2]", "application/json", 400),
+        (b"prompt=hi", "application/x-www-form-urlencoded", 415),
     ],
 )
-def test_malformed_body_is_400(served, content, ctype):
+def test_malformed_body_is_4xx(served, content, ctype, status):
     r = httpx.post(
         f"{served.url}/v1/completions", content=content, headers={"content-type": ctype}, timeout=10
     )
-    assert r.status_code == 400, r.text
+    assert r.status_code == status, r.text
     assert "error" in r.json()
+
+
+def test_missing_checkpoint_inside_the_weights_root_is_400(served):
+    missing = str(Path(served.model_dir).parent / "no-such-checkpoint")
+    r = post(f"{served.url}/update_weights", {"path": missing})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "path"
 
 
 def test_unknown_route_is_404_json(served):
