@@ -162,6 +162,8 @@ def test_bad_requests_get_openai_4xx_naming_the_field(proxy):
     for field, value in [("max_tokens", 0), ("temperature", -1), ("top_p", 2), ("seed", 2**64)]:
         r = post({"messages": USER, field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    no_role = post({"messages": [{"content": "hi"}]})
+    assert no_role.status_code == 400 and no_role.json()["error"]["param"] == "messages.0.role"
     not_json = httpx.post(
         url, content=b"{nope", headers={**AUTH, "content-type": "application/json"}
     )

@@ -125,11 +125,23 @@ class _SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
 
 
+class ChatMessage(BaseModel):
+    """One chat message: a ``role`` is required (templates cannot render without one)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: Any = None
+
+
 class ChatRequest(_SamplingFields):
     """The parts of an OpenAI chat request the proxy checks; the rest passes through."""
 
-    messages: list[dict[str, Any]] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """The messages as the client sent them (no fields added)."""
+        return [m.model_dump(exclude_unset=True) for m in self.messages]
 
 
 class CompletionRequest(_SamplingFields):
@@ -515,6 +527,7 @@ def create_app(
             for k, v in body.model_dump().items()
             if k not in _PASSTHROUGH_DROP and (v is not None or k in (body.model_extra or {}))
         }
+        kwargs["messages"] = body.message_dicts()
         session.requests += 1
         completion = await _run(session.managed.chat_completion(**kwargs))
         if state.model_name != "unknown":
@@ -525,7 +538,7 @@ def create_app(
     async def render(session_id: str, request: Request) -> dict[str, Any]:
         session = state.session(session_id)
         body: ChatRequest = await _body(request, ChatRequest)
-        prompt = await _run(_render(session.managed, body.messages, body.tools))
+        prompt = await _run(_render(session.managed, body.message_dicts(), body.tools))
         token_ids = session.managed._encode(prompt)
         return {
             "prompt": prompt,
