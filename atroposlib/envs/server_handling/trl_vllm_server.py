@@ -99,7 +99,8 @@ class TrlVllmServer(APIServer):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         async with http.ClientSession(timeout=timeout) as session:
             async with session.post(url, json=body, headers=headers) as response:
-                if response.status >= 400:
+                status = getattr(response, "status", 200)
+                if isinstance(status, int) and status >= 400:
                     raw = await response.read()
                     raise HttpStatus(
                         "POST", url, response.status, dict(response.headers), raw
