@@ -309,6 +309,9 @@ class Launcher:
                     str(self.inf_port),
                     "--served-model-name",
                     name,
+                    # the trainer's http_reload weights land here; other paths get 403
+                    "--weights-root",
+                    str(self.run_dir / "checkpoints"),
                 ]
             self.procs.start("inference", cmd + list(c.inference_args))
             self.procs.wait_healthy("inference", f"{self.inf_url}/health", c.startup_timeout)
