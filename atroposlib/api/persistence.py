@@ -307,11 +307,27 @@ def check_database(path: str | Path) -> str | None:
     problem = _file_problem(path)
     if problem is not None or not path.is_file():
         return problem
+    shm = Path(f"{path}-shm")
+    # Opening rebuilds the WAL index from the WAL, stopping at the first damaged frame.
+    # Keep the index the server left, to compare, and to put back when frames are lost so
+    # that the evidence survives this check (a second start must refuse too).
+    left = shm.read_bytes() if shm.is_file() else None
+    before = _shm_frames(shm) if left is not None else None
+    restore = False
     try:
         conn = _read_only(path)
     except sqlite3.Error as e:
         return f"{path} cannot be opened: {e}"
     try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        after = _shm_frames(shm) if before is not None else None
+        if before is not None and after is not None and before[0] > before[1]:
+            if after[0] < before[0]:
+                restore = True
+                return (
+                    f"{path}-wal is damaged: {before[0]} WAL frames were committed, only "
+                    f"{after[0]} are intact"
+                )
         verdict = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
         if verdict != ["ok"]:
             return f"{path} fails SQLite's check: " + "; ".join(verdict)[:300]
@@ -329,6 +345,8 @@ def check_database(path: str | Path) -> str | None:
         return f"{path} cannot be read: {e}"
     finally:
         conn.close()
+        if restore and left is not None:
+            shm.write_bytes(left)
     return None
 
 
