@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 
 import pytest
 
 from atroposlib.envs.server_handling.managed_server import (
+    OFFLOAD_CHARS,
     DummyManagedServer,
     ManagedServer,
     ManagedServerAdapter,
@@ -229,3 +231,39 @@ async def test_managed_server_over_real_vllm_generate(fake_pool, tokenizer):
 def test_harness_completion_helper_validates_counts():
     with pytest.raises(ValueError):
         create_chat_completion(["a", "b"], n=3)
+
+
+class _ThreadRecordingTokenizer:
+    """Delegates to the tiny tokenizer and records which thread rendered and encoded."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.threads: list[tuple[str, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.threads.append(("render", threading.get_ident()))
+        return self.inner.apply_chat_template(*args, **kwargs)
+
+    def encode(self, *args, **kwargs):
+        self.threads.append(("encode", threading.get_ident()))
+        return self.inner.encode(*args, **kwargs)
+
+
+@pytest.mark.parametrize("size, off_loop", [(100, False), (OFFLOAD_CHARS + 1, True)])
+async def test_large_prompts_are_rendered_and_tokenized_off_the_event_loop(
+    tokenizer, size, off_loop
+):
+    recorder = _ThreadRecordingTokenizer(tokenizer)
+    messages = [{"role": "user", "content": "a" * size}]
+    harness = ServerHarness()
+    harness.set_tokens_and_logprobs_response(
+        _prompt(tokenizer, messages), output_tokens_list=[[5, 6]]
+    )
+    managed = ManagedServer(harness, recorder)
+    await managed.chat_completion(messages=messages)
+    loop_thread = threading.get_ident()
+    assert [kind for kind, _ in recorder.threads] == ["render", "encode"]
+    assert all((tid != loop_thread) == off_loop for _, tid in recorder.threads)

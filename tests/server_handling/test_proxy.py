@@ -335,3 +335,26 @@ async def test_create_app_with_the_original_signature_over_a_manager_built_with_
         assert missing.status_code == 404
         assert set(missing.json()["error"]) == {"message", "type", "param", "code"}
         assert (await client.get("/health")).json()["sessions"] == 0
+
+
+async def test_bodies_above_the_limit_get_413(tokenizer):
+    manager = ServerManager.__new__(ServerManager)
+    manager.servers = [ServerHarness()]
+    app = create_app(manager, tokenizer, max_request_mb=0.001)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        sid = (await client.post("/sessions/create", json={})).json()["uuid"]
+        big = [{"role": "user", "content": "x" * 4096}]
+        r = await client.post(f"/{sid}/v1/chat/completions", json={"messages": big})
+        assert r.status_code == 413 and r.json()["error"]["param"] == "body"
+
+        async def chunks():
+            for _ in range(8):
+                yield b" " * 512
+
+        streamed = await client.post(
+            f"/{sid}/v1/chat/completions",
+            content=chunks(),
+            headers={"Content-Type": "application/json"},
+        )
+        assert streamed.status_code == 413

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 PROMPT_MASK = -100
 PROMPT_LOGPROB = 1.0
+OFFLOAD_CHARS = 32_768
+"""Prompts (or message lists) longer than this many characters are rendered and tokenized
+in a worker thread, so a large request does not stall the event loop (health probes,
+other sessions) for the milliseconds to seconds that takes."""
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
@@ -159,6 +164,19 @@ class ManagedServer:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    async def _aencode(self, text: str) -> list[int]:
+        if len(text) > OFFLOAD_CHARS:
+            return await asyncio.to_thread(self._encode, text)
+        return self._encode(text)
+
+    async def _arender(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        size = sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict))
+        if size > OFFLOAD_CHARS:
+            return await asyncio.to_thread(self._convert_messages_to_prompt, messages, tools)
+        return self._convert_messages_to_prompt(messages, tools)
+
     def _find_extendable(self, prompt: str) -> SequenceNode | None:
         candidates = self.sequences.values() if self.track_tree else self.current_nodes
         best: SequenceNode | None = None
@@ -175,12 +193,12 @@ class ManagedServer:
     ) -> tuple[list[SequenceNode], list[str], list[str]]:
         parent = self._find_extendable(prompt)
         if parent is not None:
-            suffix_ids = self._encode(prompt[len(parent.full_text) :])
+            suffix_ids = await self._aencode(prompt[len(parent.full_text) :])
             input_ids = list(parent.tokens) + suffix_ids
             prefix_masked = list(parent.masked_tokens) + [PROMPT_MASK] * len(suffix_ids)
             prefix_logprobs = list(parent.logprobs) + [PROMPT_LOGPROB] * len(suffix_ids)
         else:
-            input_ids = self._encode(prompt)
+            input_ids = await self._aencode(prompt)
             prefix_masked = [PROMPT_MASK] * len(input_ids)
             prefix_logprobs = [PROMPT_LOGPROB] * len(input_ids)
         if not input_ids:
@@ -230,7 +248,7 @@ class ManagedServer:
             raise ValueError("chat_completion needs messages")
         tools = kwargs.pop("tools", None)
         kwargs.pop("tool_choice", None)
-        prompt = self._convert_messages_to_prompt(messages, tools)
+        prompt = await self._arender(messages, tools)
         _, texts, finishes = await self._generate(prompt, kwargs)
         choices = []
         for i, (text, finish) in enumerate(zip(texts, finishes, strict=False)):
@@ -280,11 +298,11 @@ class ManagedServer:
         """Prompt top-k logprobs for ``messages``, ``prompt`` or ``input_ids`` (not recorded)."""
         messages = kwargs.pop("messages", None)
         if messages is not None:
-            kwargs["prompt"] = self._convert_messages_to_prompt(messages, kwargs.pop("tools", None))
+            kwargs["prompt"] = await self._arender(messages, kwargs.pop("tools", None))
         if kwargs.get("input_ids") is None:
             if not kwargs.get("prompt"):
                 raise ValueError("get_logprobs needs messages, prompt or input_ids")
-            kwargs["input_ids"] = self._encode(kwargs["prompt"])
+            kwargs["input_ids"] = await self._aencode(kwargs["prompt"])
         return await self.server.get_logprobs(**kwargs)
 
     # ----------------------------------------------------------------- state

@@ -295,6 +295,7 @@ def create_app(
     bind_host: str | None = None,
     allow_upstream: Sequence[str] = (),
     allowed_origins: Sequence[str] = (),
+    max_request_mb: float = 64.0,
 ) -> FastAPI:
     """Build the proxy app over ``server_manager`` (None: configure it later with ``/setup``).
 
@@ -303,11 +304,28 @@ def create_app(
     ``api_key`` turns on bearer auth (and enables ``/setup``); ``bind_host`` is the address
     the app will listen on (a loopback one turns on the ``Host`` check); ``allow_upstream``
     lists the non-loopback hosts ``/setup`` may use; ``allowed_origins`` the browser origins
-    that may call the proxy.
+    that may call the proxy; bodies above ``max_request_mb`` get a 413.
     """
     state = ProxyState(server_manager, tokenizer, tool_parser, model_name)
     upstreams = UpstreamPolicy(allow_upstream)
     client_errors = _client_error_types()
+    max_bytes = int(max_request_mb * 1024 * 1024)
+
+    async def _read_body(request: Request) -> bytes:
+        """The request body, refused with 413 as soon as it exceeds ``max_request_mb``."""
+        too_big = ProxyError(
+            413, f"request body exceeds the proxy's limit of {max_request_mb:g} MB", param="body"
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -342,7 +360,7 @@ def create_app(
         return openai_error(exc.status_code, str(exc.detail), err_type)
 
     async def _body(request: Request, model: type[BaseModel], allow_empty: bool = False) -> Any:
-        raw = await request.body()
+        raw = await _read_body(request)
         if not raw and allow_empty:
             data: Any = {}
         else:
@@ -538,8 +556,8 @@ def create_app(
     async def render(session_id: str, request: Request) -> dict[str, Any]:
         session = state.session(session_id)
         body: ChatRequest = await _body(request, ChatRequest)
-        prompt = await _run(_render(session.managed, body.message_dicts(), body.tools))
-        token_ids = session.managed._encode(prompt)
+        prompt = await _run(session.managed._arender(body.message_dicts(), body.tools))
+        token_ids = await session.managed._aencode(prompt)
         return {
             "prompt": prompt,
             "input_ids": token_ids,
@@ -587,10 +605,6 @@ def create_app(
     return app
 
 
-async def _render(managed: ManagedServer, messages: list[dict[str, Any]], tools: Any) -> str:
-    return managed._convert_messages_to_prompt(messages, tools)
-
-
 def load_config(path: str) -> tuple[list[APIServerConfig], str | None, str | None]:
     """Read a servers file: a list of server configs, or an object with ``servers``."""
     data = json.loads(Path(path).read_text())
@@ -635,6 +649,12 @@ def main(argv: list[str] | None = None) -> None:
         "for subdomains, '*' for any). Loopback is always allowed.",
     )
     parser.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=64.0,
+        help="Largest request body accepted (413 above it).",
+    )
+    parser.add_argument(
         "--cors-origin",
         action="append",
         default=[],
@@ -677,6 +697,7 @@ def main(argv: list[str] | None = None) -> None:
         bind_host=args.host,
         allow_upstream=args.allow_upstream,
         allowed_origins=args.cors_origin,
+        max_request_mb=args.max_request_mb,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
