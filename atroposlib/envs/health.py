@@ -298,3 +298,18 @@ class ServerWatch:
             except Exception:  # noqa: BLE001 - the watch must never die silently
                 logger.exception("server watch probe failed")
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+
+async def bounded(coro: Any, what: str, timeout_s: float = 15.0) -> None:
+    """Await ``coro`` for at most ``timeout_s``: shutting down must not hang the env.
+
+    ``asyncio.wait`` (not ``wait_for``) so a callee that is slow to honour the
+    cancellation cannot hold the caller either.
+    """
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        logger.warning("%s took more than %.0f s; going on without waiting", what, timeout_s)
+    elif not task.cancelled() and task.exception() is not None:
+        logger.warning("%s failed: %r", what, task.exception())

@@ -17,6 +17,7 @@ from rich.progress import (
 )
 
 from atroposlib.envs import wandb_logging as wl
+from atroposlib.envs.health import bounded
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -131,8 +132,8 @@ async def run_process(env: BaseEnv) -> None:
         for task in in_flight:
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
-        await env.stop_server_watch()
-        await env.close_servers()
+        await bounded(env.stop_server_watch(), "stopping the server watch")
+        await bounded(env.close_servers(), "closing the inference servers")
     if env.curr_step < target:
         logger.warning("get_next_item ran out after %d of %d groups", env.curr_step, target)
     await _finish_files(env)

@@ -22,6 +22,7 @@ from atroposlib.envs import scheduling
 from atroposlib.envs import wandb_logging as wl
 from atroposlib.envs.api_client import RolloutAPIClient
 from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.envs.health import bounded
 from atroposlib.envs.outbox import Outbox, default_outbox_dir
 from atroposlib.envs.sender import GroupSender
 
@@ -293,7 +294,7 @@ async def serve_loop(env: BaseEnv) -> None:
 
 
 async def shutdown(env: BaseEnv) -> None:
-    await env.stop_server_watch()
+    await bounded(env.stop_server_watch(), "stopping the server watch")
     env.pool.park_all()
     await env.pool.wait_all(timeout_s=120)
     for task in (env._status_task, env.eval_runner):
@@ -308,7 +309,7 @@ async def shutdown(env: BaseEnv) -> None:
         await env._api.aclose()
     if env.jsonl_writer is not None:
         env.jsonl_writer.close()
-    await env.close_servers()
+    await bounded(env.close_servers(), "closing the inference servers")
     rejected = env.all_rejections()
     if rejected:
         logger.info("dropped groups/items by reason: %s", dict(rejected))
