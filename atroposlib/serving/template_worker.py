@@ -21,6 +21,7 @@ exchanges one JSON line per render over stdin/stdout::
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -150,6 +151,8 @@ def main() -> None:
     """Serve render requests from stdin until it closes."""
     if len(sys.argv) > 1:
         _limit_memory(int(sys.argv[1]))
+    if hasattr(os, "nice"):
+        os.nice(10)  # a runaway template yields the CPU to the model and the event loop
     for line in sys.stdin:
         try:
             job = json.loads(line)
