@@ -373,14 +373,14 @@ class Engine:
         max_tokens = self.validate(prompt_ids, params)
         try:
             temps, top_k, top_p, min_p = param_tensors([params])
-        except (RuntimeError, OverflowError, TypeError) as exc:
+        except (RuntimeError, OverflowError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"a sampling parameter is out of range: {exc}") from exc
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self._device)
             try:
                 gen.manual_seed(params.seed)
-            except (RuntimeError, OverflowError) as exc:
+            except (RuntimeError, OverflowError, ValueError) as exc:
                 raise InvalidRequest(f"seed is out of range: {exc}", param="seed") from exc
         loop = asyncio.get_running_loop()
         req = _Request(

@@ -129,17 +129,44 @@ def plan_slots(
     total = torch.cuda.get_device_properties(device).total_memory
     free, _ = torch.cuda.mem_get_info(device)
     held = torch.cuda.memory_reserved(device)
-    budget = min(gpu_memory_fraction * total - held, free) - weights - activations
+    return budget_plan(
+        total=total,
+        free=free,
+        held=held,
+        reserve=weights + activations,
+        per_slot=per_slot,
+        max_len=max_len,
+        max_num_seqs=max_num_seqs,
+        fraction=gpu_memory_fraction,
+    )
+
+
+def budget_plan(
+    *,
+    total: int,
+    free: int,
+    held: int,
+    reserve: int,
+    per_slot: int,
+    max_len: int,
+    max_num_seqs: int,
+    fraction: float,
+) -> CachePlan:
+    """Slots that fit in ``fraction * total`` bytes minus what is ``held`` and ``reserve``d.
+
+    Never more than the device has ``free``; raises ``ValueError`` when no sequence fits.
+    """
+    budget = min(fraction * total - held, free) - reserve
     fits = int(budget // per_slot) - STAGING_SLOTS
     if fits < 1:
         raise ValueError(
             f"the KV cache needs {per_slot / 2**20:.0f} MiB per sequence at max_model_len="
             f"{max_len}, and only {max(budget, 0) / 2**20:.0f} MiB are left of "
-            f"--gpu-memory-fraction {gpu_memory_fraction}; lower --max-model-len or raise "
+            f"--gpu-memory-fraction {fraction}; lower --max-model-len or raise "
             f"--gpu-memory-fraction"
         )
     if fits < max_num_seqs:
-        return CachePlan(fits, max_len, per_slot, f"--gpu-memory-fraction {gpu_memory_fraction}")
+        return CachePlan(fits, max_len, per_slot, f"--gpu-memory-fraction {fraction}")
     return CachePlan(max_num_seqs, max_len, per_slot, "--max-num-seqs")
 
 
@@ -244,16 +271,14 @@ class SlotCache(Cache):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's new keys/values in place; return the rows' keys/values."""
-        out = []
-        for which, states in ((0, key_states), (1, value_states)):
-            table = self.store.kv[layer_idx, which]
-            batch, heads, q_len, dim = states.shape
-            flat = states.transpose(1, 2).reshape(batch * q_len, heads, dim)
-            if self.source is not None:
-                flat = flat.index_select(0, self.source)
-            table[self.write_slots, :, self.write_pos] = flat.to(table.dtype)
-            out.append(table[self.rows, :, : self.length])
-        return out[0], out[1]
+        table = self.store.kv[layer_idx]
+        batch, heads, q_len, dim = key_states.shape
+        both = torch.stack((key_states, value_states), dim=1)  # [B, 2, H, q, D]
+        flat = both.permute(0, 3, 1, 2, 4).reshape(batch * q_len, 2, heads, dim)
+        if self.source is not None:
+            flat = flat.index_select(0, self.source)
+        table[:, self.write_slots, :, self.write_pos] = flat.to(table.dtype)
+        return table[0, self.rows, :, : self.length], table[1, self.rows, :, : self.length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Positions visible to this pass (the mask narrows it per row)."""

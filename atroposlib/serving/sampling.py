@@ -127,8 +127,8 @@ def param_tensors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(temperature, top_k, top_p, min_p)`` of ``params`` as ``[B]`` tensors.
 
-    Raises ``RuntimeError`` for values torch cannot hold (e.g. ``top_k`` = 2^63), so
-    the engine can fail that request alone when it admits it.
+    Raises ``ValueError`` or ``RuntimeError`` for values torch cannot hold (e.g.
+    ``top_k`` = 2^63), so the engine can refuse that request alone before queueing it.
     """
     temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
     top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)

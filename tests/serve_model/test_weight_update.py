@@ -123,7 +123,7 @@ async def test_long_request_is_restarted_on_the_new_weights(keyed, checkpoints, 
                 f"{keyed}/generate",
                 json={
                     "prompt": {"prompt_token_ids": prompt_ids},
-                    "max_tokens": 400,
+                    "max_tokens": 1500,
                     "logprobs": 0,
                     "seed": 1,
                     "ignore_eos": True,
@@ -140,7 +140,7 @@ async def test_long_request_is_restarted_on_the_new_weights(keyed, checkpoints, 
     assert r["version"] == upd.json()["version"] == before["version"] + 1
     assert after["restarted_on_update"] == before["restarted_on_update"] + 1
     ids = r["token_ids"][0]
-    assert len(ids) == 400
+    assert len(ids) == 1500
     got = [next(iter(e[0].values())) for e in r["logprobs"][0]]
     want = direct_logprobs(new_model, prompt_ids, ids)
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
