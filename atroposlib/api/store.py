@@ -671,9 +671,7 @@ class RolloutStore:
         batch = self._pop_batch()
         if batch is None:
             if consume or newly_started:
-                self._commit(
-                    delete=[g.seq for g in consume], meta={_META_KEY: self._meta()}
-                )
+                self._commit(delete=[g.seq for g in consume], meta={_META_KEY: self._meta()})
             return None
         self.step += 1
         self._batches_formed += 1
@@ -709,7 +707,11 @@ class RolloutStore:
             self._commit(delete=[g.seq for g in pending.groups], meta={_META_KEY: self._meta()})
             return "acknowledged"
         token, _, number = batch_id.rpartition("-")
-        if token == self._run_token and number.isdigit() and 0 < int(number) <= self._batches_formed:
+        if (
+            token == self._run_token
+            and number.isdigit()
+            and 0 < int(number) <= self._batches_formed
+        ):
             return "already acknowledged"
         raise UnknownBatchError(batch_id)
 
