@@ -232,6 +232,17 @@ def _known_flags(mode_model: Type[BaseModel]) -> set:
     return flags
 
 
+def _closest(name: str, candidates: Sequence[str], cutoff: float) -> List[str]:
+    """The candidates nearly as similar to ``name`` as the best one (at most three)."""
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, name, c).ratio(), c) for c in candidates), reverse=True
+    )
+    if not scored or scored[0][0] < cutoff:
+        return []
+    best = scored[0][0]
+    return [c for ratio, c in scored[:3] if ratio >= best - 0.04]
+
+
 def _check_flag_names(argv: Sequence[str], known: set) -> None:
     """Refuse an unknown ``--flag`` naming the closest known ones (a typo costs one run)."""
     for arg in argv:
@@ -240,15 +251,12 @@ def _check_flag_names(argv: Sequence[str], known: set) -> None:
         name = arg.split("=", 1)[0]
         if name in known or name.replace("-", "_") in known:
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        close = _closest(name, sorted(known), cutoff=0.6)
         if not close and NAMESPACE_SEP in name:
-            # the field part alone, e.g. --env.groupsize -> --env.group_size
+            # the field part alone, e.g. --env.gs_size -> --env.group_size
             prefix, _, field_name = name.partition(NAMESPACE_SEP)
             fields = [k.partition(NAMESPACE_SEP)[2] for k in known if k.startswith(prefix + ".")]
-            close = [
-                f"{prefix}{NAMESPACE_SEP}{f}"
-                for f in difflib.get_close_matches(field_name, fields, n=3, cutoff=0.5)
-            ]
+            close = [f"{prefix}{NAMESPACE_SEP}{f}" for f in _closest(field_name, fields, 0.5)]
         hint = f"; did you mean {' or '.join(close)}?" if close else " (see --help)"
         raise CliError(f"unrecognized arguments: {name}{hint}")
 
