@@ -77,6 +77,8 @@ class RequestBodyMiddleware:
 
     def _reserve(self, size: int) -> bool:
         limit = self.max_inflight_bytes
+        if size <= 0:
+            return True  # a request without a body is never refused for the bodies of others
         if limit is not None and self.inflight_bytes and self.inflight_bytes + size > limit:
             return False
         self.inflight_bytes += size
