@@ -20,8 +20,8 @@ from typing import Dict, List
 import httpx
 import pytest
 
-from tests.envs.serve_helpers import FakeTrainer, api_cmd
-from tests.helpers.procs import free_port, running_process, start_process, stop_process
+from tests.envs.serve_helpers import FakeTrainer, api_cmd, env_cmd, fake_server_cmd
+from tests.helpers.procs import free_port, running_process, start_process, stop_process, wait_http
 
 HERE = Path(__file__).resolve().parent
 WORD_GAME = HERE / "word_game_env.py"
@@ -289,3 +289,43 @@ def test_raising_env_serve_stops_with_an_error(tmp_path, api, serve_model):
     assert "6 consecutive failures; stopping" in text
     assert "ValueError: broken reward parser" in text
     assert httpx.get(f"http://127.0.0.1:{api}/status", timeout=5).json()["queue_size"] == 0
+
+
+def test_env_stops_after_max_server_downtime_when_its_server_goes_away(tmp_path):
+    port = free_port()
+    log = tmp_path / "env.log"
+    fake = start_process(fake_server_cmd(port, latency_ms=20), log_path=tmp_path / "fake.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=fake)
+        out = tmp_path / "g.jsonl"
+        env = start_process(
+            env_cmd(
+                "process",
+                None,
+                port,
+                "--env.total_steps",
+                "1000000",
+                "--env.max_server_downtime",
+                "2",
+                "--env.data_path_to_save_groups",
+                str(out),
+            ),
+            log_path=log,
+            env=clean_env(tmp_path, WANDB_MODE="disabled"),
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not out.exists() or len(out.read_text().splitlines()) < 3
+        ):
+            assert env.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.1)
+        stop_process(fake)
+        down_at = time.monotonic()
+        code = wait_exit(env, 60, log)
+    finally:
+        stop_process(fake)
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    assert "no inference server answering" in text
+    assert "every inference server has been unreachable" in text
+    assert time.monotonic() - down_at < 30
