@@ -357,6 +357,8 @@ def _salvage_rows(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
     it: after an error the scan jumps forward (1, 2, 4, ... seqs) past it.
     """
     columns = {row[1] for row in conn.execute("PRAGMA table_info(groups)")}
+    if not columns:
+        return [], 0  # no groups table survived (e.g. an emptied main file)
     crc_col = "crc" if "crc" in columns else "NULL"
     query = (
         f"SELECT seq, env_id, size, buffered, body, {crc_col} FROM groups "
