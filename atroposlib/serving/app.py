@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
@@ -167,10 +168,19 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
 
     app = FastAPI(title="atropos-serve-model", lifespan=lifespan)
     install_error_handlers(app)
-    # Outermost last: OpenAI-shaped refusals <- browser guard <- bearer auth <- routes.
+    # Outermost last: OpenAI-shaped refusals <- browser guard <- CORS <- bearer auth <- routes
+    # (CORS outside the key check: a browser's preflight carries no Authorization header).
     if config.api_key:
         app.add_middleware(
             BearerAuthMiddleware, api_key=config.api_key, open_paths=("/", "/health")
+        )
+    if config.cors_origin:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.cors_origin,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            allow_credentials=True,
         )
     app.add_middleware(
         BrowserGuardMiddleware,

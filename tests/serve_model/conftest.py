@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
-from tests.serve_model.support import KEY, Served, serve_cmd
+from tests.serve_model.support import KEY, ORIGIN, Served, serve_cmd
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +29,8 @@ def _servers(tiny_model_dir, tmp_path_factory):
             "--allow-client-chat-template",
             "--client-template-timeout",
             "1",
+            "--cors-origin",
+            ORIGIN,
         ],
     }
     started = {}

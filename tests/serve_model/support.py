@@ -11,6 +11,8 @@ import torch
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+ORIGIN = "http://localhost:5173"
+"""The one browser origin the keyed server accepts (``--cors-origin``)."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve_model.support import AUTH, post
+from tests.serve_model.support import AUTH, ORIGIN, post
 
 GEN = {"prompt": {"prompt_token_ids": [5, 6, 7]}, "max_tokens": 2}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -330,6 +330,21 @@ def test_foreign_origin_and_host_are_403(served):
     )
     assert same.status_code == 200
     assert httpx.get(f"{served.url}/health", headers={"host": "evil.example"}).status_code == 200
+
+
+def test_cors_origin_is_allowed_and_its_preflight_needs_no_key(keyed):
+    preflight = {
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization,content-type",
+    }
+    ok = httpx.options(f"{keyed}/generate", headers={"origin": ORIGIN, **preflight}, timeout=10)
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
+    foreign = {"origin": "http://evil.example", **preflight}
+    assert httpx.options(f"{keyed}/generate", headers=foreign, timeout=10).status_code == 403
+    r = httpx.post(f"{keyed}/generate", json=GEN, headers={"origin": ORIGIN, **AUTH}, timeout=30)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    no_key = httpx.post(f"{keyed}/generate", json=GEN, headers={"origin": ORIGIN}, timeout=10)
+    assert no_key.status_code == 401
 
 
 # ------------------------------------------------------------ vLLM-style integer stops
