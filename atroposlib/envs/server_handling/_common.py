@@ -77,6 +77,15 @@ class HttpClientMixin:
         except HttpStatus as e:
             raise e.to_httpx() from None
 
+    async def fast_post_json_with_headers(
+        self, url: str, body: dict[str, Any]
+    ) -> tuple[Any, dict[str, str]]:
+        """As :meth:`fast_post_json`, plus the answer's headers (lower-cased names)."""
+        try:
+            return await self.transport().post_json_with_headers(url, body)
+        except HttpStatus as e:
+            raise e.to_httpx() from None
+
     async def probe_status(self, url: str, timeout: float) -> int:
         """Status code of ``GET url`` over the lean transport (for health probes)."""
         return await self.transport().get_status(url, timeout=timeout)

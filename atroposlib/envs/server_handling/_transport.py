@@ -137,6 +137,18 @@ class JsonTransport:
 
         Raises ``TypeError`` when ``body`` cannot be encoded (before anything is sent).
         """
+        data, _ = await self.post_json_with_headers(url, body, timeout, headers)
+        return data
+
+    async def post_json_with_headers(
+        self,
+        url: str,
+        body: Any,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[Any, dict[str, str]]:
+        """As :meth:`post_json`, plus the answer's headers (names lower-cased), for backends
+        that read metadata such as the policy version from them."""
         payload = _dumps(body)
         target = self._plain_target(url)
         if target is not None:
@@ -153,7 +165,7 @@ class JsonTransport:
             )
             if status >= 400:
                 raise HttpStatus("POST", url, status, resp_headers, raw)
-            return _loads(raw)
+            return _loads(raw), resp_headers
         kwargs: dict[str, Any] = {"data": payload}
         if headers:
             kwargs["headers"] = headers
@@ -161,9 +173,10 @@ class JsonTransport:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
         async with self.session().post(url, **kwargs) as response:
             raw = await response.read()
+            resp_headers = {k.lower(): v for k, v in response.headers.items()}
             if response.status >= 400:
                 raise HttpStatus("POST", url, response.status, dict(response.headers), raw)
-        return _loads(raw)
+        return _loads(raw), resp_headers
 
     async def get_status(self, url: str, timeout: float | None = None) -> int:
         """GET ``url`` and return the status code (the body is read and dropped)."""

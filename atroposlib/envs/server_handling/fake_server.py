@@ -15,8 +15,8 @@ prompt, the choice index and the seed (the request's ``seed`` or ``--seed``), so
 the same request always gets the same answer.
 
 Test hooks: ``POST /fake/config`` changes ``latency_ms``, ``fail_status`` (every
-endpoint, ``/health`` included, answers that status while set) and ``ignore_n``
-at run time; ``GET /fake/stats`` reports request counts and peak concurrency.
+endpoint, ``/health`` included, answers that status while set), ``ignore_n`` and the
+reported weight version (``policy_version``, in the body or the header) at run time; ``GET /fake/stats`` reports request counts and peak concurrency.
 
 Example::
 
@@ -58,6 +58,15 @@ class FakeServerSettings(BaseModel):
     )
     fail_status: int | None = Field(
         None, ge=400, le=599, description="When set, every endpoint answers this HTTP status."
+    )
+    policy_version: int | None = Field(
+        None, description="Weight version to report on generation answers (None: report none)."
+    )
+    policy_version_in: str = Field(
+        "body",
+        pattern="^(body|header)$",
+        description="Where to report it: the JSON body (vLLM/serve-model 'version', SGLang "
+        "meta_info.weight_version) or the X-Atropos-Policy-Version header.",
     )
 
 
@@ -471,13 +480,13 @@ class FakeBackend:
             if path == "/v1/chat/completions":
                 req = ChatRequest.model_validate(_parse_json(body))
                 await self._simulate()
-                return 200, chat_payload(req, state)
+                return self._with_version((200, chat_payload(req, state)))
             if path == "/v1/completions":
                 creq = CompletionRequest.model_validate(_parse_json(body))
                 await self._simulate()
                 return completion_payload(creq, state)
             if path in ("/generate", "/generate/"):
-                return await self._generate(_parse_json(body))
+                return self._with_version(await self._generate(_parse_json(body)))
             if path == "/fake/config":
                 return self._configure(_parse_json(body))
         known = {
@@ -511,6 +520,19 @@ class FakeBackend:
         vreq = VLLMGenerateRequest.model_validate(body)
         await self._simulate()
         return vllm_payload(vreq, self.state)
+
+    def _with_version(self, reply: Reply) -> Reply:
+        """Add the configured weight version to a successful generation answer's body."""
+        status, content = reply
+        version = self.state.policy_version
+        if version is None or status != 200 or self.state.policy_version_in != "body":
+            return reply
+        for item in content if isinstance(content, list) else [content]:
+            if isinstance(item, dict) and isinstance(item.get("meta_info"), dict):
+                item["meta_info"]["weight_version"] = str(version)
+            elif isinstance(item, dict):
+                item["version"] = version
+        return reply
 
     def _configure(self, body: Any) -> Reply:
         if not isinstance(body, dict):
@@ -565,16 +587,14 @@ class FakeASGIApp:
             scope["method"], scope["path"], b"".join(chunks)
         )
         payload = encode_json(content)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
+        state = self.backend.state
+        if state.policy_version is not None and state.policy_version_in == "header":
+            headers.append((b"x-atropos-policy-version", str(state.policy_version).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
 

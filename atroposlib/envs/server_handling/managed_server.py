@@ -10,6 +10,10 @@ Multi-turn: in the default mode a new prompt that starts with an existing node's
 is tokenized), so a whole conversation stays one trainable sequence. With
 ``track_tree=True`` every node is kept, keyed by its full text.
 
+Every node records the weight version that generated it (``policy_version``); a node
+that extends another across a weight swap keeps the oldest and the newest version
+(``policy_version`` and ``policy_version_max``).
+
 Example::
 
     async with server_manager.managed_server(tokenizer=tok) as managed:
@@ -33,6 +37,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
+from atroposlib.envs.server_handling.policy_version import merge_versions, output_versions
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 
 logger = logging.getLogger(__name__)
@@ -54,6 +59,16 @@ class SequenceNode(BaseModel):
     masked_tokens: list[int] = Field(..., description="tokens with -100 on prompt positions.")
     logprobs: list[float] = Field(..., description="Logprobs, 1.0 on prompt positions.")
     metadata: dict[str, Any] | None = Field(None, description="finish_reason and extras.")
+    policy_version: int | None = Field(
+        None,
+        description="Oldest weight version that generated any of this sequence's tokens "
+        "(None when the server reports none).",
+    )
+    policy_version_max: int | None = Field(
+        None,
+        description="Newest weight version that generated any of its tokens; differs from "
+        "policy_version when a multi-turn sequence spans a weight swap.",
+    )
 
 
 def _debug(msg: str, *args: Any) -> None:
@@ -205,9 +220,12 @@ class ManagedServer:
             raise ValueError("the rendered prompt is empty")
         _debug("managed request: %d prompt tokens, extends=%s", len(input_ids), parent is not None)
         call_kwargs = {k: v for k, v in kwargs.items() if k not in ("prompt", "input_ids")}
-        _, outputs, logprobs, finishes = await self.server.tokens_and_logprobs_completion(
+        result = await self.server.tokens_and_logprobs_completion(
             prompt=prompt, input_ids=input_ids, **call_kwargs
         )
+        _, outputs, logprobs, finishes = result
+        versions = output_versions(result, len(outputs))
+        base = (parent.policy_version, parent.policy_version_max) if parent else (None, None)
         nodes, texts, finish_out = [], [], []
         for i, out_ids in enumerate(outputs):
             out_ids = [int(t) for t in out_ids]
@@ -221,6 +239,7 @@ class ManagedServer:
                 logprobs=prefix_logprobs + out_lps,
                 metadata={"finish_reason": finish},
             )
+            node.policy_version, node.policy_version_max = merge_versions(*base, versions[i])
             nodes.append(node)
             texts.append(self.tokenizer.decode(out_ids, skip_special_tokens=True))
             finish_out.append(finish)

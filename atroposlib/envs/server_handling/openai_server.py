@@ -14,6 +14,7 @@ from openai.types.chat import ChatCompletion
 
 from atroposlib.envs.server_handling._common import HttpClientMixin
 from atroposlib.envs.server_handling._transport import HttpStatus
+from atroposlib.envs.server_handling.policy_version import VersionTracking
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -81,7 +82,7 @@ def merge_choices(responses: list[Any]) -> Any:
     return first
 
 
-class OpenAIServer(HttpClientMixin, APIServer):
+class OpenAIServer(VersionTracking, HttpClientMixin, APIServer):
     """An OpenAI-compatible server (OpenAI, OpenRouter, vLLM or SGLang's /v1 API...).
 
     ``n`` handling: with ``n_kwarg_is_ignored`` the server gets ``n`` single requests;
@@ -178,10 +179,14 @@ class OpenAIServer(HttpClientMixin, APIServer):
         )
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> Any:
-        return await self._n_requests(self._chat_create, kwargs)
+        response = await self._n_requests(self._chat_create, kwargs)
+        self.resolve_version(response)
+        return response
 
     async def _completion_wrapper(self, **kwargs: Any) -> Any:
-        return await self._n_requests(self._completion_create, kwargs)
+        response = await self._n_requests(self._completion_create, kwargs)
+        self.resolve_version(response)
+        return response
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
         raise NotImplementedError(

@@ -28,6 +28,7 @@ from atroposlib.envs.server_handling.errors import (
     is_client_error,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
+from atroposlib.envs.server_handling.policy_version import join_results
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -521,13 +522,7 @@ class ServerManager:
                     for c in split_n(n, self.max_n_completions)
                 )
             )
-            prompt_tokens = parts[0][0]
-            return (
-                prompt_tokens,
-                [seq for p in parts for seq in p[1]],
-                [seq for p in parts for seq in p[2]],
-                [r for p in parts for r in p[3]],
-            )
+            return join_results(list(parts))
         return await self._call("tokens", kwargs)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
@@ -603,6 +598,14 @@ class ServerManager:
             yield managed
         finally:
             managed.reset()
+
+    def note_weights_update(self, version: int) -> None:
+        """Tell every server that it now serves weights ``version`` (used as the policy
+        version of answers from servers that do not report one, e.g. plain vLLM)."""
+        for server in self.servers:
+            note = getattr(server, "note_weights_update", None)
+            if callable(note):
+                note(version)
 
     def update_weight(self, weight: float) -> None:
         """Scale every server's usable capacity by ``weight`` (the env's weight from the API)."""

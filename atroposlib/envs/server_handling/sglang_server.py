@@ -2,7 +2,9 @@
 
 ``POST {root}/generate`` with ``{"input_ids", "sampling_params", "return_logprob": true}``;
 the answer's ``meta_info.output_token_logprobs`` holds ``(logprob, token_id, text)``
-tuples and ``meta_info.finish_reason`` is a string or ``{"type": ...}``.
+tuples and ``meta_info.finish_reason`` is a string or ``{"type": ...}``. The weight version
+comes from the ``X-Atropos-Policy-Version`` header or ``meta_info.weight_version`` (SGLang's
+``--weight-version``), see :mod:`.policy_version`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from atroposlib.envs.server_handling._common import (
     root_url,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.policy_version import TokensResult
 
 
 def parse_sglang_output(item: dict[str, Any]) -> tuple[list[int], list[float], str]:
@@ -48,7 +51,10 @@ class SGLangServer(LazyTokenizerMixin, OpenAIServer):
             "return_logprob": True,
             "return_text_in_logprobs": False,
         }
-        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
+        data, headers = await self.fast_post_json_with_headers(
+            f"{root_url(self.config.base_url)}/generate", body
+        )
+        version = self.resolve_version(data, headers)
         items = data if isinstance(data, list) else [data]
         tokens, logprobs, finishes = [], [], []
         for item in items:
@@ -56,7 +62,7 @@ class SGLangServer(LazyTokenizerMixin, OpenAIServer):
             tokens.append(ids)
             logprobs.append(lps)
             finishes.append(finish)
-        return input_ids, tokens, logprobs, finishes
+        return TokensResult((input_ids, tokens, logprobs, finishes), version)
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
         top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)

@@ -5,6 +5,9 @@ logprobs come from ``POST {root}/generate``::
 
     {"prompt": {"prompt_token_ids": [...]}, "logprobs": 0, "n": 2, "max_tokens": 64, ...}
     -> {"text": [...], "token_ids": [[...]], "logprobs": [[[{"id": lp}], ...]], "finish_reasons": [...]}
+
+The weight version of an answer comes from the ``X-Atropos-Policy-Version`` header or the
+body's ``version`` (see :mod:`.policy_version`) and rides on the returned tuple.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from atroposlib.envs.server_handling._common import (
     root_url,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.policy_version import TokensResult
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +120,10 @@ class VLLMServer(LazyTokenizerMixin, OpenAIServer):
             "prompt": {"prompt_token_ids": prompt_ids},
             "logprobs": 0,
         }
-        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
+        data, headers = await self.fast_post_json_with_headers(
+            f"{root_url(self.config.base_url)}/generate", body
+        )
+        version = self.resolve_version(data, headers)
         token_ids = data.get("token_ids") or [None] * len(data.get("logprobs", []))
         output_tokens, output_logprobs = [], []
         for seq_ids, seq_lps in zip(token_ids, data.get("logprobs", []), strict=False):
@@ -124,7 +131,7 @@ class VLLMServer(LazyTokenizerMixin, OpenAIServer):
             output_tokens.append(ids)
             output_logprobs.append(lps)
         finish = list(data.get("finish_reasons") or ["stop"] * len(output_tokens))
-        return prompt_ids, output_tokens, output_logprobs, finish
+        return TokensResult((prompt_ids, output_tokens, output_logprobs, finish), version)
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
         top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
