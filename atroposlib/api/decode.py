@@ -97,10 +97,10 @@ def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
     """
     if type(value) is not _Array:
         return None
-    lengths = tuple(len(row) if type(row) is _Array else -1 for row in value)
-    if -1 in lengths:
-        return None
     try:
+        # A row that is a number has no len(); one that is a string or an object has a
+        # non-number leaf, which as_buffer rejects.
+        lengths = tuple(map(len, value))
         value.as_buffer(of_type=of_type)
     except (TypeError, ValueError):
         return None
