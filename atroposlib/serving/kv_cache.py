@@ -258,10 +258,15 @@ class SlotCache(Cache):
         super().__init__(layers=[])
         self.store = store
         self.rows = rows
-        self.write_slots = write_slots
-        self.write_pos = write_pos
         self.length = length
         self.source = source
+        # One flat index per (token, kv head) into a [2, slots * heads * max_len, dim]
+        # view of the store, computed once and shared by every layer of the pass.
+        _, _, _, heads, max_len, _ = store.kv.shape
+        head = torch.arange(heads, device=write_slots.device)
+        self.index = (
+            (write_slots.unsqueeze(1) * heads + head) * max_len + write_pos.unsqueeze(1)
+        ).reshape(-1)
 
     def update(
         self,
@@ -273,11 +278,11 @@ class SlotCache(Cache):
         """Store this layer's new keys/values in place; return the rows' keys/values."""
         table = self.store.kv[layer_idx]
         batch, heads, q_len, dim = key_states.shape
-        both = torch.stack((key_states, value_states), dim=1)  # [B, 2, H, q, D]
-        flat = both.permute(0, 3, 1, 2, 4).reshape(batch * q_len, 2, heads, dim)
+        both = torch.stack((key_states, value_states))  # [2, B, H, q, D]
+        flat = both.transpose(2, 3).reshape(2, batch * q_len, heads, dim)
         if self.source is not None:
-            flat = flat.index_select(0, self.source)
-        table[:, self.write_slots, :, self.write_pos] = flat.to(table.dtype)
+            flat = flat.index_select(1, self.source)
+        table.view(2, -1, dim).index_copy_(1, self.index, flat.reshape(2, -1, dim).to(table.dtype))
         return table[0, self.rows, :, : self.length], table[1, self.rows, :, : self.length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -158,29 +158,35 @@ def sample(
     logits = logits.float()
     rows = logits.shape[0]
     temps, top_k, top_p, min_p = tensors or param_tensors(params, logits.device)
-    all_greedy = all(p.temperature <= 0 for p in params)
+    greedy_rows = sum(p.temperature <= 0 for p in params)
     greedy = temps <= 0
-    scale = torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-    logp = torch.log_softmax(logits / scale, dim=-1)
+    scale = torch.where(greedy, torch.ones_like(temps), temps) if greedy_rows else temps
+    logp = torch.log_softmax(logits / scale.unsqueeze(1), dim=-1)
     pick_lp = logp
     if histories is not None and any(p.has_penalties for p in params):
-        pick_lp = torch.log_softmax(apply_penalties(logits, params, histories) / scale, dim=-1)
-    chosen = torch.argmax(pick_lp, dim=-1)
-    if not all_greedy:
+        penalized = apply_penalties(logits, params, histories)
+        pick_lp = torch.log_softmax(penalized / scale.unsqueeze(1), dim=-1)
+    if greedy_rows == rows:
+        chosen = torch.argmax(pick_lp, dim=-1)
+    else:
         needs = (
             any(p.top_k > 0 for p in params),
             any(p.top_p < 1.0 for p in params),
             any(p.min_p > 0.0 for p in params),
         )
-        filtered = filter_logits(pick_lp, top_k, top_p, min_p, needs)
-        cdf = torch.softmax(filtered, dim=-1).cumsum(dim=-1)
+        if any(needs):
+            probs = torch.softmax(filter_logits(pick_lp, top_k, top_p, min_p, needs), dim=-1)
+        else:
+            probs = pick_lp.exp()
+        cdf = probs.cumsum(dim=-1)
         uniform = torch.rand(rows, 1, device=logits.device)
         for i, gen in enumerate(generators):
             if gen is not None:
                 uniform[i, 0] = torch.rand(1, generator=gen, device=logits.device)[0]
         drawn = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).squeeze(1)
-        drawn = drawn.clamp(max=logits.shape[-1] - 1)
-        chosen = torch.where(greedy, chosen, drawn)
+        chosen = drawn.clamp(max=logits.shape[-1] - 1)
+        if greedy_rows:
+            chosen = torch.where(greedy, torch.argmax(pick_lp, dim=-1), chosen)
     token_lp = logp.gather(1, chosen.unsqueeze(1)).squeeze(1)
     top: list[list[tuple[int, float]]] = [[] for _ in range(rows)]
     max_top = max((p.logprobs or 0) for p in params)
