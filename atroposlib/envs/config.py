@@ -28,6 +28,9 @@ class ScoredDataGroup(TypedDict, total=False):
 
     ``tokens``, ``masks`` and ``scores`` are required; the rest are optional and
     default to ``None``. ``env_id`` is stamped by :class:`BaseEnv` when sending.
+    ``policy_version`` (per sequence: the oldest weight version that generated it) and
+    ``policy_version_max`` (the newest, when a sequence spanned a weight swap) are filled by
+    :class:`BaseEnv` from what the inference servers reported when the env sets none.
     """
 
     tokens: List[List[int]]
@@ -43,6 +46,8 @@ class ScoredDataGroup(TypedDict, total=False):
     images: Any | None
     distill_token_ids: List[List[List[int]]] | None
     distill_logprobs: List[List[List[float]]] | None
+    policy_version: List[int] | None
+    policy_version_max: List[int] | None
 
 
 class ScoredDataItem(TypedDict, total=False):
@@ -59,6 +64,8 @@ class ScoredDataItem(TypedDict, total=False):
     images: Any | None
     distill_token_ids: List[List[int]] | None
     distill_logprobs: List[List[float]] | None
+    policy_version: int | None
+    policy_version_max: int | None
 
 
 class BaseEnvConfig(BaseModel):

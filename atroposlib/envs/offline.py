@@ -18,6 +18,7 @@ from rich.progress import (
 
 from atroposlib.envs import wandb_logging as wl
 from atroposlib.envs.health import bounded
+from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -63,7 +64,10 @@ _FAILED = object()
 
 async def _collect(env: BaseEnv, item: Any) -> Any:
     try:
-        result, backlog = await env.collect_trajectories(item)
+        with recording_versions() as versions_seen:
+            result, backlog = await env.collect_trajectories(item)
+        for group in result if isinstance(result, list) else [result]:
+            stamp_group(group, versions_seen)
     except asyncio.CancelledError:
         raise
     except Exception as err:

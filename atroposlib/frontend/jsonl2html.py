@@ -36,6 +36,7 @@ from markdown.extensions import Extension
 from markdown.treeprocessors import Treeprocessor
 
 from atroposlib.frontend.rollouts import loads_line
+from atroposlib.frontend.viewer import policy_version_label
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +177,12 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
             count,
         )
     items: list[str] = []
-    for message, score in zip(messages[:count], scores[:count], strict=False):
+    for i, (message, score) in enumerate(zip(messages[:count], scores[:count], strict=False)):
         items.append(
             f'<div class="item {_score_class(score)}">'
             f'<div class="content">{_message_to_html(message)}</div>'
-            f'<p class="reward">Reward: {html.escape(str(score))}</p>'
+            f'<p class="reward">Reward: {html.escape(str(score))}'
+            f"{html.escape(policy_version_label(group_data, i))}</p>"
             "</div>"
         )
     if not items:

@@ -127,6 +127,18 @@ def shared_masked_prefix(tokens: Sequence[Any], masks: Sequence[Any]) -> int:
     return n
 
 
+def policy_version_label(group: dict[str, Any], index: int) -> str:
+    """`` · policy v3`` (or ``v3-4`` when the rollout spanned a weight swap); empty when
+    the group carries no versions."""
+    low = group.get("policy_version") or []
+    high = group.get("policy_version_max") or []
+    lo = low[index] if isinstance(low, list) and index < len(low) else None
+    hi = high[index] if isinstance(high, list) and index < len(high) else None
+    if lo is None:
+        return ""
+    return f" · policy v{lo}" + (f"-{hi}" if hi is not None and hi != lo else "")
+
+
 def render_group_html(
     group: dict[str, Any], decode_one: Callable[[int], str] | None, title: str = ""
 ) -> str:
@@ -171,7 +183,8 @@ def render_group_html(
         parts.append(
             f'<div class="rollout-head">Rollout {i} · score {_fmt(score)} · '
             f"{stats['trained']}/{stats['tokens']} tokens trained · "
-            f"mean logprob {_fmt(stats['mean_logprob'])}</div>"
+            f"mean logprob {_fmt(stats['mean_logprob'])}"
+            f"{html.escape(policy_version_label(group, i))}</div>"
         )
         if i < len(messages):
             own = messages[i][n_shared:] if n_shared else messages[i]

@@ -484,7 +484,7 @@ class FakeBackend:
             if path == "/v1/completions":
                 creq = CompletionRequest.model_validate(_parse_json(body))
                 await self._simulate()
-                return completion_payload(creq, state)
+                return self._with_version(completion_payload(creq, state))
             if path in ("/generate", "/generate/"):
                 return self._with_version(await self._generate(_parse_json(body)))
             if path == "/fake/config":
