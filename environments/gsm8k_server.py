@@ -30,6 +30,7 @@ from atroposlib.envs.reward_fns.math_answers import (
     parse_prediction,
     verify_parsed,
 )
+from atroposlib.envs.rollout_helpers import managed_chat_rollouts
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -207,26 +208,9 @@ class GSM8kEnv(BaseEnv):
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": item["question"]},
         ]
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_token_length,
-                temperature=self.config.train_temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        rollouts = []
-        for choice, node in zip(completion.choices, nodes, strict=False):
-            rollouts.append(
-                {
-                    "messages": messages
-                    + [{"role": "assistant", "content": choice.message.content or ""}],
-                    "finish_reason": choice.finish_reason,
-                    "tokens": list(node.tokens),
-                    "masks": list(node.masked_tokens),
-                    "logprobs": list(node.logprobs),
-                }
-            )
+        rollouts = await managed_chat_rollouts(
+            self, messages, temperature=self.config.train_temperature
+        )
         return await self.score(rollouts, item["gold_answer"]), []
 
     async def score(

@@ -29,6 +29,7 @@ from pydantic import Field
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
+from atroposlib.envs.rollout_helpers import managed_chat_rollouts, scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -262,29 +263,12 @@ class SingleToolCallingEnv(BaseEnv):
         ]
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
-        messages = self.messages_for(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_token_length,
-                temperature=1.0,
-            )
-            nodes = managed.get_state()["nodes"]
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
-        for choice, node in zip(completion.choices, nodes, strict=False):
-            text = choice.message.content or ""
-            group["tokens"].append(list(node.tokens))
-            group["masks"].append(list(node.masked_tokens))
-            group["inference_logprobs"].append(list(node.logprobs))
-            group["messages"].append(messages + [{"role": "assistant", "content": text}])
-            group["scores"].append(score_tool_calls(text, item["expected"]))
-        self.percent_correct_buffer.extend(max(s, 0.0) for s in group["scores"])
-        if not group["tokens"] or (
-            self.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1
-        ):
+        rollouts = await managed_chat_rollouts(self, self.messages_for(item), temperature=1.0)
+        scores = [score_tool_calls(r["text"], item["expected"]) for r in rollouts]
+        self.percent_correct_buffer.extend(max(s, 0.0) for s in scores)
+        if not rollouts or (self.config.ensure_scores_are_not_same and len(set(scores)) == 1):
             return None, []
-        return group, []
+        return scored_group(rollouts, scores), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         async def one(item: Dict[str, Any]) -> Dict[str, Any]:

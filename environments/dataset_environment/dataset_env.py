@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.reward_fns import CombinedReward, registry
+from atroposlib.envs.rollout_helpers import managed_chat_rollouts, scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.type_definitions import Item
 from atroposlib.utils.dataset_loading import SkipCounter, load_rows
@@ -232,30 +233,14 @@ class DatasetEnv(BaseEnv):
         return self.reward(completions, **kwargs)
 
     async def collect_trajectories(self, item: Item) -> Tuple[ScoredDataGroup | None, List[Item]]:
-        messages = self.messages_for(item)
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            completion = await managed.chat_completion(
-                messages=messages,
-                n=self.config.group_size,
-                max_tokens=self.config.max_token_length,
-                temperature=self.config.temperature,
-            )
-            nodes = managed.get_state()["nodes"]
-        texts = [choice.message.content or "" for choice in completion.choices][: len(nodes)]
-        scores = self.score(texts, item["answer"])
-        self.score_buffer.extend(scores)
-        group = ScoredDataGroup(
-            tokens=[list(n.tokens) for n in nodes[: len(texts)]],
-            masks=[list(n.masked_tokens) for n in nodes[: len(texts)]],
-            inference_logprobs=[list(n.logprobs) for n in nodes[: len(texts)]],
-            messages=[messages + [{"role": "assistant", "content": t}] for t in texts],
-            scores=scores,
+        rollouts = await managed_chat_rollouts(
+            self, self.messages_for(item), temperature=self.config.temperature
         )
-        if not group["tokens"] or (
-            self.config.ensure_scores_are_not_same and len(set(scores)) == 1
-        ):
+        scores = self.score([r["text"] for r in rollouts], item["answer"])
+        self.score_buffer.extend(scores)
+        if not rollouts or (self.config.ensure_scores_are_not_same and len(set(scores)) == 1):
             return None, []
-        return group, []
+        return scored_group(rollouts, scores), []
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> None:
         async def one(item: Dict[str, Any]) -> Dict[str, Any]:

@@ -113,3 +113,30 @@ def test_every_environment_uses_the_shared_helpers(name):
     assert "run_eval_set(" in source, f"{name} has its own eval loop"
     assert "drain_metrics(" in source, f"{name} has its own wandb_log bookkeeping"
     assert "asyncio.Semaphore" not in source
+
+
+def test_scored_group_lines_up_rollouts_and_scores():
+    from atroposlib.envs.rollout_helpers import scored_group
+
+    rollouts = [
+        {
+            "tokens": [1, 2, 3],
+            "masks": [-100, 2, 3],
+            "logprobs": [1.0, -0.1, -0.2],
+            "messages": [{"role": "assistant", "content": "a"}],
+            "text": "a",
+        },
+        {
+            "tokens": [1, 4],
+            "masks": [-100, 4],
+            "logprobs": [1.0, -0.3],
+            "messages": [{"role": "assistant", "content": "b"}],
+            "text": "b",
+        },
+    ]
+    group = scored_group(rollouts, [1, -1])
+    assert group["tokens"] == [[1, 2, 3], [1, 4]] and group["masks"][1] == [-100, 4]
+    assert group["inference_logprobs"][0] == [1.0, -0.1, -0.2]
+    assert group["scores"] == [1.0, -1.0] and group["messages"][1][0]["content"] == "b"
+    with pytest.raises(ValueError, match="1 scores for 2 rollouts"):
+        scored_group(rollouts, [1.0])
