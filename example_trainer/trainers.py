@@ -42,6 +42,7 @@ from .distributed import (
     split_groups,
 )
 from .model import build_optimizer, build_scheduler, setup_model
+from .off_policy import CorrectionConfig
 from .precision import LOST_UPDATE_WARNING, policy_for
 from .training import compute_grpo_loss, token_logprobs
 from .weight_sync import WeightSync, make_weight_sync
@@ -63,6 +64,9 @@ _MEAN_KEYS = (
     "alignment/diff_mean",
     "alignment/diff_abs_mean",
     "train/kl",
+    "off_policy/mean_ratio",
+    "off_policy/clip_fraction",
+    "off_policy/mismatch_kl",
 )
 _SUM_KEYS = ("train/num_tokens", "train/loss")
 _MAX_KEYS = ("alignment/diff_max", "train/grad_norm")
@@ -287,6 +291,11 @@ class GRPOTrainer:
             ref_logprobs=ref_lp,
             kl_coef=self.config.kl_coef,
             normalizer=label_tokens,
+            off_policy=CorrectionConfig(
+                self.config.off_policy_correction,
+                self.config.off_policy_clip,
+                self.config.off_policy_clip_low,
+            ),
         )
         # FSDP averages gradients over the ranks; the loss is already normalised by the
         # whole batch's tokens, so scale it back up to get the one-process gradient.
