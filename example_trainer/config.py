@@ -14,6 +14,9 @@ Additions over the original (all default to the original behaviour):
 - ``resume`` to continue from the newest ``save_path/step_N`` checkpoint;
 - ``inference_url``/``inference_backend``/``sync_timeout`` for weight sync;
 - ``pad_to_multiple``, ``batch_poll_interval``, ``max_grad_norm``, ``seed``;
+- ``off_policy_correction`` (``none``/``tis``/``icepop``, see
+  :mod:`example_trainer.off_policy`) with ``off_policy_clip``/``off_policy_clip_low``,
+  and ``sync_mode=pause`` (pause the server around an ``http_reload`` sync);
 - ``precision`` (see :mod:`example_trainer.precision`): fp32 master weights under
   mixed precision unless ``bf16-pure`` is asked for; ``dtype`` is the compute dtype.
 
@@ -95,6 +98,21 @@ class TrainingConfig(BaseModel):
         ge=0,
         description="Weight of a KL penalty towards a frozen copy of the starting policy (0 = off, as in the original).",
     )
+    off_policy_correction: Literal["none", "tis", "icepop"] = Field(
+        "none",
+        description=(
+            "Correct for rollouts sampled by older or numerically different weights, from "
+            "inference_logprobs: none (as the original), tis (weight each token by "
+            "min(trainer/sampler ratio, --off-policy-clip)) or icepop (drop tokens whose "
+            "ratio is outside [--off-policy-clip-low, --off-policy-clip])."
+        ),
+    )
+    off_policy_clip: float = Field(
+        2.0, gt=0, description="tis: the ratio cap; icepop: the upper bound of kept ratios."
+    )
+    off_policy_clip_low: float = Field(
+        0.5, ge=0, description="icepop: the lower bound of kept ratios."
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     gradient_checkpointing: bool = Field(
         False, description="Enable gradient checkpointing (saves memory on big models, costs time)."
@@ -145,6 +163,14 @@ class TrainingConfig(BaseModel):
             "How new weights reach inference: none (checkpoint + restart the inference server), "
             "http_reload (POST /update_weights to atropos-serve-model), lora_only (hot-swap a PEFT adapter), "
             "lora_restart (restart the server with the merged adapter), shared_vllm (CUDA IPC; needs vLLM)."
+        ),
+    )
+    sync_mode: Literal["live", "pause"] = Field(
+        "live",
+        description=(
+            "http_reload: live (generation goes on while new weights load; the server swaps "
+            "between steps) or pause (POST /pause before saving the weights, so in-flight "
+            "requests finish and new ones wait, and POST /resume after the update)."
         ),
     )
     vllm_restart_interval: int = Field(
@@ -259,6 +285,15 @@ class TrainingConfig(BaseModel):
         if v.startswith(("/", "./", "../", "~")) and not os.path.exists(os.path.expanduser(v)):
             raise ValueError(f"{v} does not exist (no such local directory)")
         return v
+
+    @model_validator(mode="after")
+    def _check_off_policy_bounds(self) -> TrainingConfig:
+        if self.off_policy_clip_low > self.off_policy_clip:
+            raise ValueError(
+                f"off_policy_clip_low ({self.off_policy_clip_low}) must not exceed "
+                f"off_policy_clip ({self.off_policy_clip})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_modes(self) -> TrainingConfig:

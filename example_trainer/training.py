@@ -10,6 +10,9 @@
 - pessimistic clipped objective per token, ``min(r·A, clip(r, 1−ε, 1+ε)·A)``
   (for A < 0 this is the larger |loss|, i.e. the ratio is clipped only where it
   would make the update more optimistic);
+- optional off-policy correction (``tis``/``icepop``, :mod:`.off_policy`): the ratio is
+  then taken against the trainer's own log-probs and each token is weighted by its
+  truncated or masked importance ratio to the sampler's;
 - optional KL penalty (k3 estimator) towards reference log-probs, weighted by
   ``kl_coef``;
 - token-level averaging: the sum over all label tokens divided by ``normalizer``
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE_INDEX
+from .off_policy import CorrectionConfig, correction_weights
 
 
 @dataclass
@@ -70,10 +74,14 @@ def compute_grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | None = None,
+    off_policy: CorrectionConfig | None = None,
 ) -> LossOutput:
     """GRPO loss for one micro-batch. See the module docstring for the formula.
 
     ``advantages`` is per token ``[B, T]`` (or per sequence ``[B]``, broadcast).
+    ``off_policy`` (``tis`` or ``icepop``, see :mod:`.off_policy`): with inference
+    log-probs, the ratio is taken against the trainer's own detached log-probs and each
+    token's term is weighted by the truncated (or masked) ratio to the sampler's.
     """
     mask = (labels != IGNORE_INDEX).float()
     if advantages.dim() == 1:
@@ -82,11 +90,17 @@ def compute_grpo_loss(
     logp = token_logprobs(logits, labels, temperatures)
     has_old = inference_logprobs is not None
     old_logp = inference_logprobs.to(logp.dtype) if has_old else logp.detach()
-    log_ratio = (logp - old_logp) * mask
+    correct = has_old and off_policy is not None and off_policy.active
+    is_weights, is_stats = None, None
+    if correct:
+        is_weights, is_stats = correction_weights(
+            logp, old_logp, mask, off_policy.mode, off_policy.clip, off_policy.clip_low
+        )
+    log_ratio = (logp - (logp.detach() if correct else old_logp)) * mask
     ratio = torch.exp(log_ratio)
     clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
     surrogate = torch.min(ratio * advantages, clipped_ratio * advantages)
-    per_token = -surrogate
+    per_token = -surrogate if is_weights is None else -(is_weights.to(logp.dtype) * surrogate)
     kl = None
     if kl_coef > 0 and ref_logprobs is not None:
         delta = (ref_logprobs.to(logp.dtype) - logp) * mask
@@ -130,6 +144,8 @@ def compute_grpo_loss(
             )
         if kl is not None:
             metrics["train/kl"] = (kl * mask).sum() / tok
+        if is_stats is not None:
+            metrics.update({f"off_policy/{k}": v for k, v in is_stats.items()})
     return LossOutput(loss=loss, metrics=metrics)
 
 
