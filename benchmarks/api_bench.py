@@ -612,8 +612,10 @@ def _agg(runs: List[Run], key: str, scale: float = 1.0, fmt: str = "{:,.0f}") ->
 def markdown_table(
     mem: List[Run], persist: List[Run], floor: List[Run], args: argparse.Namespace
 ) -> str:
-    """The README table: median (range) of the runs."""
-    cmd = "`python benchmarks/api_bench.py --table`"
+    """The README table (median and range of the runs); every row names its command, date and machine."""
+    day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    load = f"{args.load_start:.1f}–{os.getloadavg()[0]:.1f}"
+    cmd = f"`python benchmarks/api_bench.py --table` ({day}, {os.cpu_count()} cores, load {load})"
     g = f"{args.groups:,}"
     rows = [
         (
@@ -634,14 +636,15 @@ def markdown_table(
             f"{_agg(persist, 'single_us')} µs; {_agg(persist, 'single_rate')} groups/s",
         ),
         (
-            "HTTP floor: bare ASGI app under the same uvicorn, same bodies: server CPU per request",
+            "API HTTP floor: bare ASGI app under the same uvicorn, same bodies: server CPU per request",
             "—",
             f"{_agg(floor, 'floor_us')} µs ({_agg(floor, 'floor_list_us')} µs/group in posts of {LIST_GROUPS})",
         ),
         (
             "API `/batch` drain, batch of 64, gzip: server CPU per batch",
             "≤ 1.1 ms",
-            f"{_agg(mem, 'drain_gzip_ms', fmt='{:.2f}')} ms; {_agg(mem, 'drain_gzip_rate')} batches/s",
+            f"{_agg(mem, 'drain_gzip_ms', fmt='{:.2f}')} ms; {_agg(mem, 'drain_gzip_rate')} batches/s "
+            f"(`--persist`: {_agg(persist, 'drain_gzip_ms', fmt='{:.2f}')} ms)",
         ),
         (
             "API `/batch` drain, identity: server CPU per batch",
@@ -666,8 +669,8 @@ def markdown_table(
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cpu = platform.processor() or platform.machine()
     header = (
-        f"Measured {now} on {os.cpu_count()} cores ({cpu}), load average "
-        f"{os.getloadavg()[0]:.1f} at the end, {len(mem)} runs each: median (range).\n\n"
+        f"Measured {now} on {os.cpu_count()} cores ({cpu}), load average {load} "
+        f"(start–end), {len(mem)} runs each: median (range).\n\n"
         "| what | target | measured | command |\n|---|---|---|---|\n"
     )
     return header + "\n".join(f"| {a} | {b} | {c} | {cmd} |" for a, b, c in rows)
@@ -704,6 +707,7 @@ def main() -> None:
         return
     args_groups = args.groups
     if args.table:
+        args.load_start = os.getloadavg()[0]
         mem, persist, floor = [], [], []
         for i in range(args.repeats):
             mem.append(one_run(args, persist=False))
