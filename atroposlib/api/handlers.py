@@ -121,7 +121,12 @@ def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
                 ScoredDataList.validate_json(body)
             except ValidationError as e:
                 raise _invalid(e) from None
-            raws = split_lenient(body)
+            try:
+                raws = split_lenient(body)
+            except (ValueError, IndexError) as e:  # pydantic read it, Python's json does not
+                raise BodyValidationError(
+                    [{"type": "json_invalid", "loc": ["body"], "msg": f"Invalid JSON: {e}"}]
+                ) from None
     else:
         raws = [body]
     try:

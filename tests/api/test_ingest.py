@@ -286,3 +286,13 @@ def test_strict_groups_rejects_optional_field_length_mismatches_with_422(tmp_pat
         metrics = api.client.get("/metrics").text
         assert _metric(metrics, 'atropos_inconsistent_groups_total{field="advantages"}') == 0
         api.client.close()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200) | st.builds(lambda b: b'{"tokens": [[' + b, st.binary(max_size=60)))
+def test_the_decoders_never_raise_on_arbitrary_bytes(raw):
+    """A crash here would be a 500; anything unreadable must end as None (then pydantic's 422)."""
+    shape = fast_shape(raw)
+    assert shape is None or shape.size >= 1
+    pieces = split_list(raw)
+    assert pieces is None or isinstance(pieces, list)
