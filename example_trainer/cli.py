@@ -93,6 +93,10 @@ def config_from_args(
     try:
         return TrainingConfig(**values)
     except ValidationError as exc:
-        messages = [f"{_field_of(err['loc'])}: {err['msg']}" for err in exc.errors()]
-        parser.error("invalid value: " + "; ".join(messages))
-    raise AssertionError("unreachable")  # parser.error exits
+        # One line, no usage block: the flags parsed, a value is wrong.
+        messages = [
+            f"{_field_of(err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
+        ]
+        print(f"{prog}: error: invalid value: " + "; ".join(messages), file=sys.stderr)
+        sys.exit(2)

@@ -207,7 +207,16 @@ def full_model_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict | No
     sd = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
-    return sd if ctx.is_main else None
+    if not ctx.is_main:
+        return None
+    # Tied weights (lm_head = embed_tokens) come back as two tensors; keep the first
+    # name only, as save_pretrained does for an unsharded model.
+    seen: set[int] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            sd.pop(name, None)
+        seen.add(id(param))
+    return sd
 
 
 def full_optimizer_state_dict(

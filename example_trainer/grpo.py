@@ -4,13 +4,18 @@ Example::
 
     atropos-grpo --model-name ./my-model --training-steps 20 --batch-size 8 \\
         --gradient-accumulation-steps 2 --weight-bridge-mode http_reload --vllm-port 9001
+
+    # the same on 4 processes (FSDP2; rank 0 talks to run-api and inference)
+    torchrun --nproc-per-node 4 -m example_trainer.grpo --model-name ./my-model ...
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from .cli import config_from_args
@@ -22,24 +27,59 @@ def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def model_problem(name: str) -> str | None:
+    """Why ``name`` cannot be loaded, in one line, or None when it can.
+
+    A local directory is fine. A hub name must be in the local cache or reachable;
+    otherwise transformers would print pages of traceback after a long wait.
+    """
+    if Path(os.path.expanduser(name)).exists():
+        return None
+    import huggingface_hub
+    from huggingface_hub.errors import HFValidationError
+    from transformers import AutoConfig
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    huggingface_hub.logging.set_verbosity_error()
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError, HFValidationError):
+        if offline:
+            return (
+                f"--model-name {name}: not a local directory and not in the Hugging Face cache "
+                "(HF_HUB_OFFLINE=1 is set, so the hub was not asked)"
+            )
+        return (
+            f"--model-name {name}: not a local directory, and the Hugging Face hub could not resolve it "
+            "(no network? download it once, or use a local directory; HF_HUB_OFFLINE=1 skips the hub)"
+        )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, print where the final model went."""
     config: TrainingConfig = config_from_args(argv)
+    problem = model_problem(config.model_name)
+    if problem is not None:
+        print(f"atropos-grpo: error: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _terminate)
     from .api import AtroposAPIError
+    from .distributed import DistributedError
     from .trainers import train
     from .weight_sync import WeightSyncError
 
     try:
         final = train(config)
-    except (AtroposAPIError, WeightSyncError) as exc:
+    except (AtroposAPIError, WeightSyncError, DistributedError) as exc:
         logging.getLogger("atropos-grpo").error("%s", exc)
         return 1
-    print(f"final model saved to {final}")
+    if final is not None:  # rank 0 (or the only process)
+        print(f"final model saved to {final}")
     return 0
 
 

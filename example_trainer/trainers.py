@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import functools
 import json
 import logging
 import time
@@ -473,7 +474,8 @@ class GRPOTrainer:
             pending = pool.submit(self._fetch) if ctx.is_main else None
             while self.step < cfg.training_steps:
                 t0 = time.perf_counter()
-                prepared = ctx.on_main(pending.result, "fetching a batch") if pending else None
+                # Every rank takes part in on_main's collective; only rank 0 has a future.
+                prepared = ctx.on_main(functools.partial(_result, pending), "fetching a batch")
                 share, meta = self._distribute(prepared)
                 device_metrics = self.step_on(share, meta)
                 self.step += 1
@@ -533,6 +535,11 @@ class GRPOTrainer:
     def close(self) -> None:
         """Leave the process group (multi-process runs)."""
         self.ctx.close()
+
+
+def _result(future: concurrent.futures.Future | None) -> Any:
+    assert future is not None
+    return future.result()
 
 
 def _keyed_by_position(optimizer_state: Dict[str, Any]) -> bool:
