@@ -187,7 +187,7 @@ def _reason(err: BaseException) -> str:
 async def probe_url(url: str, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """GET ``url``; any HTTP status means the server is there."""
     try:
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=timeout) as client:
             await client.get(url)
     except (httpx.HTTPError, OSError) as err:
         return ProbeResult(url, _reason(err))

@@ -180,7 +180,12 @@ async def status_loop(env: BaseEnv) -> None:
         except httpx.HTTPError as err:
             failures += 1
             if failures in (1, 10) or failures % 100 == 0:
-                logger.warning("status-env unreachable (%d tries): %s", failures, err)
+                logger.warning(
+                    "rollout API at %s not reachable (status-env, %d tries): %s",
+                    env._api.base_url,  # type: ignore[union-attr]
+                    failures,
+                    err,
+                )
         await asyncio.sleep(STATUS_POLL_S if failures == 0 else min(2.0, STATUS_POLL_S * failures))
 
 
