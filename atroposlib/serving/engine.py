@@ -60,6 +60,7 @@ from atroposlib.serving.kv_cache import (
     check_supported,
     plan_slots,
 )
+from atroposlib.serving.pause import record_served_version
 from atroposlib.serving.sampling import (
     SamplingParams,
     param_tensors,
@@ -235,6 +236,9 @@ class Engine:
         self._swap_since = 0.0
         self.swap_drain_timeout = swap_drain_timeout
         self._update_lock = asyncio.Lock()
+        self.held = False
+        self.swap_log: list[dict[str, Any]] = []
+        self._next_version: int | None = None
         self.restarted = 0
         self.steps = 0
         self.prefill_passes = 0
@@ -249,12 +253,12 @@ class Engine:
             self.cache_plan.reason,
         )
 
-    @staticmethod
-    def _prepare(model: Any) -> Any:
+    def _prepare(self, model: Any) -> Any:
         """Use an attention implementation that takes the engine's 4D masks."""
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in ("sdpa", "eager") and hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation("sdpa")
+        self._additive_mask = model.config._attn_implementation != "sdpa"
         return model
 
     @staticmethod
@@ -391,25 +395,37 @@ class Engine:
         self._waiting.append(req)
         self._wakeup.set()
         try:
-            return await asyncio.shield(req.future)
+            result = await asyncio.shield(req.future)
         except asyncio.CancelledError:
             req.cancelled = True
             raise
+        record_served_version(result.version)
+        return result
 
     @property
     def vocab_size(self) -> int:
         """Rows of the output embedding (ids at or above it are rejected)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
 
-    async def update_weights(self, path: str) -> dict[str, Any]:
-        """Load ``path`` off the hot path, then swap it in between steps (see module doc)."""
+    async def update_weights(self, path: str, version: int | None = None) -> dict[str, Any]:
+        """Load ``path`` off the hot path, then swap it in between steps (see module doc).
+
+        ``version`` names the new weights (the trainer's step); it must be above the current
+        version. Without it the version goes up by one.
+        """
         if self._loader is None:
             raise InvalidRequest("this engine cannot load weights", param="path")
         async with self._update_lock:
+            if version is not None and version <= self.version:
+                raise InvalidRequest(
+                    f"version {version} is not above the served version {self.version}",
+                    param="version",
+                )
             t0 = time.monotonic()
             new_model = await asyncio.to_thread(self._loader, path)
             loaded = time.monotonic()
             fut: asyncio.Future = asyncio.get_running_loop().create_future()
+            self._next_version = version
             self._swap = (new_model, path, fut)
             self._swap_since = time.monotonic()
             self._wakeup.set()
@@ -420,6 +436,17 @@ class Engine:
                 "load_seconds": round(loaded - t0, 4),
                 "swap_wait_seconds": round(time.monotonic() - loaded, 4),
             }
+
+    def hold(self) -> None:
+        """Stop stepping: running sequences keep their cache slots and continue on
+        :meth:`release` (new requests queue meanwhile)."""
+        self.held = True
+        self._wakeup.set()
+
+    def release(self) -> None:
+        """Undo :meth:`hold`."""
+        self.held = False
+        self._wakeup.set()
 
     # ----------------------------------------------------------------- scheduler
     async def _run(self) -> None:
@@ -445,6 +472,16 @@ class Engine:
             self._restart_rows()
         if not self._active() and self._swap is not None:
             self._apply_swap()
+            return
+        if self.held:
+            # Paused with in-flight requests kept (POST /pause mode "hold"): no step runs.
+            # A pending swap is re-checked, so held rows are restarted after its drain timeout.
+            self._wakeup.clear()
+            timeout = 0.05 if self._swap is not None else None
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
             return
         plan = self._plan()
         if not plan and not self._rows:
@@ -539,8 +576,10 @@ class Engine:
         self._swap = None
         self.model = self._prepare(model)
         self._eos_ids = self._collect_eos_ids(model, self.tokenizer)
-        self.version += 1
+        requested, self._next_version = self._next_version, None
+        self.version = requested if requested is not None else self.version + 1
         self.weights_path = path
+        self.swap_log.append({"version": self.version, "path": path, "time": time.time()})
         logger.info("serving weights version %d from %s", self.version, path)
         if not fut.done():
             fut.set_result(self.version)
@@ -587,7 +626,7 @@ class Engine:
         masks = {"full_attention": allowed}
         if self._window is not None:
             masks["sliding_attention"] = allowed & (keys > pos - self._window)
-        if self.model.config._attn_implementation != "sdpa":
+        if self._additive_mask:
             floor = torch.finfo(self._dtype).min
             masks = {
                 k: torch.zeros(m.shape, dtype=self._dtype, device=m.device).masked_fill_(~m, floor)

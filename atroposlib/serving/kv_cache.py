@@ -187,6 +187,9 @@ class SlotKV:
         self.slots = slots
         self.max_len = max_len
         self.kv = _lazy_zeros((layers, 2, slots, kv_heads, max_len, head_dim), dtype, device)
+        # Flat offset of position 0 of each (slot, head) row, for SlotCache's writes.
+        self.head_base = torch.arange(slots * kv_heads, device=device).view(slots, kv_heads)
+        self.head_base *= max_len
 
     @classmethod
     def for_model(cls, model: Any, slots: int, max_len: int) -> SlotKV:
@@ -262,11 +265,7 @@ class SlotCache(Cache):
         self.source = source
         # One flat index per (token, kv head) into a [2, slots * heads * max_len, dim]
         # view of the store, computed once and shared by every layer of the pass.
-        _, _, _, heads, max_len, _ = store.kv.shape
-        head = torch.arange(heads, device=write_slots.device)
-        self.index = (
-            (write_slots.unsqueeze(1) * heads + head) * max_len + write_pos.unsqueeze(1)
-        ).reshape(-1)
+        self.index = (store.head_base[write_slots] + write_pos.unsqueeze(1)).reshape(-1)
 
     def update(
         self,

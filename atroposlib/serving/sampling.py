@@ -161,7 +161,8 @@ def sample(
     greedy_rows = sum(p.temperature <= 0 for p in params)
     greedy = temps <= 0
     scale = torch.where(greedy, torch.ones_like(temps), temps) if greedy_rows else temps
-    logp = torch.log_softmax(logits / scale.unsqueeze(1), dim=-1)
+    plain = not greedy_rows and all(p.temperature == 1.0 for p in params)
+    logp = torch.log_softmax(logits if plain else logits / scale.unsqueeze(1), dim=-1)
     pick_lp = logp
     if histories is not None and any(p.has_penalties for p in params):
         penalized = apply_penalties(logits, params, histories)
