@@ -471,14 +471,18 @@ def _warn_local_servers(results: Sequence[Any]) -> None:
 
 
 def check_servers(env: BaseEnv, parsed: ParsedCli) -> None:
-    """Probe every inference server (at most 5 s each) before running.
+    """Probe every inference server (at most 5 s each) before ``process``/``evaluate``.
 
-    Raises :class:`NoServerReachableError` when none answers. Mock servers
-    (``--testing``) and SLURM discovery are not probed.
+    Raises :class:`NoServerReachableError` when none answers. ``serve`` is not
+    probed here: its inference servers are often started by the trainer (the
+    example trainer launches vLLM itself) after the environment, so ``serve``
+    waits for them instead, with a status line a minute, for up to
+    ``--env.max_server_downtime`` seconds (see ``BaseEnv.start_server_watch``).
+    Mock servers (``--testing``) and SLURM discovery are not probed.
     """
     from atroposlib.envs.health import probe_servers, server_urls, unreachable_message
 
-    if parsed.testing or parsed.slurm:
+    if parsed.testing or parsed.slurm or parsed.mode == "serve":
         return
     urls = server_urls(env.server)
     if not urls:

@@ -244,6 +244,8 @@ async def env_manager(env: BaseEnv) -> None:
         env._sender.start()
         env._status_task = asyncio.create_task(status_loop(env), name="atropos-status-poll")
         env.start_server_watch()
+        if env.server_watch is not None and env.server_watch.urls:
+            await env.server_watch.check_once()  # start no worker on a server not up yet
         env._serving = True
         await serve_loop(env)
     except asyncio.CancelledError:

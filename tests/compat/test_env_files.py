@@ -329,3 +329,33 @@ def test_env_stops_after_max_server_downtime_when_its_server_goes_away(tmp_path)
     assert "no inference server answering" in text
     assert "every inference server has been unreachable" in text
     assert time.monotonic() - down_at < 30
+
+
+def test_serve_waits_for_a_missing_inference_server_then_gives_up(tmp_path, api):
+    log = tmp_path / "env.log"
+    trainer = FakeTrainer(api, batch_size=2, num_steps=2)
+    trainer.register()
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    env = start_process(
+        [
+            sys.executable,
+            str(WORD_GAME),
+            "serve",
+            "--env.rollout_server_url",
+            f"http://127.0.0.1:{api}",
+            "--openai.base_url",
+            dead,
+            "--env.max_server_downtime",
+            "1",
+        ],
+        log_path=log,
+        env=clean_env(tmp_path, WANDB_MODE="disabled"),
+    )
+    try:
+        code = wait_exit(env, 60, log)
+    finally:
+        stop_process(env)
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    assert f"no inference server answering for 0 s ({dead}: connection refused)" in text
+    assert "every inference server has been unreachable" in text
