@@ -27,6 +27,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.envs.validation import InvalidGroupError, normalize_group
 from atroposlib.type_definitions import Item
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,13 @@ class TeacherDistillationEnv(BaseEnv):
         A teacher failure leaves both None (the group is still sent); a tokenizer
         mismatch raises.
         """
-        if group is None or self.teacher_server is None or not group.get("tokens"):
+        if group is None or self.teacher_server is None:
+            return group
+        try:
+            group = normalize_group(group)  # type: ignore[assignment]
+        except InvalidGroupError:
+            return group  # refused (and counted) by handle_send_to_api
+        if not group["tokens"]:
             return group
         top_k = self._group_top_k(group)
         if top_k is None:
