@@ -256,3 +256,25 @@ def test_health_reports_the_kv_cache(served, local_model):
     assert info["bytes_per_sequence"] == per_seq
     assert info["bytes"] == per_seq * (256 + 2)
     assert info["device"] == "cpu" and info["max_prefill_tokens"] == 2048
+
+
+async def test_bfloat16_cache_keeps_logprobs_within_bf16_tolerance(tiny_model_dir, tokenizer):
+    """The cache takes the model's dtype (bf16 here, on CPU); logprobs stay within bf16
+    rounding of a direct bf16 forward pass."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).eval()
+    engine = Engine(model, tokenizer, max_model_len=256, max_num_seqs=4, max_prefill_tokens=8)
+    assert engine.kv.kv.dtype == torch.bfloat16
+    await engine.start()
+    try:
+        prompts = [tokenizer.encode("Hi"), tokenizer.encode("What is 12 + 30? Think it over.")]
+        results = await asyncio.gather(
+            *(engine.generate(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in prompts)
+        )
+    finally:
+        await engine.stop()
+    for prompt, res in zip(prompts, results, strict=True):
+        out = res.outputs[0]
+        want = direct_logprobs(model, prompt, out.token_ids)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 0.02
