@@ -38,7 +38,9 @@ class GameConfig(BaseEnvConfig):
     starting_level: int = 1
 
 
-class _Env(BaseEnv):
+class _Hooks:
+    """The required hooks, doing nothing (these tests exercise the machinery)."""
+
     async def setup(self):
         pass
 
@@ -47,6 +49,10 @@ class _Env(BaseEnv):
 
     async def evaluate(self, *args, **kwargs):
         pass
+
+
+class _Env(_Hooks, BaseEnv):
+    pass
 
 
 class ImplicitConfigEnv(_Env):
@@ -288,15 +294,8 @@ async def test_failures_while_all_servers_are_down_are_not_counted():
 def test_teacher_extension_points_and_patchable_module_names(monkeypatch):
     import atroposlib.envs.teacher_distillation_env as tde
 
-    class Distill(tde.TeacherDistillationEnv):
-        async def setup(self):
-            pass
-
-        async def get_next_item(self):
-            return None
-
-        async def evaluate(self, *args, **kwargs):
-            pass
+    class Distill(_Hooks, tde.TeacherDistillationEnv):
+        pass
 
     for name in (
         "_attach_teacher_distillation",
