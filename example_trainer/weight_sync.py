@@ -9,8 +9,10 @@ failure raises :class:`WeightSyncError` with the reason, it never hangs.
 
 - ``none``: save a checkpoint and restart the inference server on it (vLLM or
   ``atropos-serve-model``).
-- ``http_reload``: save the weights and ``POST /update_weights {"path": DIR}`` to
-  ``atropos-serve-model`` (no restart); checks the returned ``version``.
+- ``http_reload``: save the weights and ``POST /update_weights {"path": DIR, "version":
+  STEP}`` to ``atropos-serve-model`` (no restart); checks the returned ``version``. With
+  ``sync_mode="pause"`` the server is paused first (``POST /pause``: in-flight requests
+  finish, new ones wait) and resumed after the update, even when it fails.
 - ``lora_only``: save the adapter and ``POST /lora/load`` (vLLM's custom server);
   a server without that endpoint (404) gets the merged weights via
   ``/update_weights`` instead.
@@ -90,12 +92,22 @@ class HttpReloadSync(WeightSync):
             ) from exc
         if resp.status_code != 200:
             raise WeightSyncError(f"http_reload: {self.url}/health answered {resp.status_code}")
+        try:
+            served = resp.json().get("version")
+        except (ValueError, AttributeError):
+            served = None
+        self.last_version = served if isinstance(served, int) else self.last_version
 
-    def _post(self, path: Path) -> dict:
+    def _post(self, path: Path, step: int | None = None) -> dict:
+        body: dict = {"path": str(path.resolve())}
+        if step is not None and (self.last_version is None or step > self.last_version):
+            # Name the weights by the trainer step, so rollouts' policy versions and the
+            # rollout API's step count the same thing.
+            body["version"] = step
         try:
             resp = httpx.post(
                 f"{self.url}/update_weights",
-                json={"path": str(path.resolve())},
+                json=body,
                 timeout=self.config.sync_timeout,
             )
         except httpx.TimeoutException as exc:
@@ -117,11 +129,40 @@ class HttpReloadSync(WeightSync):
         except ValueError:
             return {}
 
+    def _control(self, route: str, body: dict) -> dict:
+        """``POST /pause`` or ``/resume`` (``--sync-mode pause``); errors are WeightSyncError."""
+        try:
+            resp = httpx.post(f"{self.url}{route}", json=body, timeout=self.config.sync_timeout)
+        except httpx.HTTPError as exc:
+            raise WeightSyncError(f"http_reload: {route} failed: {exc}") from exc
+        if resp.status_code >= 400:
+            raise WeightSyncError(
+                f"http_reload: {route} answered {resp.status_code}: {resp.text[:300]} "
+                "(does the server support --sync-mode pause?)"
+            )
+        return resp.json()
+
     def sync(self, step: int, state_dict: dict | None = None) -> float:
+        if self.config.sync_mode != "pause":
+            return self._sync(step, state_dict)
+        t0 = time.perf_counter()
+        paused = self._control(
+            "/pause",
+            {"mode": "finish", "timeout": self.config.sync_timeout},
+        )
+        if not paused.get("drained", True):
+            logger.warning("http_reload: %s request(s) still in flight", paused.get("in_flight"))
+        try:
+            self._sync(step, state_dict)
+        finally:
+            self._control("/resume", {})
+        return time.perf_counter() - t0
+
+    def _sync(self, step: int, state_dict: dict | None = None) -> float:
         t0 = time.perf_counter()
         target = self.live_root / f"step_{step}"
         save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
-        data = self._post(target)
+        data = self._post(target, step)
         version = data.get("version")
         if (
             isinstance(version, int)

@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /health``, ``GET /health_generate``, ``GET /v1/models``,
 ``POST /v1/completions``, ``POST /v1/chat/completions``, the vLLM-style
-``POST /generate`` used by ``VLLMServer`` and ``POST /update_weights``.
+``POST /generate`` used by ``VLLMServer`` and ``POST /update_weights``; ``POST /pause``,
+``POST /resume`` and ``GET /weights_history`` (see :mod:`.pause`).
 
 Security (SPEC D18): the shared browser guard and bearer auth of
 :mod:`atroposlib.utils.http_security` wrap the app (their refusals re-shaped as OpenAI
@@ -48,6 +49,7 @@ from atroposlib.serving.loader import (
     resolve_dtype,
     weight_roots,
 )
+from atroposlib.serving.pause import PauseGate, PauseMiddleware, install_pause_routes
 from atroposlib.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -168,6 +170,8 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
 
     app = FastAPI(title="atropos-serve-model", lifespan=lifespan)
     install_error_handlers(app)
+    pause_gate = PauseGate()
+    app.add_middleware(PauseMiddleware, gate=pause_gate)  # innermost: after auth and guard
     # Outermost last: OpenAI-shaped refusals <- browser guard <- CORS <- bearer auth <- routes
     # (CORS outside the key check: a browser's preflight carries no Authorization header).
     if config.api_key:
@@ -356,9 +360,10 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         body: UpdateWeightsRequest, st: ServingState = Depends(get_state)
     ) -> dict[str, Any]:
         path = confine_weights_path(body.path, roots)
-        info = await st.engine.update_weights(path)
+        info = await st.engine.update_weights(path, body.version)
         return {**info, "model": st.name}
 
+    install_pause_routes(app, pause_gate, get_state)
     return app
 
 

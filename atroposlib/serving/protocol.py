@@ -315,3 +315,9 @@ class UpdateWeightsRequest(BaseModel):
     """``POST /update_weights``."""
 
     path: str = Field(..., min_length=1, description="Checkpoint directory (same architecture).")
+    version: int | None = Field(
+        None,
+        ge=0,
+        description="Version of the new weights (e.g. the trainer step); must exceed the "
+        "served one. Default: the served version plus one.",
+    )
