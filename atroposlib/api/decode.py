@@ -46,11 +46,15 @@ __all__ = [
     "model_shape",
     "split_lenient",
     "split_list",
+    "version_of",
 ]
 
 INT_ROWS = ("tokens", "masks")
 FLOAT_ROWS = ("advantages", "ref_logprobs", "inference_logprobs")
 FAST_FIELDS = frozenset((*INT_ROWS, *FLOAT_ROWS, "scores", "env_id"))
+VERSION_ROWS = ("policy_version", "policy_version_max")
+"""Optional per-sequence weight versions (not ``ScoredData`` fields: kept as posted); the
+fast path reads the oldest for ``--max-staleness``."""
 """Fields the fast path checks itself; any other field of ``ScoredData`` must be absent or null."""
 
 _MODEL_FIELDS = frozenset(ScoredData.model_fields)
@@ -87,6 +91,7 @@ class GroupShape:
     scores: int
     rows: Dict[str, Tuple[int, ...]]
     fields: frozenset
+    version: int | None = None
 
 
 def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
@@ -160,6 +165,17 @@ def fast_shape(raw: bytes) -> GroupShape | None:
             return None
         rows[name] = lengths
         arrays += 1 + len(lengths)
+    version = None
+    for name in VERSION_ROWS:
+        value = doc.get(name)
+        if value is None:
+            continue
+        low = _min_int(value)
+        if low is _NOT_INTS:
+            return None
+        arrays += 1
+        if name == "policy_version":
+            version = low
     env_id = doc.get("env_id")
     if env_id is not None and type(env_id) is not int:
         return None
@@ -169,7 +185,42 @@ def fast_shape(raw: bytes) -> GroupShape | None:
             return None
     if not _brackets_are(raw, arrays):
         return None  # a nested array in a row, or '[' in a string or another field
-    return GroupShape(env_id, size, len(scores), rows, fields)
+    return GroupShape(env_id, size, len(scores), rows, fields, version)
+
+
+_NOT_INTS = object()
+
+
+def _min_int(value: object) -> object:
+    """The smallest element of a simdjson array of int64 (None when empty), or ``_NOT_INTS``.
+
+    Nested arrays flatten here; the caller's bracket count catches them.
+    """
+    if type(value) is not _Array:
+        return _NOT_INTS
+    try:
+        buf = value.as_buffer(of_type="i")
+    except (TypeError, ValueError):
+        return _NOT_INTS
+    ints = memoryview(buf).cast("B").cast("q")
+    return min(ints) if len(ints) else None
+
+
+def version_of(raw: bytes) -> int | None:
+    """The oldest ``policy_version`` of a group that took the pydantic path (None when it has
+    none, or not a flat list of ints: the field is optional and never refused)."""
+    if b'"policy_version"' not in raw:
+        return None
+    try:
+        doc = simdjson.Parser().parse(raw)
+        value = doc.get("policy_version") if type(doc) is _Object else None
+    except (ValueError, RuntimeError, TypeError):
+        return None
+    if value is None or type(value) is not _Array:
+        return None
+    if any(type(v) is not int for v in value):
+        return None
+    return min(value) if len(value) else None
 
 
 def model_shape(group: ScoredData) -> GroupShape:

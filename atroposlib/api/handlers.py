@@ -9,6 +9,7 @@ with absent fields added as nulls (see :func:`parse_groups`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import weakref
@@ -23,6 +24,7 @@ from atroposlib.api.decode import (
     model_shape,
     split_lenient,
     split_list,
+    version_of,
 )
 from atroposlib.api.errors import (
     BodyValidationError,
@@ -96,6 +98,9 @@ def _shape(raw: bytes) -> GroupShape:
     shape = fast_shape(raw)
     if shape is None:
         shape = model_shape(ScoredData.model_validate_json(raw))
+        version = version_of(raw)
+        if version is not None:
+            shape = dataclasses.replace(shape, version=version)
     return shape
 
 
@@ -156,7 +161,11 @@ def incoming(
         loc = (i,) if many else ()
         for name in check_lengths(p.shape.rows, p.shape.scores, loc, strict):
             findings.append((p.shape.env_id, name))
-        out.append(IncomingGroup(env_id=p.shape.env_id, size=p.shape.size, body=p.body))
+        out.append(
+            IncomingGroup(
+                env_id=p.shape.env_id, size=p.shape.size, body=p.body, version=p.shape.version
+            )
+        )
     return out, findings
 
 

@@ -140,6 +140,18 @@ def render_metrics(store: RolloutStore) -> str:
         ],
     )
     lines += _family(
+        "atropos_stale_groups_dropped_total",
+        "counter",
+        "Groups dropped for being more than --max-staleness versions behind, per env.",
+        [
+            (_env_label(e), n)
+            for e, n in sorted(
+                store.staleness.dropped.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
+            )
+        ]
+        or [("", 0)],
+    )
+    lines += _family(
         "atropos_internal_errors_total",
         "counter",
         "Requests that failed inside the server (logged with a traceback).",

@@ -26,9 +26,11 @@ class StoredGroup:
     (``--persist``), and raw deflate of the JSON when ``packed`` (see
     :func:`atroposlib.api.compression.pack`); ``nbytes`` is the JSON's length
     in every case, so the queue budget does not depend on the stored form.
+    ``version`` is the oldest ``policy_version`` of its sequences (None when none was
+    posted), for ``--max-staleness``.
     """
 
-    __slots__ = ("seq", "env_id", "size", "body", "nbytes", "packed")
+    __slots__ = ("seq", "env_id", "size", "body", "nbytes", "packed", "version")
 
     def __init__(
         self,
@@ -38,6 +40,7 @@ class StoredGroup:
         body: bytes | None,
         nbytes: int | None = None,
         packed: bool = False,
+        version: int | None = None,
     ) -> None:
         self.seq = seq
         self.env_id = env_id
@@ -45,6 +48,7 @@ class StoredGroup:
         self.body = body
         self.nbytes = len(body) if nbytes is None and body is not None else (nbytes or 0)
         self.packed = packed
+        self.version = version
 
 
 @dataclass
@@ -88,6 +92,9 @@ class GroupQueue:
 
     def __iter__(self) -> Iterator[StoredGroup]:
         return iter(self._order.values())
+
+    def __contains__(self, g: object) -> bool:
+        return isinstance(g, StoredGroup) and self._order.get(g.seq) is g
 
     @property
     def max_group_size(self) -> int:
@@ -176,6 +183,18 @@ class GroupQueue:
             else:
                 del self._buckets[size]
         return chosen
+
+    def remove(self, groups: List[StoredGroup]) -> None:
+        """Take ``groups`` (all on the queue) off it, wherever they are (``--max-staleness``)."""
+        gone = {g.seq for g in groups}
+        for g in groups:
+            self._forget(g)
+        for size in {g.size for g in groups}:
+            left = deque(g for g in self._buckets[size] if g.seq not in gone)
+            if left:
+                self._buckets[size] = left
+            else:
+                del self._buckets[size]
 
     def clear(self) -> None:
         """Drop every group."""

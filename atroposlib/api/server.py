@@ -161,6 +161,7 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
             settings.pack_above_bytes,
             max_buffer_bytes=settings.max_buffer_bytes,
             env_timeout=settings.env_timeout,
+            max_staleness=settings.max_staleness,
         )
     store.strict_groups = settings.strict_groups  # read by handlers.ingest_groups (D17)
 

@@ -95,6 +95,14 @@ class APISettings(BaseSettings):
         "warned about once per env and counted in atropos_inconsistent_groups_total).",
     )
 
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="Drop groups whose policy_version is more than K trainer steps behind when "
+        "a batch is formed (logged, counted per env in /metrics); off by default, as in the "
+        "original. Groups without a policy_version are never dropped.",
+    )
+
     @property
     def max_queue_bytes(self) -> int:
         """``max_queue_mb`` in bytes."""

@@ -42,6 +42,7 @@ from atroposlib.api.errors import ApiError, QueueFullError, StorageError, Unknow
 from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.api.persistence import GroupRow, SqlitePersistence
 from atroposlib.api.queue import GroupQueue, StoredGroup
+from atroposlib.api.staleness import StalenessControl, histogram
 from atroposlib.api.utils import find_groups_summing_to_target
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class IncomingGroup:
     env_id: int | None
     size: int
     body: bytes
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class PendingBatch:
     step: int
     groups: List[StoredGroup]
     live: bool = True
+    staleness: Dict[str, int] | None = None
 
     def meta(self) -> Dict[str, Any]:
         return {
@@ -189,8 +192,10 @@ class RolloutStore:
         pack_above_bytes: int = DEFAULT_PACK_ABOVE_BYTES,
         max_buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         env_timeout: float = DEFAULT_ENV_TIMEOUT,
+        max_staleness: int | None = None,
     ) -> None:
         self.max_queue_bytes = max_queue_bytes
+        self.staleness = StalenessControl(max_staleness)
         self.pack_above_bytes = pack_above_bytes
         # The buffer never holds more than half the queue budget, so odd-sized groups
         # alone can never fill the queue and block every env with 503s.
@@ -222,6 +227,7 @@ class RolloutStore:
             "buffer_released": 0,
             "buffer_dropped": 0,
             "internal_errors": 0,
+            "stale_dropped": 0,
         }
         self._reset_registration()
         self.max_token_len = -1
@@ -288,6 +294,7 @@ class RolloutStore:
             self._batches_formed = meta.get("batches_formed", 0)
             pending_meta = meta.get("pending")
         self.queue.clear()
+        self.staleness.forget_all()
         self._buffers.clear()
         self._buffer_order.clear()
         self._buffer_bytes = 0
@@ -481,6 +488,7 @@ class RolloutStore:
         batch formed after the reset for one it already has.
         """
         self.queue.clear()
+        self.staleness.forget_all()
         self._buffers.clear()
         self._buffer_order.clear()
         self._buffer_bytes = 0
@@ -516,10 +524,16 @@ class RolloutStore:
             held += len(g.body)
             if self._db is None and held > self.pack_above_bytes:
                 stored = StoredGroup(
-                    self._next_seq, g.env_id, g.size, pack(g.body), len(g.body), packed=True
+                    self._next_seq,
+                    g.env_id,
+                    g.size,
+                    pack(g.body),
+                    len(g.body),
+                    packed=True,
+                    version=g.version,
                 )
             else:
-                stored = StoredGroup(self._next_seq, g.env_id, g.size, g.body)
+                stored = StoredGroup(self._next_seq, g.env_id, g.size, g.body, version=g.version)
             created.append(stored)
             self._next_seq += 1
             if g.env_id is not None:
@@ -549,6 +563,7 @@ class RolloutStore:
 
     def _enqueue(self, g: StoredGroup) -> None:
         self.queue.append(g)
+        self.staleness.track(g)
         if g.body is not None:
             self._latest, self._latest_packed = g.body, g.packed
 
@@ -668,6 +683,7 @@ class RolloutStore:
             consume = pending.groups
             self.pending = None
             self.counters["batches_acknowledged"] += 1
+        self._drop_stale()
         batch = self._pop_batch()
         if batch is None:
             if consume or newly_started:
@@ -678,6 +694,8 @@ class RolloutStore:
         pending = self.pending = PendingBatch(
             f"{self._run_token}-{self._batches_formed}", self.step, batch
         )
+        if self.staleness.max_staleness is not None or any(g.version is not None for g in batch):
+            pending.staleness = histogram(self.step - 1, batch)
         self.counters["batches_served"] += 1
         sequences = sum(g.size for g in batch)
         self.counters["sequences_served"] += sequences
@@ -721,8 +739,11 @@ class RolloutStore:
         if served is None:
             return b'{"batch":null}'
         bodies, batch_id, step = served
-        tail = b'],"batch_id":' + json.dumps(batch_id).encode() + b',"step":%d}' % step
-        return b'{"batch":[' + b",".join(bodies) + tail
+        tail = b'],"batch_id":' + json.dumps(batch_id).encode() + b',"step":%d' % step
+        hist = self.pending.staleness if self.pending is not None else None
+        if hist is not None:
+            tail += b',"staleness":' + json.dumps(hist, separators=(",", ":")).encode()
+        return b'{"batch":[' + b",".join(bodies) + tail + b"}"
 
     def _bodies(self, groups: Sequence[StoredGroup]) -> List[bytes]:
         if self._db is not None:
@@ -732,6 +753,16 @@ class RolloutStore:
                 self._restore()
                 raise
         return [unpack(g.body) if g.packed else g.body for g in groups]  # type: ignore[misc]
+
+    def _drop_stale(self) -> None:
+        """Take groups more than ``--max-staleness`` versions behind off the queue for good."""
+        stale = self.staleness.too_stale(self.step, self.queue)
+        if not stale:
+            return
+        self.queue.remove(stale)
+        self.staleness.record_drops(self.step, stale)
+        self.counters["stale_dropped"] += len(stale)
+        self._commit(delete=[g.seq for g in stale])
 
     def _pop_batch(self) -> List[StoredGroup] | None:
         if any(e.min_batch_allocation is not None for e in self.envs):
@@ -754,6 +785,13 @@ class RolloutStore:
             "inactive_envs": self.inactive_envs(),
         }
 
+    def _version_status(self) -> Dict[str, Any]:
+        """The current policy version (the step) and, when set, ``--max-staleness``."""
+        out: Dict[str, Any] = {"current_version": self.step}
+        if self.staleness.max_staleness is not None:
+            out["max_staleness"] = self.staleness.max_staleness
+        return out
+
     def env_status(self, env_id: int) -> Dict[str, Any]:
         """The throttling signal of one env (SPEC §2.7), in O(number of envs)."""
         if not self.registered:
@@ -765,6 +803,7 @@ class RolloutStore:
                 "max_group_size": 1,
                 "env_weight": 1.0,
                 "self_buffered_groups": 0,
+                **self._version_status(),
             }
         me = self.env(env_id)
         connected = [e for e in self.envs if e.connected]
@@ -809,4 +848,5 @@ class RolloutStore:
             "max_group_size": max_group,
             "env_weight": env_weight,
             "self_buffered_groups": self.buffer_stats(env_id)[0],
+            **self._version_status(),
         }

@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=_help("strict_groups"),
     )
+    p.add_argument(
+        "--max-staleness",
+        dest="max_staleness",
+        type=int,
+        metavar="K",
+        help=_help("max_staleness"),
+    )
     return p
 
 

@@ -174,6 +174,7 @@ def test_status_env_accepts_query_param_and_legacy_json_body(fresh: Api):
         "max_group_size": 4,
         "env_weight": 1.0,
         "self_buffered_groups": 0,
+        "current_version": 0,
     }
 
 
