@@ -43,3 +43,16 @@ def test_process_output_carries_the_servers_policy_version(tmp_path, monkeypatch
     assert all(g["policy_version"] == [4, 4] for g in groups)
     assert all("policy_version_max" not in g for g in groups)
     assert "policy v4" in out.with_suffix(".html").read_text()
+
+
+def test_env_knows_when_a_rollout_is_already_too_stale():
+    from .test_base_hooks import make_env
+
+    env = make_env()
+    assert env.latest_policy_version is None and env.is_too_stale(0) is False
+    env.status_dict = {"current_step": 5, "current_version": 5}
+    assert env.latest_policy_version == 5 and env.is_too_stale(1) is False  # no bound set
+    env.status_dict = {"current_version": 5, "max_staleness": 2}
+    assert env.is_too_stale(2) is True
+    assert env.is_too_stale(3) is False
+    assert env.is_too_stale(None) is False
