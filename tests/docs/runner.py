@@ -220,7 +220,13 @@ class DocRun:
 
     @staticmethod
     def _tail(log: Path) -> str:
-        return log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        """The first warnings and errors of a block's output, then its last 3,000 characters."""
+        if not log.exists():
+            return ""
+        text = log.read_text(errors="replace")
+        alerts = [ln for ln in text.splitlines() if " WARNING " in ln or " ERROR " in ln][:10]
+        head = "first warnings/errors:\n" + "\n".join(alerts) + "\n---\n" if alerts else ""
+        return head + text[-3000:]
 
     def stop(self) -> None:
         for proc in reversed(self.started):
