@@ -5,6 +5,9 @@ environment in ``process``, ``serve`` and ``evaluate`` mode."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.conftest import ROOT
 from tests.docs.runner import DocRun, parse_blocks
@@ -53,3 +56,25 @@ def test_tutorial_runs_as_written(tmp_path):
     assert 0.0 <= metrics["results"]["all"]["eval/percent_correct"] <= 1.0
     samples = (tmp_path / "work" / "evals" / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 9
+
+
+def test_tutorial_code_is_lint_clean_and_the_page_passes_make_lint(tmp_path):
+    """The assembled file passes ruff's checks; the page itself stays out of ruff's markdown
+    formatter (``<!-- fmt:off -->``), which would dedent the method fragments."""
+    blocks = [b for b in parse_blocks(TUTORIAL) if b.kind == "file"]
+    assembled = tmp_path / "repeat_env.py"
+    assembled.write_text("\n\n".join(b.text for b in blocks))
+    ruff = [str(Path(sys.executable).parent / "ruff")]
+    check = subprocess.run(
+        [*ruff, "check", "--no-cache", "--select", "E9,F,I", str(assembled)],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    fmt = subprocess.run(
+        [*ruff, "format", "--check", "--no-cache", str(TUTORIAL)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
