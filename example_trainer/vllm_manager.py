@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Mapping, Tuple
 
 import httpx
 
@@ -47,9 +47,16 @@ def server_command(
     host: str = "127.0.0.1",
     gpu_memory_utilization: float = 0.45,
     max_model_len: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> List[str]:
-    """The command line that serves ``model_path`` on ``port``."""
+    """The command line that serves ``model_path`` on ``port``.
+
+    ``device`` (``cpu``/``cuda``; atropos-serve-model only, vLLM picks its GPUs from
+    ``CUDA_VISIBLE_DEVICES``) and ``dtype`` are passed on unless None or ``auto``.
+    """
     backend = resolve_backend(backend)
+    dtype = None if dtype in (None, "auto") else dtype
     if backend == "vllm":
         cmd = [
             sys.executable,
@@ -62,7 +69,7 @@ def server_command(
             "--port",
             str(port),
             "--dtype",
-            "auto",
+            dtype or "auto",
             "--gpu-memory-utilization",
             str(gpu_memory_utilization),
         ]
@@ -79,11 +86,27 @@ def server_command(
             "--port",
             str(port),
         ]
+        if device not in (None, "auto"):
+            cmd += ["--device", str(device)]
+        if dtype:
+            cmd += ["--dtype", dtype]
     else:
         raise InferenceServerError(f"unknown inference backend {backend!r} (vllm | serve_model)")
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
     return cmd
+
+
+def split_device(device: str) -> Tuple[str, Mapping[str, str]]:
+    """``cuda:N`` → (``cuda``, ``{"CUDA_VISIBLE_DEVICES": "N"}``); other devices unchanged.
+
+    Inference servers take a device kind, not an index: the index selects the GPU
+    they see instead.
+    """
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and index:
+        return "cuda", {"CUDA_VISIBLE_DEVICES": index}
+    return device, {}
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

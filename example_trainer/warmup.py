@@ -9,6 +9,7 @@ at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -63,6 +64,7 @@ def sft_warmup(
     score_fn: Callable[[Any, Any], float] | None = None,
     stop_at_score: float | None = None,
     check_every: int = 10,
+    device: str = "cpu",
 ) -> str:
     """Fine-tune ``model_dir`` on ``examples`` for at most ``steps`` steps; return the output directory.
 
@@ -70,6 +72,8 @@ def sft_warmup(
     as the score reaches ``stop_at_score`` (checked every ``check_every`` steps), so
     RL starts from a policy that sometimes, but not usually, succeeds.
     Skips the work when ``out_dir`` already holds the result for the same inputs.
+    Runs on ``device`` (the trainer's); on a GPU it computes under bf16 autocast
+    (fp16 where bf16 is missing) with fp32 weights, like the trainer's default policy.
     """
     out = Path(out_dir)
     key = _cache_key(model_dir, examples, steps, lr, batch_size, seed) + (
@@ -82,8 +86,12 @@ def sft_warmup(
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     model.train()
+    on_cuda = torch.device(device).type == "cuda"
+    half = torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float16
+    autocast = (lambda: torch.autocast("cuda", dtype=half)) if on_cuda else contextlib.nullcontext
+    scaler = torch.amp.GradScaler("cuda") if on_cuda and half == torch.float16 else None
     encoded = [encode_example(tokenizer, m, a) for m, a in examples]
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     pad = tokenizer.pad_token_id or 0
@@ -100,9 +108,17 @@ def sft_warmup(
             ids[i, : len(t)] = torch.tensor(t)
             labels[i, : len(lab)] = torch.tensor(lab)
             attn[i, : len(t)] = 1
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        loss.backward()
-        opt.step()
+        with autocast():
+            loss = model(
+                input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device)
+            ).loss
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
         loss_val = float(loss.detach())
         done = step + 1
@@ -114,7 +130,7 @@ def sft_warmup(
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.to("cpu").save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / MARKER).write_text(
         json.dumps({"key": key, "steps": done, "final_loss": loss_val, "score": score})

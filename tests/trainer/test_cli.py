@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -109,3 +110,42 @@ def test_console_entry_exits_2_on_unknown_flag():
 
 def test_every_field_has_description():
     assert all(f.description for f in TrainingConfig.model_fields.values())
+
+
+@pytest.mark.parametrize("name", ["./no-such-model", "~/no-such-model-dir", "../nope"])
+def test_model_name_spelled_as_a_missing_path_is_refused(name, capsys):
+    with pytest.raises(SystemExit) as exc:
+        config_from_args(["--model-name", name])
+    assert exc.value.code == 2
+    assert f"{name} does not exist" in capsys.readouterr().err
+
+
+def test_missing_model_path_exits_2_with_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "example_trainer.grpo", "--model-name", "/does/not/exist"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/does/not/exist does not exist" in lines[0], proc.stderr
+
+
+def test_unresolvable_hub_name_offline_exits_2_with_one_line(tmp_path):
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path),  # an empty cache
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "example_trainer.grpo", "--model-name", "someorg/no-such-model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "someorg/no-such-model" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]

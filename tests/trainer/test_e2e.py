@@ -40,8 +40,9 @@ TRAINER_ARGS = [
 ]
 
 
-def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
+def _write_config(tmp_path: Path, steps: int, with_eval: bool, trainer_procs: int = 1) -> Path:
     cfg = {
+        "trainer_procs": trainer_procs,
         "run_dir": str(tmp_path / "run"),
         "model": "tiny",
         "api_port": 0,
@@ -58,7 +59,7 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
         "trainer_args": TRAINER_ARGS,
         "startup_timeout": 120,
         "cpu_threads": 1,
-        "max_wall_time": 150,
+        "max_wall_time": 240,
     }
     if with_eval:
         cfg["eval"] = {"function": "environments/arithmetic_server.py:greedy_eval"}
@@ -68,13 +69,14 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool) -> Path:
 
 
 def test_one_command_run_trains_syncs_weights_and_writes_summary(tmp_path):
-    config = _write_config(tmp_path, steps=3, with_eval=True)
+    """With two trainer processes (torchrun, FSDP2 on gloo): rank 0 syncs and logs."""
+    config = _write_config(tmp_path, steps=3, with_eval=True, trainer_procs=2)
     proc = subprocess.run(
         [sys.executable, "-m", "example_trainer.run", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=300,
     )
     run_dir = tmp_path / "run"
     logs = "\n".join(
@@ -95,6 +97,7 @@ def test_one_command_run_trains_syncs_weights_and_writes_summary(tmp_path):
     assert 0.0 <= summary["eval_before"] <= 1.0 and 0.0 <= summary["eval_after"] <= 1.0
     assert (run_dir / "curve.png").stat().st_size > 1000
     assert (run_dir / "checkpoints" / "step_2" / "trainer_state.pt").exists()
+    assert "rank 1 of 2" in (run_dir / "logs" / "trainer.log").read_text()
     assert (run_dir / "checkpoints" / "final_model" / "config.json").exists()
     for name in ("api", "inference", "env", "trainer"):
         assert (run_dir / "logs" / f"{name}.log").exists()

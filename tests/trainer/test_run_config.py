@@ -83,3 +83,84 @@ def test_plot_curve_and_clear_previous_run(tmp_path):
 
 def test_run_config_fields_are_documented():
     assert all(f.description for f in RunConfig.model_fields.values())
+
+
+def test_device_precision_and_trainer_procs_reach_the_trainer_command(tmp_path):
+    from example_trainer.launcher import Launcher
+
+    cfg = config_from_args(
+        [
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--device",
+            "cpu",
+            "--precision",
+            "bf16-mixed",
+            "--trainer-procs",
+            "2",
+        ]
+    )
+    cmd = Launcher(cfg).trainer_cmd("/m")
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert cmd[5:7] == ["-m", "example_trainer.grpo"]
+    flags = dict(zip(cmd[7::2], cmd[8::2], strict=False))
+    assert flags["--device"] == "cpu" and flags["--precision"] == "bf16-mixed"
+    assert flags["--model-name"] == "/m"
+
+
+def test_inference_command_is_server_command_with_device_and_dtype(tmp_path):
+    from example_trainer.launcher import Launcher
+    from example_trainer.vllm_manager import server_command
+
+    cfg = config_from_args(
+        [
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--inference-device",
+            "cuda:1",
+            "--inference-dtype",
+            "bfloat16",
+            "--inference-port",
+            "9123",
+        ]
+    )
+    cmd, env = Launcher(cfg).inference_cmd("/m")
+    base = server_command("serve_model", "/m", 9123, "/m", device="cuda", dtype="bfloat16")
+    assert cmd[: len(base)] == base
+    assert ["--device", "cuda"] == cmd[cmd.index("--device") : cmd.index("--device") + 2]
+    assert env == {"CUDA_VISIBLE_DEVICES": "1"}
+    vllm = server_command("vllm", "/m", 9123, dtype="float16")
+    assert vllm[vllm.index("--dtype") + 1] == "float16"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--device", "cpu", "--precision", "fp16-mixed"], "CUDA"),
+        (["--trainer-procs", "2", "--weight-bridge-mode", "lora_only"], "LoRA"),
+        (["--precision", "fp8"], "--precision"),
+    ],
+)
+def test_unsupported_trainer_settings_exit_2_before_anything_starts(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        config_from_args(argv)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_warmup_runs_on_the_trainer_device(tmp_path, monkeypatch):
+    import example_trainer.warmup as warmup
+    from example_trainer.launcher import Launcher
+
+    seen = {}
+
+    def fake_warmup(model, examples, cache, **kw):
+        seen.update(kw)
+        return model
+
+    monkeypatch.setattr(warmup, "sft_warmup", fake_warmup)
+    cfg = config_from_args(
+        ["--config", str(DEMO), "--run-dir", str(tmp_path / "r"), "--device", "cuda:3"]
+    )
+    Launcher(cfg).prepare_model()
+    assert seen["device"] == "cuda:3"

@@ -1,0 +1,49 @@
+"""Scoring the policy through the inference server at chosen points of a run.
+
+The eval function comes from the environment (``EvalSection.function``) and is
+called as ``fn(base_url, tokenizer) → score in [0, 1]``; every call is recorded with
+its label (before / during / after), trainer step and duration.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, List
+
+from .plugins import load_function
+from .run_config import EvalSection
+
+logger = logging.getLogger(__name__)
+
+
+class Evaluator:
+    """Runs the configured eval function and keeps the scores (nothing when unconfigured)."""
+
+    def __init__(self, section: EvalSection | None, inference_url: str) -> None:
+        self.section = section
+        self.url = inference_url
+        self.evals: List[Dict[str, Any]] = []
+        self._tokenizers: Dict[str, Any] = {}
+
+    @property
+    def every_steps(self) -> int:
+        """Evaluate during training every this many trainer steps (0 = never)."""
+        return self.section.every_steps if self.section else 0
+
+    def evaluate(self, label: str, step: int, model: str) -> float | None:
+        """Score the weights the inference server holds now; None when no eval is configured."""
+        if self.section is None:
+            return None
+        if model not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[model] = AutoTokenizer.from_pretrained(model)
+        fn = load_function(self.section.function)
+        t = time.time()
+        score = float(fn(self.url, self._tokenizers[model]))
+        self.evals.append(
+            {"label": label, "step": step, "score": score, "seconds": time.time() - t}
+        )
+        logger.info("eval %s (step %d): %.3f", label, step, score)
+        return score

@@ -1,0 +1,318 @@
+"""The processes of one ``atropos-grpo-run`` job, started in order and watched to the end.
+
+``run-api``, the inference server (unless the trainer owns it in the restart
+modes), the GRPO trainer (``torchrun`` when ``trainer_procs > 1``) and the
+environments, each a child of :class:`~example_trainer.processes.ProcessGroup`.
+The inference command line comes from :func:`~example_trainer.vllm_manager.server_command`,
+the same one the trainer uses when it restarts a server.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List
+
+import httpx
+
+from .evaluation import Evaluator
+from .plugins import load_function
+from .processes import ProcessGroup
+from .run_config import RunConfig
+from .status import status_table
+from .summary import clear_previous_run, read_metrics, write_summary
+from .vllm_manager import server_command, split_device
+
+logger = logging.getLogger("atropos-grpo-run")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve_model(model: str) -> str:
+    """``tiny`` → the offline tiny model directory (built once); anything else unchanged."""
+    if model == "tiny":
+        from atroposlib.tiny_model import ensure_tiny_model
+
+        return ensure_tiny_model()
+    return model
+
+
+def as_flags(d: Dict[str, Any]) -> List[str]:
+    """``{"training_steps": 5, "use_wandb": True}`` → ``["--training-steps", "5", "--use-wandb", "true"]``."""
+    out: List[str] = []
+    for k, v in d.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, (list, tuple)):
+            out += [flag, *map(str, v)]
+        elif v is None:
+            continue
+        else:
+            out += [flag, str(v).lower() if isinstance(v, bool) else str(v)]
+    return out
+
+
+def _serve_model_has_weights_root() -> bool:
+    try:
+        from atroposlib.serving.config import ServeModelConfig
+    except ImportError:
+        return False
+    return "weights_root" in ServeModelConfig.model_fields
+
+
+class Launcher:
+    """Runs one training job end to end. See the module docstring."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.run_dir = Path(config.run_dir or f"runs/run-{stamp}").resolve()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not config.trainer.get("resume"):
+            clear_previous_run(self.run_dir)
+        threads = (
+            {k: str(config.cpu_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            if config.cpu_threads
+            else {}
+        )
+        self.procs = ProcessGroup(self.run_dir, env=threads)
+        if config.cpu_threads:
+            import torch
+
+            torch.set_num_threads(config.cpu_threads)
+        self.device = config.trainer_device()
+        self.api_port = config.api_port or free_port()
+        self.inf_port = config.inference_port or free_port()
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.inf_url = f"http://127.0.0.1:{self.inf_port}"
+        self.evaluator = Evaluator(config.eval, self.inf_url)
+        self.inference_version: int | None = None
+        self.t0 = time.time()
+
+    # -- phases
+    def prepare_model(self) -> str:
+        """Resolve the model and run the cached warm-up (on the trainer's device) if configured."""
+        model = resolve_model(self.config.model)
+        w = self.config.warmup
+        if w is not None:
+            from .warmup import sft_warmup
+
+            examples = load_function(w.examples)(w.n_examples, w.seed)
+            logger.info(
+                "supervised warm-up: %d steps on %d examples (%s)",
+                w.steps,
+                len(examples),
+                self.device,
+            )
+            cache = Path(".cache") / f"warmup-{Path(model).name}-{w.steps}"
+            score_fn = load_function(w.score_function) if w.score_function else None
+            model = sft_warmup(
+                model,
+                examples,
+                cache,
+                steps=w.steps,
+                lr=w.lr,
+                batch_size=w.batch_size,
+                seed=w.seed,
+                score_fn=score_fn,
+                stop_at_score=w.stop_at_score,
+                check_every=w.check_every,
+                device=self.device,
+            )
+        return str(Path(model).resolve()) if Path(model).exists() else model
+
+    def inference_cmd(
+        self, model: str, port: int | None = None
+    ) -> tuple[List[str], Dict[str, str]]:
+        """The inference server's command line and extra environment."""
+        c = self.config
+        device, env = split_device(c.inference_device)
+        cmd = server_command(
+            c.inference_backend,
+            model,
+            port or self.inf_port,
+            c.served_model_name or model,
+            device=device,
+            dtype=c.inference_dtype,
+        )
+        if c.inference_backend == "serve_model" and _serve_model_has_weights_root():
+            # http_reload pushes weights saved under the run directory.
+            cmd += ["--weights-root", str(self.run_dir)]
+        return cmd + list(c.inference_args), env
+
+    def start_services(self, model: str) -> None:
+        """run-api and (unless the trainer owns it) the inference server."""
+        c = self.config
+        self.procs.start(
+            "api",
+            [
+                sys.executable,
+                "-m",
+                "atroposlib.cli.run_api",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.api_port),
+            ],
+        )
+        if c.owns_inference:
+            cmd, env = self.inference_cmd(model)
+            self.procs.start("inference", cmd, extra_env=env)
+            self.procs.wait_healthy("inference", f"{self.inf_url}/health", c.startup_timeout)
+        self.procs.wait_healthy("api", f"{self.api_url}/health", c.startup_timeout)
+
+    def trainer_cmd(self, model: str) -> List[str]:
+        """The ``atropos-grpo`` command line (under ``torchrun`` for several processes)."""
+        c = self.config
+        fields: Dict[str, Any] = {
+            "save_path": str(self.run_dir / "checkpoints"),
+            "log_dir": str(self.run_dir),
+            "atropos_url": self.api_url,
+            "vllm_port": self.inf_port,
+            "inference_url": self.inf_url,
+            "weight_bridge_mode": c.weight_bridge_mode,
+            "progress": False,
+            "inference_backend": "vllm" if c.inference_backend == "vllm" else "serve_model",
+            "device": self.device,
+        }
+        if c.precision != "auto":
+            fields["precision"] = c.precision
+        fields.update(c.trainer)
+        fields["model_name"] = model
+        launch = [sys.executable]
+        if c.trainer_procs > 1:
+            launch += [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={c.trainer_procs}",
+            ]
+        return [*launch, "-m", "example_trainer.grpo", *as_flags(fields), *c.trainer_args]
+
+    def env_cmd(self, env_file: str, model: str) -> List[str]:
+        """``python ENV serve ...`` for one environment."""
+        c = self.config
+        return [
+            sys.executable,
+            env_file,
+            "serve",
+            "--env.rollout_server_url",
+            self.api_url,
+            "--env.tokenizer_name",
+            model,
+            "--env.use_wandb",
+            "false",
+            "--env.group_size",
+            str(c.group_size),
+            "--openai.base_url",
+            f"{self.inf_url}/v1",
+            "--openai.model_name",
+            c.served_model_name or model,
+            "--openai.server_type",
+            "vllm",
+            "--openai.api_key",
+            "x",
+            *c.env_args,
+        ]
+
+    # -- main loop
+    def run(self) -> int:
+        """Do the whole job; returns the exit status."""
+        c = self.config
+        model = self.prepare_model()
+        self.start_services(model)
+        if c.owns_inference:
+            self.evaluator.evaluate("before", 0, model)
+        self.procs.start("trainer", self.trainer_cmd(model))
+        for i, env_file in enumerate(c.envs):
+            self.procs.start(f"env{i}" if len(c.envs) > 1 else "env", self.env_cmd(env_file, model))
+        if not c.owns_inference:
+            self.procs.wait_healthy("trainer", f"{self.inf_url}/health", c.startup_timeout)
+            self.evaluator.evaluate("before", 0, model)
+        status = self.monitor(model)
+        if status == 0 and c.owns_inference:
+            self.evaluator.evaluate("after", self._last_step(), model)
+            self.inference_version = self._inference_version()
+        elif status == 0 and c.eval is not None:
+            self.evaluate_served_checkpoint(model)
+        write_summary(self.run_dir, status, self.evaluator.evals, self.t0, self.inference_version)
+        return status
+
+    def evaluate_served_checkpoint(self, model: str) -> None:
+        """Restart modes: the trainer's server is gone, so serve its last weights briefly and evaluate."""
+        served = sorted(
+            (self.run_dir / "checkpoints" / "served_weights").glob("step_*"),
+            key=lambda p: int(p.name.split("_")[1]),
+        )
+        if not served:
+            logger.warning("no served weights found; skipping the final eval")
+            return
+        cmd, env = self.inference_cmd(str(served[-1]))
+        self.procs.start("inference-eval", cmd, extra_env=env)
+        try:
+            self.procs.wait_healthy(
+                "inference-eval", f"{self.inf_url}/health", self.config.startup_timeout
+            )
+            self.evaluator.evaluate("after", self._last_step(), model)
+        finally:
+            self.procs.stop("inference-eval")
+
+    def _inference_version(self) -> int | None:
+        try:
+            return httpx.get(f"{self.inf_url}/health", timeout=5.0).json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    def _last_step(self) -> int:
+        rows = read_metrics(self.run_dir / "metrics.jsonl")
+        return int(rows[-1]["step"]) if rows else 0
+
+    def monitor(self, model: str) -> int:
+        """Show status until the trainer exits; 0 on success."""
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(stderr=True)
+        every = self.evaluator.every_steps
+        next_eval = every
+
+        def table() -> Any:
+            return status_table(self.run_dir, self.procs, self.evaluator.evals, self.t0)
+
+        with Live(table(), console=console, refresh_per_second=2, transient=False) as live:
+            while True:
+                rc = self.procs.children["trainer"].returncode()
+                step = self._last_step()
+                if every and step >= next_eval and rc is None:
+                    self.evaluator.evaluate("during", step, model)
+                    next_eval = (step // every + 1) * every
+                live.update(table())
+                if rc is not None:
+                    if rc != 0:
+                        console.print(
+                            f"[red]trainer exited with code {rc}[/red]\n"
+                            + self.procs.children["trainer"].log_tail()
+                        )
+                    return rc
+                dead = self.procs.failed(ignore=("trainer",))
+                if dead is not None:
+                    console.print(
+                        f"[red]{dead.name} exited with code {dead.returncode()}[/red]\n{dead.log_tail()}"
+                    )
+                    return 1
+                if self.config.max_wall_time and time.time() - self.t0 > self.config.max_wall_time:
+                    console.print("[red]max_wall_time reached[/red]")
+                    return 1
+                time.sleep(self.config.status_interval)
+
+    def shutdown(self) -> None:
+        """Stop every child process."""
+        self.procs.stop_all()
