@@ -131,14 +131,6 @@ def test_config_subclass_env_process_uses_its_fields_and_runs_without_a_wandb_lo
     assert "make sure it is running" not in log  # the probe found the server
 
 
-def test_config_subclass_fields_are_validated_and_in_help(tmp_path):
-    bad = run_env([str(WORD_GAME), "process", "--env.starting_level", "high"], tmp_path, 60)
-    assert bad.returncode == 2
-    assert "--env.starting_level" in bad.stderr
-    help_text = run_env([str(WORD_GAME), "process", "--help"], tmp_path, 60).stdout
-    assert "--env.dictionary_path" in help_text and "--env.debug_mode" in help_text
-
-
 def test_chat_template_tokens_are_written_as_int_lists(tmp_path, serve_model):
     from transformers import AutoTokenizer
 
