@@ -50,12 +50,10 @@ def token_logprobs(
     """Log-probability of each label under ``logits / temperature``; 0 where label is −100.
 
     ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``
-    (pass None when all are 1: checking a GPU tensor here would wait for the device).
+    (pass None when all are 1; checking that here would wait for the device).
     """
-    if temperatures is not None and (
-        temperatures.device.type != "cpu" or not bool(torch.all(temperatures == 1.0))
-    ):
-        # Skipped at temperature 1: the division copies the [B, T, V] logits and its backward.
+    if temperatures is not None:
+        # Callers pass None at temperature 1: the division copies the [B, T, V] logits.
         logits = logits / temperatures.to(logits.dtype).view(-1, 1, 1)
     logits = logits.float()
     safe = labels.clamp(min=0)
