@@ -60,14 +60,6 @@ def as_flags(d: Dict[str, Any]) -> List[str]:
     return out
 
 
-def _serve_model_has_weights_root() -> bool:
-    try:
-        from atroposlib.serving.config import ServeModelConfig
-    except ImportError:
-        return False
-    return "weights_root" in ServeModelConfig.model_fields
-
-
 class Launcher:
     """Runs one training job end to end. See the module docstring."""
 
@@ -143,9 +135,9 @@ class Launcher:
             device=device,
             dtype=c.inference_dtype,
         )
-        if c.inference_backend == "serve_model" and _serve_model_has_weights_root():
-            # http_reload pushes weights saved under the run directory.
-            cmd += ["--weights-root", str(self.run_dir)]
+        if c.inference_backend == "serve_model":
+            # The trainer's http_reload weights land under checkpoints/; other paths get 403.
+            cmd += ["--weights-root", str(self.run_dir / "checkpoints")]
         return cmd + list(c.inference_args), env
 
     def start_services(self, model: str) -> None:
