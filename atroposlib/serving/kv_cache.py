@@ -13,7 +13,8 @@ of the rows of this pass up to the longest row (masked per row by the caller),
 instead of concatenating tensors as ``DynamicCache`` does.
 
 How many slots fit is decided by :func:`plan_slots`: ``--max-num-seqs`` on CPU
-(the memory is reserved lazily and touched only as sequences grow), and on CUDA
+(the memory is reserved lazily and touched only as sequences grow; at most the
+machine's RAM is reserved), and on CUDA
 what ``--gpu-memory-fraction`` of the device leaves after the weights, a second
 copy of them for a weight update, and the activations of the largest step.
 """
@@ -21,6 +22,7 @@ copy of them for a weight update, and the activations of the largest step.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +116,7 @@ def plan_slots(
     dtype, device = param.dtype, param.device
     per_slot = bytes_per_slot(model.config, max_len, dtype)
     if device.type != "cuda":
-        return CachePlan(max_num_seqs, max_len, per_slot, "--max-num-seqs")
+        return _host_plan(per_slot, max_len, max_num_seqs, _physical_ram())
     text = model.config.get_text_config()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -139,6 +141,24 @@ def plan_slots(
         max_num_seqs=max_num_seqs,
         fraction=gpu_memory_fraction,
     )
+
+
+def _physical_ram() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _host_plan(per_slot: int, max_len: int, max_num_seqs: int, ram: int) -> CachePlan:
+    """``max_num_seqs`` slots, but never a reservation larger than the machine's RAM
+    (pages are touched lazily, yet the kernel may refuse an absurd mapping)."""
+    fits = ram // per_slot - STAGING_SLOTS
+    if fits < 1:
+        raise ValueError(
+            f"the KV cache needs {per_slot / 2**20:.0f} MiB per sequence at max_model_len="
+            f"{max_len}, more than this machine's RAM allows; lower --max-model-len"
+        )
+    if fits < max_num_seqs:
+        return CachePlan(fits, max_len, per_slot, "the machine's RAM")
+    return CachePlan(max_num_seqs, max_len, per_slot, "--max-num-seqs")
 
 
 def budget_plan(

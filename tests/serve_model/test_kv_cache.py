@@ -111,3 +111,14 @@ def test_gpu_budget_limits_the_slots_and_refuses_when_nothing_fits():
     with pytest.raises(ValueError, match="max-model-len"):
         budget_plan(total=40 * gib, free=38 * gib, held=2 * gib, reserve=17 * gib + gib // 2,
                     max_num_seqs=4, **common)  # fmt: skip
+
+
+def test_cpu_reservation_never_exceeds_the_machine_ram():
+    from atroposlib.serving.kv_cache import _host_plan
+
+    mib = 2**20
+    assert _host_plan(16 * mib, 1024, 256, 64 * 1024 * mib).slots == 256
+    capped = _host_plan(400 * mib, 32768, 256, 24 * 1024 * mib)
+    assert capped.slots == 24 * 1024 // 400 - STAGING_SLOTS and capped.reason == "the machine's RAM"
+    with pytest.raises(ValueError, match="max-model-len"):
+        _host_plan(400 * mib, 32768, 256, 1000 * mib)
