@@ -278,3 +278,38 @@ async def test_bfloat16_cache_keeps_logprobs_within_bf16_tolerance(tiny_model_di
         out = res.outputs[0]
         want = direct_logprobs(model, prompt, out.token_ids)
         assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 0.02
+
+
+async def test_weight_swap_restarts_a_prompt_that_is_halfway_prefilled(
+    local_model, tokenizer, tiny_model_dir
+):
+    """A prompt prefilled in chunks when new weights arrive (drain timeout 0) starts over
+    on the new weights: its answer carries version 1 and matches the new model."""
+    from transformers import AutoModelForCausalLM
+
+    new_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in new_model.parameters():
+            p.mul_(1.5)
+    engine = Engine(
+        local_model,
+        tokenizer,
+        max_model_len=512,
+        max_prefill_tokens=4,
+        swap_drain_timeout=0.0,
+        loader=lambda path: new_model,
+    )
+    await engine.start()
+    try:
+        ids = tokenizer.encode("one two three four five six seven eight nine ten " * 20)[:300]
+        job = asyncio.create_task(engine.generate(ids, SamplingParams(max_tokens=3)))
+        while engine.prefill_passes < 3:
+            await asyncio.sleep(0.001)
+        assert engine.running == 1  # prefilling, not yet decoding
+        info = await engine.update_weights("new")
+        res = await job
+    finally:
+        await engine.stop()
+    assert info["version"] == res.version == 1 and engine.restarted == 1
+    want = direct_logprobs(new_model, ids, res.outputs[0].token_ids)
+    assert max(abs(a - b) for a, b in zip(res.outputs[0].logprobs, want, strict=True)) < 1e-4
