@@ -13,6 +13,9 @@ groups it serves (``"staleness": {"0": 3, "1": 1, "unknown": 0}``, an extra key 
 clients ignore), and ``/status-env`` the current version and the bound, so an env can stop
 work that would arrive too late.
 
+Versions are kept in memory only: with ``--persist``, groups restored after a restart have
+none and are never dropped.
+
 Finding the stale groups costs O(log n) per group: versioned groups sit in a min-heap by
 version, so a batch only looks at those that actually crossed the bound.
 """
