@@ -94,7 +94,10 @@ def correction_weights(
         weights = torch.ones_like(ratio)
     weights = weights * mask
     n = mask.sum().clamp(min=1.0)
-    k3 = (ratio - 1.0 - log_ratio) * mask
+    # expm1 in float64: r - 1 - log r cancels to 0 in float32 for the ~1e-6 gaps typical
+    # between a trainer and a sampler with the same weights.
+    x = log_ratio.double()
+    k3 = ((torch.expm1(x) - x) * mask).float()
     stats = {
         "mean_ratio": (ratio * mask).sum() / n,
         "clip_fraction": clipped.sum() / n,

@@ -133,3 +133,9 @@ def test_trainer_flags_select_the_correction():
         config_from_args(
             ["--model-name", "m", "--off-policy-clip", "1", "--off-policy-clip-low", "2"]
         )
+
+
+def test_tiny_gaps_still_give_a_positive_mismatch_kl():
+    p = torch.tensor([[-1.0, -2.0]])
+    _, stats = correction_weights(p, p - 1e-3, torch.ones(1, 2), "tis")
+    assert stats["mismatch_kl"].item() == pytest.approx(0.5e-6, rel=1e-2)
