@@ -67,6 +67,7 @@ from atroposlib.serving.sampling import (
     prompt_logprob_entries,
     sample,
 )
+from atroposlib.serving.scheduler import Chunk, Request, Row, plan_prefill
 
 logger = logging.getLogger(__name__)
 
@@ -105,67 +106,11 @@ class TokenEvent:
 
 
 @dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    max_tokens: int
-    future: asyncio.Future
-    generator: torch.Generator | None
-    listener: Callable[[TokenEvent], None] | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    rows: list[_Row] = field(default_factory=list)
-    open_rows: int = 0
-    prompt_lps: list[dict[int, float] | None] | None = None
-    cancelled: bool = False
-    error: BaseException | None = None
-    prefilled: int = 0
-    staging: int | None = None
-    float_params: torch.Tensor | None = None
-    top_k: torch.Tensor | None = None
-
-    def reset(self) -> None:
-        """Forget all progress (the request is re-run from its prompt)."""
-        self.rows, self.open_rows, self.prompt_lps = [], 0, None
-        self.prefilled, self.staging = 0, None
-        if self.generator is not None and self.params.seed is not None:
-            self.generator.manual_seed(self.params.seed)
-
-
-@dataclass
-class _Row:
-    request: _Request
-    index: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    stopped_by_string: bool = False
-
-    @property
-    def cached(self) -> int:
-        """Positions of this sequence already in its slot (its last token is not yet)."""
-        return len(self.request.prompt_ids) + len(self.tokens) - 1
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    """``count`` prompt tokens of ``request`` from ``start``, prefilled in one step."""
-
-    request: _Request
-    start: int
-    count: int
-
-    @property
-    def completes(self) -> bool:
-        return self.start + self.count == len(self.request.prompt_ids)
-
-
-@dataclass
 class _Outcome:
     """What a step hands back to the event loop."""
 
-    finished: list[tuple[_Request, GenerationResult]] = field(default_factory=list)
-    failed: list[tuple[_Request, BaseException]] = field(default_factory=list)
+    finished: list[tuple[Request, GenerationResult]] = field(default_factory=list)
+    failed: list[tuple[Request, BaseException]] = field(default_factory=list)
 
 
 class Engine:
@@ -226,9 +171,9 @@ class Engine:
             if "sliding_attention" in kinds and text.sliding_window
             else None
         )
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._rows: list[_Row] = []
-        self._partial: _Request | None = None
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._rows: list[Row] = []
+        self._partial: Request | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -387,7 +332,7 @@ class Engine:
             except (RuntimeError, OverflowError, ValueError) as exc:
                 raise InvalidRequest(f"seed is out of range: {exc}", param="seed") from exc
         loop = asyncio.get_running_loop()
-        req = _Request(
+        req = Request(
             list(prompt_ids), params, max_tokens, loop.create_future(), gen, listener, loop
         )
         req.float_params = torch.stack([temps, top_p, min_p], dim=1)
@@ -507,52 +452,16 @@ class Engine:
             if not req.future.done():
                 req.future.set_exception(exc)
 
-    def _plan(self) -> list[_Chunk]:
-        """Choose this step's prefill chunks (FIFO, within the token and slot budgets).
-
-        Only the last chunk of a step may leave its prompt unfinished, so at most one
-        prompt is ever partly prefilled; it continues first in the next step.
-        """
-        budget = self.max_prefill_tokens
-        plan: list[_Chunk] = []
-        free = self.max_num_seqs - len(self._rows)
-        partial = self._partial
-        if partial is not None and partial.cancelled:
-            self._partial = partial = None
-        width = 0
-        staging_busy = False
-        if partial is not None:
-            left = len(partial.prompt_ids) - partial.prefilled
-            plan.append(_Chunk(partial, partial.prefilled, min(left, budget)))
-            width = plan[0].count
-            staging_busy = not plan[0].completes
-            free -= partial.params.n
-        if self._swap is not None:
-            return plan
-        while self._waiting:
-            req = self._waiting[0]
-            if req.cancelled:
-                self._waiting.popleft()
-                continue
-            if req.params.n > free:
-                break  # waits for slots; FIFO keeps large requests from starving
-            length = len(req.prompt_ids)
-            rows = len(plan) + 1
-            if rows * max(width, length) <= budget:
-                plan.append(_Chunk(req, 0, length))
-                width = max(width, length)
-            else:
-                part = budget // rows
-                if staging_busy or part < 1 or width > part:
-                    break
-                plan.append(_Chunk(req, 0, min(length, part)))
-                width = max(width, plan[-1].count)
-                staging_busy = True
-            self._waiting.popleft()
-            free -= req.params.n
-            if staging_busy:
-                break
-        return plan
+    def _plan(self) -> list[Chunk]:
+        if self._partial is not None and self._partial.cancelled:
+            self._partial = None
+        return plan_prefill(
+            self._partial,
+            self._waiting,
+            free=self.max_num_seqs - len(self._rows),
+            budget=self.max_prefill_tokens,
+            admit=self._swap is None,
+        )
 
     def _restart_rows(self) -> None:
         """Send running non-streamed requests back to the queue head, to re-run from scratch."""
@@ -586,7 +495,7 @@ class Engine:
 
     # ------------------------------------------------------- worker-thread side
     @torch.inference_mode()
-    def _step(self, plan: list[_Chunk]) -> _Outcome:
+    def _step(self, plan: list[Chunk]) -> _Outcome:
         self.steps += 1
         out = _Outcome()
         self._retire(out)
@@ -609,7 +518,7 @@ class Engine:
             self._retire(out)
         return out
 
-    def _fail(self, req: _Request, exc: BaseException, out: _Outcome) -> None:
+    def _fail(self, req: Request, exc: BaseException, out: _Outcome) -> None:
         if req.error is None:
             req.error = exc
             out.failed.append((req, exc))
@@ -660,7 +569,7 @@ class Engine:
         lens += 1
         self._sample_rows(rows, logits, 0, out)
 
-    def _prefill(self, plan: list[_Chunk], out: _Outcome) -> None:
+    def _prefill(self, plan: list[Chunk], out: _Outcome) -> None:
         """One pass over this step's prompt chunks (left-padded to a common width)."""
         self.prefill_passes += 1
         device = self._device
@@ -713,7 +622,7 @@ class Engine:
             cache,
             0 if want_lps else 1,
         )
-        new_rows: list[_Row] = []
+        new_rows: list[Row] = []
         pick: list[int] = []
         for i, chunk in enumerate(plan):
             req = chunk.request
@@ -737,14 +646,14 @@ class Engine:
                 self._slot_float[first : first + n] = req.float_params.to(device).expand(n, 3)
                 self._slot_long[first : first + n, 2] = req.top_k.to(device).expand(n)
                 self._slot_long[first : first + n, 0] = prompt_len
-                req.rows = [_Row(req, j) for j in range(n)]
+                req.rows = [Row(req, j) for j in range(n)]
                 req.open_rows = n
             except Exception as exc:  # e.g. prompt logprobs of this request alone
                 logger.exception("prefill of one request failed")
                 self._fail(req, exc, out)
                 if self._partial is req:
                     self._partial = None
-                req.rows = [_Row(req, j, finish_reason="error") for j in range(req.params.n)]
+                req.rows = [Row(req, j, finish_reason="error") for j in range(req.params.n)]
                 req.open_rows = req.params.n
             if chunk.completes:
                 new_rows += req.rows
@@ -754,7 +663,7 @@ class Engine:
             last = logits[:, -1].index_select(0, torch.tensor(pick, device=device))
             self._sample_rows(new_rows, last, base, out)
 
-    def _chunk_prompt_logprobs(self, chunk: _Chunk, logits: torch.Tensor) -> None:
+    def _chunk_prompt_logprobs(self, chunk: Chunk, logits: torch.Tensor) -> None:
         req = chunk.request
         prompt = req.prompt_ids
         if chunk.start == 0:
@@ -768,7 +677,7 @@ class Engine:
         )
 
     def _sample_rows(
-        self, rows: list[_Row], logits: torch.Tensor, first: int, out: _Outcome
+        self, rows: list[Row], logits: torch.Tensor, first: int, out: _Outcome
     ) -> None:
         """Sample one token for ``rows`` (slots ``first..``) and record it.
 
@@ -831,7 +740,7 @@ class Engine:
         """The sampling call (one place, so a test can make it fail for chosen rows)."""
         return sample(logits, params, gens, histories, tensors)
 
-    def _record(self, row: _Row, token: int, lp: float, top: list[tuple[int, float]]) -> None:
+    def _record(self, row: Row, token: int, lp: float, top: list[tuple[int, float]]) -> None:
         row.tokens.append(token)
         row.logprobs.append(lp)
         row.top.append(top)
@@ -878,7 +787,7 @@ class Engine:
                 rows[dst] = rows[src]
         del rows[keep:]
 
-    def _finish_reason(self, row: _Row) -> str | None:
+    def _finish_reason(self, row: Row) -> str | None:
         req, token = row.request, row.tokens[-1]
         p = req.params
         if (token in self._eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
@@ -897,7 +806,7 @@ class Engine:
             return "length"
         return None
 
-    def _text(self, row: _Row) -> str:
+    def _text(self, row: Row) -> str:
         p = row.request.params
         tokens = row.tokens
         ends_on_stop_token = (
@@ -915,7 +824,7 @@ class Engine:
                 text = text[: pos + (len(stop) if p.include_stop_str_in_output else 0)]
         return text
 
-    def _result(self, req: _Request) -> GenerationResult:
+    def _result(self, req: Request) -> GenerationResult:
         outputs = [
             SequenceOutput(
                 row.index,

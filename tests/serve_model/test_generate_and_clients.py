@@ -154,7 +154,12 @@ async def test_managed_server_tracks_tokens_masks_and_logprobs(
 async def test_concurrent_requests_share_forward_passes(served):
     """16 concurrent 24-token requests need far fewer steps than 16 x 24 sequential ones."""
     async with httpx.AsyncClient(timeout=60) as client:
-        before = (await client.get(f"{served.url}/health")).json()["steps"]
+        for _ in range(300):  # steps run while anything runs: start from an idle engine
+            health = (await client.get(f"{served.url}/health")).json()
+            if health["running"] == 0 and health["waiting"] == 0:
+                break
+            await asyncio.sleep(0.1)
+        before = health["steps"]
         bodies = [
             {"prompt": f"request {i}", "max_tokens": 24, "ignore_eos": True} for i in range(16)
         ]
