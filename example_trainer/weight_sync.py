@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from atroposlib.serving.weights_version import write_weights_version
+
 from .checkpointing import save_model_dir
 from .config import TrainingConfig
 from .vllm_manager import InferenceProcess, InferenceServerError
@@ -162,6 +164,7 @@ class HttpReloadSync(WeightSync):
         t0 = time.perf_counter()
         target = self.live_root / f"step_{step}"
         save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
+        write_weights_version(target, step)
         data = self._post(target, step)
         version = data.get("version")
         if (
@@ -210,6 +213,7 @@ class RestartSync(WeightSync):
         t0 = time.perf_counter()
         target = self.root / "served_weights" / f"step_{step}"
         save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
+        write_weights_version(target, step)  # the restarted server reports this version
         try:
             self.server.restart(str(target))
         except InferenceServerError as exc:

@@ -66,6 +66,7 @@ from atroposlib.serving.responses import (
 )
 from atroposlib.serving.sampling import SamplingParams
 from atroposlib.serving.streaming import new_id, now, stream_choices
+from atroposlib.serving.weights_version import read_weights_version
 from atroposlib.utils.http_security import (
     BearerAuthMiddleware,
     BrowserGuardMiddleware,
@@ -130,6 +131,7 @@ def build_state(config: ServeModelConfig) -> ServingState:
         swap_drain_timeout=config.swap_drain_timeout,
         loader=lambda path: load_compatible(path, engine.model, device, dtype),
     )
+    engine.version = read_weights_version(config.model) or 0
     logger.info("loaded %s on %s (%s), max_model_len=%d", config.model, device, dtype, max_len)
     return ServingState(
         config,
@@ -360,7 +362,11 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
         body: UpdateWeightsRequest, st: ServingState = Depends(get_state)
     ) -> dict[str, Any]:
         path = confine_weights_path(body.path, roots)
-        info = await st.engine.update_weights(path, body.version)
+        version = body.version
+        if version is None:  # the trainer's record beside the weights, when it is newer
+            found = await off_loop(read_weights_version, path)
+            version = found if found is not None and found > st.engine.version else None
+        info = await st.engine.update_weights(path, version)
         return {**info, "model": st.name}
 
     install_pause_routes(app, pause_gate, get_state)

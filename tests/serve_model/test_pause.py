@@ -152,4 +152,28 @@ def test_trainer_sync_mode_pause_holds_requests_until_the_new_weights(server, ti
         worker.join(timeout=120)
         assert "took" in results
         assert during.json()["version"] == step == sync.last_version
+        from atroposlib.serving.weights_version import read_weights_version
+
+        assert read_weights_version(sync._previous) == step  # a restart would report it too
         assert client.get(f"{url}/pause").json()["paused"] is False
+
+
+def test_weights_dir_version_is_adopted_on_update_and_at_start(server, tiny_model_dir, tmp_path):
+    import shutil
+
+    from atroposlib.serving.app import build_state
+    from atroposlib.serving.config import ServeModelConfig
+    from atroposlib.serving.weights_version import write_weights_version
+
+    url, root = server
+    served = httpx.get(f"{url}/health", timeout=10).json()["version"]
+    target = root / "from_trainer"
+    shutil.copytree(tiny_model_dir, target)
+    write_weights_version(target, served + 40)
+    upd = httpx.post(f"{url}/update_weights", json={"path": str(target)}, timeout=120)
+    assert upd.status_code == 200 and upd.json()["version"] == served + 40
+    write_weights_version(target, 3)  # older than what is served: plain increment instead
+    upd = httpx.post(f"{url}/update_weights", json={"path": str(target)}, timeout=120)
+    assert upd.json()["version"] == served + 41
+    state = build_state(ServeModelConfig(model=str(target), device="cpu"))
+    assert state.engine.version == 3
