@@ -18,7 +18,9 @@ same tokens. ``atropos-grpo --off-policy-correction`` picks what to do about it:
 Per step the trainer logs ``off_policy/mean_ratio`` (mean of ``exp(p - b)`` over label
 tokens), ``off_policy/clip_fraction`` (share of tokens truncated or masked) and
 ``off_policy/mismatch_kl`` (the k3 estimate of KL(sampler ‖ trainer),
-``mean(r - 1 - log r)`` with ``r = exp(p - b)``; 0 when the two agree).
+``mean(r - 1 - log r)`` with ``r = exp(p - b)``; 0 when the two agree), and, when the
+batch's groups carry ``policy_version``, ``off_policy/staleness_max``/``_mean`` (versions
+behind the weights being trained).
 
 Example::
 
@@ -29,7 +31,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Any, Dict, Mapping, Sequence
 
 import torch
 
@@ -104,3 +106,31 @@ def correction_weights(
         "mismatch_kl": k3.sum() / n,
     }
     return weights.detach(), stats
+
+
+def policy_version_summary(batch: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    """Oldest and mean ``policy_version`` of a batch's sequences (empty when none has one)."""
+    versions = [
+        v
+        for group in batch
+        for v in (group.get("policy_version") or [])
+        if isinstance(v, int) and not isinstance(v, bool)
+    ]
+    if not versions:
+        return {}
+    return {
+        "off_policy/policy_version_min": float(min(versions)),
+        "off_policy/policy_version_mean": sum(versions) / len(versions),
+    }
+
+
+def staleness_metrics(summary: Mapping[str, float], trained_version: int) -> Dict[str, float]:
+    """How many versions behind the weights being trained (``trained_version``: the steps
+    taken before this one) the batch's samples are: ``off_policy/staleness_max`` and
+    ``_mean``; empty when the batch carried no versions."""
+    if "off_policy/policy_version_min" not in summary:
+        return {}
+    return {
+        "off_policy/staleness_max": trained_version - summary["off_policy/policy_version_min"],
+        "off_policy/staleness_mean": trained_version - summary["off_policy/policy_version_mean"],
+    }

@@ -43,7 +43,7 @@ from .distributed import (
     split_groups,
 )
 from .model import build_optimizer, build_scheduler, setup_model
-from .off_policy import CorrectionConfig
+from .off_policy import CorrectionConfig, policy_version_summary, staleness_metrics
 from .precision import LOST_UPDATE_WARNING, policy_for
 from .training import compute_grpo_loss, token_logprobs
 from .weight_sync import WeightSync, make_weight_sync
@@ -167,7 +167,10 @@ def prepare_batch(
         label_tokens=sum(sum(1 for x in s.labels if x != IGNORE_INDEX) for s in all_samples),
         input_tokens=sum(len(s.input_ids) for s in all_samples),
         n_micro=max(-(-len(share) // micro_size) for share in shares),
-        summary={f"train/{k}": v for k, v in summarize_batch(batch).items()},
+        summary={
+            **{f"train/{k}": v for k, v in summarize_batch(batch).items()},
+            **policy_version_summary(batch),
+        },
     )
 
 
@@ -483,6 +486,7 @@ class GRPOTrainer:
                     pending = pool.submit(self._fetch)  # overlaps the device finishing this step
                 metrics = self._host_metrics(device_metrics, meta, t0)
                 metrics.update(meta.summary)
+                metrics.update(staleness_metrics(meta.summary, self.step - 1))
                 metrics["train/data_fetch_time"] = meta.fetch_time
                 totals["tokens"] += metrics["train/input_tokens"]
                 totals["time"] += metrics["train/step_time"]

@@ -139,3 +139,17 @@ def test_tiny_gaps_still_give_a_positive_mismatch_kl():
     p = torch.tensor([[-1.0, -2.0]])
     _, stats = correction_weights(p, p - 1e-3, torch.ones(1, 2), "tis")
     assert stats["mismatch_kl"].item() == pytest.approx(0.5e-6, rel=1e-2)
+
+
+def test_batch_staleness_from_policy_versions():
+    from example_trainer.off_policy import policy_version_summary, staleness_metrics
+
+    batch = [{"policy_version": [3, 3]}, {"policy_version": [5, 5]}, {"tokens": [[1]]}]
+    summary = policy_version_summary(batch)
+    assert summary == {"off_policy/policy_version_min": 3.0, "off_policy/policy_version_mean": 4.0}
+    assert staleness_metrics(summary, 6) == {
+        "off_policy/staleness_max": 3.0,
+        "off_policy/staleness_mean": 2.0,
+    }
+    assert policy_version_summary([{"tokens": [[1]]}]) == {}
+    assert staleness_metrics({}, 6) == {}
