@@ -151,7 +151,8 @@ async def test_engine_joins_staggered_requests_without_changing_results(tmp_path
         ]
 
         async def one(i: int):
-            await asyncio.sleep(0.02 * i)
+            while engine.generated_tokens < 2 * i:  # join while the earlier ones run
+                await asyncio.sleep(0.001)
             return await engine.generate(
                 prompts[i], SamplingParams(n=2, max_tokens=6 + 4 * i, seed=i, ignore_eos=True)
             )
