@@ -87,7 +87,7 @@ def _encode(body: dict, style: int) -> bytes:
     return (" \n" + json.dumps(body, indent=1) + "\t").encode()
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(groups(), st.integers(0, 2))
 def test_fast_decoder_accepts_only_what_pydantic_accepts_with_the_same_shape(body, style):
     raw = _encode(body, style)
@@ -142,7 +142,7 @@ _json_value = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(_json_value, max_size=5), st.sampled_from([None, (",", ":"), (" ,\n ", " : ")]))
 def test_list_split_returns_each_elements_exact_bytes(elements, separators):
     body = json.dumps(elements, separators=separators).encode()
@@ -288,7 +288,7 @@ def test_strict_groups_rejects_optional_field_length_mismatches_with_422(tmp_pat
         api.client.close()
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200) | st.builds(lambda b: b'{"tokens": [[' + b, st.binary(max_size=60)))
 def test_the_decoders_never_raise_on_arbitrary_bytes(raw):
     """A crash here would be a 500; anything unreadable must end as None (then pydantic's 422)."""
