@@ -1,9 +1,16 @@
 """Procedurally generated arithmetic: a verifiable task small enough to learn on a CPU.
 
-Each item is ``a + b`` with operands in ``[0, max_operand]``; the model must answer
-with the number alone (``"7"``). Reward is 1.0 for the exact answer and 0.0
-otherwise. No dataset is downloaded: problems come from a seeded RNG, so the
-environment runs offline and the CPU demo (``atropos-grpo-run --config
+Each item is ``a + b`` with operands in ``[0, max_operand]`` (default 99), written
+at a fixed width (``"07+35="``); the model must answer with the sum alone, also at a
+fixed width (``"042"``). Reward is 1.0 for the right number and 0.0 otherwise. The
+fixed width puts every digit at the same place in every problem, so a tiny model
+can learn the digit-wise rule (and carry) instead of memorising sums.
+
+The problem space is split once, by a fixed seed, into a training set and a
+held-out eval set (:func:`split_problems`: 200 of the 10,000 pairs). Rollouts and
+the supervised warm-up only ever draw from the training set, so an eval score
+measures generalisation to sums the model never saw. No dataset is downloaded:
+the environment runs offline and the CPU demo (``atropos-grpo-run --config
 example_trainer/configs/demo_cpu.yaml``) trains on it.
 
 Rollouts use ``tokens_and_logprobs_completion`` on the prompt's token ids, so the
@@ -18,6 +25,7 @@ Run it like any environment::
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from typing import Any, Dict, List, Sequence, Tuple
@@ -29,18 +37,23 @@ _ANSWER_RE = re.compile(r"\s*(-?\d+)\s*")
 
 Problem = Tuple[int, int]
 
+MAX_OPERAND = 99
+EVAL_SIZE = 200
+SPLIT_SEED = 20240614
+
 
 # --- the task, as pure functions ------------------------------------------------------------
 
 
-def problem_messages(a: int, b: int) -> List[Dict[str, str]]:
-    """The chat prompt for ``a + b``."""
-    return [{"role": "user", "content": f"{a}+{b}="}]
+def problem_messages(a: int, b: int, max_operand: int = MAX_OPERAND) -> List[Dict[str, str]]:
+    """The chat prompt for ``a + b``, operands zero-padded to the width of ``max_operand``."""
+    w = len(str(max_operand))
+    return [{"role": "user", "content": f"{a:0{w}d}+{b:0{w}d}="}]
 
 
-def answer_text(a: int, b: int) -> str:
-    """The exact expected completion."""
-    return str(a + b)
+def answer_text(a: int, b: int, max_operand: int = MAX_OPERAND) -> str:
+    """The expected completion: the sum zero-padded to the width of the largest sum."""
+    return f"{a + b:0{len(str(2 * max_operand))}d}"
 
 
 def completion_text(text: str) -> str:
@@ -56,31 +69,57 @@ def score_completion(text: str, a: int, b: int) -> float:
     return 1.0 if m is not None and int(m.group(1)) == a + b else 0.0
 
 
-def all_problems(max_operand: int = 9) -> List[Problem]:
-    """Every ``(a, b)`` pair; the evaluation set."""
+def all_problems(max_operand: int = MAX_OPERAND) -> List[Problem]:
+    """Every ``(a, b)`` pair."""
     return [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
 
 
-def sample_problem(rng: random.Random, max_operand: int = 9) -> Problem:
-    """A random training problem."""
-    return rng.randint(0, max_operand), rng.randint(0, max_operand)
+def split_problems(
+    max_operand: int = MAX_OPERAND, eval_size: int = EVAL_SIZE, seed: int = SPLIT_SEED
+) -> Tuple[List[Problem], List[Problem]]:
+    """``(train, held_out)``: every pair once, ``eval_size`` of them (at most half) held out.
+
+    The split depends only on its arguments, so the trainer's environment, the
+    warm-up and the launcher's eval agree on it without talking to each other.
+    """
+    train, held_out = _split(max_operand, eval_size, seed)
+    return list(train), list(held_out)
+
+
+@functools.lru_cache(maxsize=8)
+def _split(
+    max_operand: int, eval_size: int, seed: int
+) -> Tuple[Tuple[Problem, ...], Tuple[Problem, ...]]:
+    problems = all_problems(max_operand)
+    random.Random(seed).shuffle(problems)
+    k = min(eval_size, len(problems) // 2)
+    return tuple(sorted(problems[k:])), tuple(sorted(problems[:k]))
+
+
+def sample_problem(rng: random.Random, max_operand: int = MAX_OPERAND) -> Problem:
+    """A random training problem (never one of the held-out eval set)."""
+    return rng.choice(split_problems(max_operand)[0])
 
 
 def sft_examples(
-    n: int, seed: int = 0, max_operand: int = 9
+    n: int, seed: int = 0, max_operand: int = MAX_OPERAND
 ) -> List[Tuple[List[Dict[str, str]], str]]:
-    """``n`` (prompt messages, answer) pairs for a supervised format warm-up."""
+    """``n`` (prompt messages, answer) pairs from the training set, for the supervised warm-up."""
     rng = random.Random(seed)
+    train, _ = split_problems(max_operand)
     return [
-        (problem_messages(a, b), answer_text(a, b))
-        for a, b in (sample_problem(rng, max_operand) for _ in range(n))
+        (problem_messages(a, b, max_operand), answer_text(a, b, max_operand))
+        for a, b in (rng.choice(train) for _ in range(n))
     ]
 
 
-def prompt_ids(tokenizer: Any, a: int, b: int) -> List[int]:
+def prompt_ids(tokenizer: Any, a: int, b: int, max_operand: int = MAX_OPERAND) -> List[int]:
     """Token ids of the chat prompt with the generation prompt appended."""
     ids = tokenizer.apply_chat_template(
-        problem_messages(a, b), tokenize=True, add_generation_prompt=True, return_dict=False
+        problem_messages(a, b, max_operand),
+        tokenize=True,
+        add_generation_prompt=True,
+        return_dict=False,
     )
     return list(ids)
 
@@ -97,13 +136,14 @@ def greedy_eval(
     seed: int = 1234,
     limit: int = 0,
 ) -> float:
-    """Fraction of ``problems`` answered correctly by the server at ``base_url`` (with or without ``/v1``).
+    """Fraction of ``problems`` (default: the held-out eval set) answered correctly by the
+    server at ``base_url`` (with or without ``/v1``).
 
     Sends the prompts' token ids in batched ``POST /v1/completions`` requests
     (``samples`` completions each, greedy by default), so the server decodes them
     together. ``limit`` > 0 evaluates only the first ``limit`` problems.
     """
-    problems = list(problems or all_problems())
+    problems = list(problems or split_problems()[1])
     if limit > 0:
         problems = problems[:limit]
     root = base_url.rstrip("/").removesuffix("/v1")
@@ -129,14 +169,28 @@ def greedy_eval(
     return correct / max(len(problems) * samples, 1)
 
 
+_train, _held_out = split_problems()
+# What greedy_eval scores by default; the launcher copies it into summary.json.
+greedy_eval.eval_set = {  # type: ignore[attr-defined]
+    "held_out": True,
+    "size": len(_held_out),
+    "train_size": len(_train),
+    "max_operand": MAX_OPERAND,
+    "split_seed": SPLIT_SEED,
+}
+del _train, _held_out
+
+
 def local_greedy_eval(
-    model: Any, tokenizer: Any, max_operand: int = 9, max_tokens: int = 4
+    model: Any, tokenizer: Any, max_operand: int = MAX_OPERAND, max_tokens: int = 4
 ) -> float:
-    """Greedy accuracy of an in-process HF ``model`` on every problem (used to stop the warm-up)."""
+    """Greedy accuracy of an in-process HF ``model`` on a sample of the *training* set (at
+    most 200 problems), for stopping the warm-up without ever looking at held-out problems."""
     import torch
 
-    problems = all_problems(max_operand)
-    prompts = [prompt_ids(tokenizer, a, b) for a, b in problems]
+    train, _ = split_problems(max_operand)
+    problems = random.Random(0).sample(train, min(200, len(train)))
+    prompts = [prompt_ids(tokenizer, a, b, max_operand) for a, b in problems]
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id or 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -174,12 +228,20 @@ if BaseEnv is not None:
     class ArithmeticEnvConfig(BaseEnvConfig):
         """``BaseEnvConfig`` plus the task's knobs."""
 
-        max_operand: int = Field(default=9, ge=1, description="Largest operand of a + b.")
+        max_operand: int = Field(default=MAX_OPERAND, ge=1, description="Largest operand of a + b.")
+        eval_size: int = Field(
+            default=EVAL_SIZE,
+            ge=1,
+            description="Problems held out for evaluation (at most half), never trained on.",
+        )
+        split_seed: int = Field(
+            default=SPLIT_SEED, description="Seed of the train / held-out eval split."
+        )
         max_answer_tokens: int = Field(default=4, ge=1, description="max_tokens of each rollout.")
         temperature: float = Field(
             default=1.0, gt=0, description="Sampling temperature of rollouts."
         )
-        seed: int = Field(default=0, description="Seed of the problem generator.")
+        seed: int = Field(default=0, description="Seed of the order of training problems.")
         eval_temperature: float = Field(
             default=0.0, ge=0, description="Temperature of evaluation (0 = greedy)."
         )
@@ -215,18 +277,20 @@ if BaseEnv is not None:
         async def setup(self) -> None:
             self.rng = random.Random(self.config.seed)
             self.iter = 0
-            self.eval_problems = all_problems(self.config.max_operand)
+            self.train_problems, self.eval_problems = split_problems(
+                self.config.max_operand, self.config.eval_size, self.config.split_seed
+            )
             self.percent_correct: List[float] = []
 
         async def get_next_item(self) -> Problem:
             self.iter += 1
-            return sample_problem(self.rng, self.config.max_operand)
+            return self.rng.choice(self.train_problems)
 
         async def collect_trajectories(
             self, item: Problem
         ) -> Tuple[ScoredDataGroup | None, List[Any]]:
             a, b = item
-            ids = prompt_ids(self.tokenizer, a, b)
+            ids = prompt_ids(self.tokenizer, a, b, self.config.max_operand)
             _, outputs, logprobs, _ = await self.server.tokens_and_logprobs_completion(
                 input_ids=ids,
                 n=self.config.group_size,
@@ -246,7 +310,7 @@ if BaseEnv is not None:
                 # The conversation as text, so viewers and exports show "8+7=" and the
                 # reply rather than the chat template rendered from the tokens.
                 group["messages"].append(
-                    problem_messages(a, b)
+                    problem_messages(a, b, self.config.max_operand)
                     + [{"role": "assistant", "content": completion_text(text)}]
                 )
                 self.percent_correct.append(score)
@@ -256,7 +320,7 @@ if BaseEnv is not None:
             async def one(problem: Problem) -> Dict[str, Any]:
                 a, b = problem
                 _, outs, _, _ = await self.server.tokens_and_logprobs_completion(
-                    input_ids=prompt_ids(self.tokenizer, a, b),
+                    input_ids=prompt_ids(self.tokenizer, a, b, self.config.max_operand),
                     n=1,
                     split="eval",
                     max_tokens=self.config.max_answer_tokens,
@@ -265,7 +329,8 @@ if BaseEnv is not None:
                 text = completion_text(self.tokenizer.decode(outs[0], skip_special_tokens=False))
                 score = score_completion(text, a, b)
                 return {
-                    "messages": problem_messages(a, b) + [{"role": "assistant", "content": text}],
+                    "messages": problem_messages(a, b, self.config.max_operand)
+                    + [{"role": "assistant", "content": text}],
                     "score": score,
                     "correct": score > 0,
                 }

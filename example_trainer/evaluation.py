@@ -3,6 +3,11 @@
 The eval function comes from the environment (``EvalSection.function``) and is
 called as ``fn(base_url, tokenizer) → score in [0, 1]``; every call is recorded with
 its label (before / during / after), trainer step and duration.
+
+A function may describe what it scores with an ``eval_set`` attribute, e.g.
+``{"held_out": True, "size": 200, "train_size": 9800}``: the summary records it,
+so a reader can tell generalisation from fit, and ``size`` sets the number of
+trials behind each score's confidence interval.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class Evaluator:
         self.section = section
         self.url = inference_url
         self.evals: List[Dict[str, Any]] = []
+        self.eval_set: Dict[str, Any] | None = None
         self._tokenizers: Dict[str, Any] = {}
 
     @property
@@ -40,10 +46,18 @@ class Evaluator:
 
             self._tokenizers[model] = AutoTokenizer.from_pretrained(model)
         fn = load_function(self.section.function)
+        described = getattr(fn, "eval_set", None)
+        self.eval_set = dict(described) if isinstance(described, dict) else None
         t = time.time()
         score = float(fn(self.url, self._tokenizers[model]))
-        self.evals.append(
-            {"label": label, "step": step, "score": score, "seconds": time.time() - t}
-        )
+        record: Dict[str, Any] = {
+            "label": label,
+            "step": step,
+            "score": score,
+            "seconds": time.time() - t,
+        }
+        if self.eval_set and self.eval_set.get("size"):
+            record["n"] = int(self.eval_set["size"])
+        self.evals.append(record)
         logger.info("eval %s (step %d): %.3f", label, step, score)
         return score

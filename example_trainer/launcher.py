@@ -9,6 +9,7 @@ the same one the trainer uses when it restarts a server.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import sys
@@ -23,8 +24,8 @@ from .evaluation import Evaluator
 from .plugins import load_function
 from .processes import ProcessGroup
 from .run_config import RunConfig
-from .status import status_table
-from .summary import clear_previous_run, read_metrics, write_summary
+from .status import PlainProgress, progress_text, status_table
+from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
 from .vllm_manager import server_command, split_device
 
 logger = logging.getLogger("atropos-grpo-run")
@@ -35,6 +36,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _default_training_steps() -> int:
+    from .config import TrainingConfig
+
+    return int(TrainingConfig.model_fields["training_steps"].default)
 
 
 def resolve_model(model: str) -> str:
@@ -66,10 +73,14 @@ class Launcher:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.run_dir = Path(config.run_dir or f"runs/run-{stamp}").resolve()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not config.trainer.get("resume"):
-            clear_previous_run(self.run_dir)
+        if config.run_dir is None:
+            self.run_dir = Path(f"runs/run-{stamp}").resolve()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        elif config.trainer.get("resume"):
+            self.run_dir = resumed_run_dir(Path(config.run_dir))
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        else:  # never overwrite an earlier run: run_dir becomes a link to this run's own dir
+            self.run_dir = new_run_dir(Path(config.run_dir), stamp)
         threads = (
             {k: str(config.cpu_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
             if config.cpu_threads
@@ -88,6 +99,10 @@ class Launcher:
         self.evaluator = Evaluator(config.eval, self.inf_url)
         self.inference_version: int | None = None
         self.t0 = time.time()
+        # Seconds per phase, shown while running and written to the summary.
+        self.phases: Dict[str, float] = {}
+        self.rl_started: float | None = None
+        self.total_steps = int(config.trainer.get("training_steps") or _default_training_steps())
 
     # -- phases
     def prepare_model(self) -> str:
@@ -219,24 +234,62 @@ class Launcher:
     def run(self) -> int:
         """Do the whole job; returns the exit status."""
         c = self.config
+        t = time.time()
         model = self.prepare_model()
+        if c.warmup is not None:
+            self.phases["warm-up"] = time.time() - t
+        t = time.time()
         self.start_services(model)
+        self.phases["start-up"] = time.time() - t
         if c.owns_inference:
-            self.evaluator.evaluate("before", 0, model)
+            self.evaluate("before", 0, model)
+        self.rl_started = time.time()
         self.procs.start("trainer", self.trainer_cmd(model))
         for i, env_file in enumerate(c.envs):
             self.procs.start(f"env{i}" if len(c.envs) > 1 else "env", self.env_cmd(env_file, model))
         if not c.owns_inference:
             self.procs.wait_healthy("trainer", f"{self.inf_url}/health", c.startup_timeout)
-            self.evaluator.evaluate("before", 0, model)
+            self.evaluate("before", 0, model)
         status = self.monitor(model)
+        self.phases["RL"] = time.time() - self.rl_started
         if status == 0 and c.owns_inference:
-            self.evaluator.evaluate("after", self._last_step(), model)
+            self.evaluate("after", self._last_step(), model)
             self.inference_version = self._inference_version()
         elif status == 0 and c.eval is not None:
             self.evaluate_served_checkpoint(model)
-        write_summary(self.run_dir, status, self.evaluator.evals, self.t0, self.inference_version)
+        write_summary(
+            self.run_dir,
+            status,
+            self.evaluator.evals,
+            self.t0,
+            self.inference_version,
+            eval_set=self.evaluator.eval_set,
+            phases=self.phases,
+            total_steps=self.total_steps,
+        )
         return status
+
+    def evaluate(self, label: str, step: int, model: str) -> None:
+        """One eval, its time added to the ``eval`` phase (evals during RL overlap training)."""
+        t = time.time()
+        self.evaluator.evaluate(label, step, model)
+        if self.evaluator.section is not None:
+            self.phases["eval"] = self.phases.get("eval", 0.0) + time.time() - t
+
+    def progress(self, step: int) -> str:
+        """The ``step N / total  ETA …`` line for ``step``."""
+        rows = read_metrics(self.run_dir / "metrics.jsonl")
+        phases = dict(self.phases)
+        if self.rl_started is not None:
+            phases["RL"] = time.time() - self.rl_started
+        return progress_text(
+            step,
+            self.total_steps,
+            phases.get("RL"),
+            phases,
+            rows[-1] if rows else None,
+            self.evaluator.evals,
+        )
 
     def evaluate_served_checkpoint(self, model: str) -> None:
         """Restart modes: the trainer's server is gone, so serve its last weights briefly and evaluate."""
@@ -253,7 +306,7 @@ class Launcher:
             self.procs.wait_healthy(
                 "inference-eval", f"{self.inf_url}/health", self.config.startup_timeout
             )
-            self.evaluator.evaluate("after", self._last_step(), model)
+            self.evaluate("after", self._last_step(), model)
         finally:
             self.procs.stop("inference-eval")
 
@@ -267,26 +320,49 @@ class Launcher:
         rows = read_metrics(self.run_dir / "metrics.jsonl")
         return int(rows[-1]["step"]) if rows else 0
 
-    def monitor(self, model: str) -> int:
-        """Show status until the trainer exits; 0 on success."""
+    def monitor(self, model: str, interactive: bool | None = None) -> int:
+        """Show status until the trainer exits; 0 on success.
+
+        On a terminal a live table; otherwise (``interactive`` False: CI, a log file)
+        plain progress lines on stdout, because a redrawn table turns into pages of
+        repeated frames there.
+        """
         from rich.console import Console
         from rich.live import Live
 
         console = Console(stderr=True)
+        if interactive is None:
+            interactive = console.is_terminal
         every = self.evaluator.every_steps
         next_eval = every
+        plain = PlainProgress(self.total_steps)
 
         def table() -> Any:
-            return status_table(self.run_dir, self.procs, self.evaluator.evals, self.t0)
+            return status_table(
+                self.run_dir,
+                self.procs,
+                self.evaluator.evals,
+                self.t0,
+                self.progress(self._last_step()),
+            )
 
-        with Live(table(), console=console, refresh_per_second=2, transient=False) as live:
+        live = (
+            Live(table(), console=console, refresh_per_second=2, transient=False)
+            if interactive
+            else contextlib.nullcontext()
+        )
+        with live:
             while True:
                 rc = self.procs.children["trainer"].returncode()
                 step = self._last_step()
-                if every and step >= next_eval and rc is None:
-                    self.evaluator.evaluate("during", step, model)
+                # The last step's eval is the "after" one, done once the trainer exits.
+                if every and step >= next_eval and step < self.total_steps and rc is None:
+                    self.evaluate("during", step, model)
                     next_eval = (step // every + 1) * every
-                live.update(table())
+                if interactive:
+                    live.update(table())
+                elif step > 0 and plain.due(step, time.time()):
+                    print(self.progress(step), flush=True)
                 if rc is not None:
                     if rc != 0:
                         console.print(

@@ -14,6 +14,7 @@ from environments.arithmetic_server import (
     sample_problem,
     score_completion,
     sft_examples,
+    split_problems,
 )
 
 
@@ -37,7 +38,7 @@ def test_score_is_exact_match_of_the_sum(text, expected):
     assert score_completion(text, 3, 4) == expected
 
 
-def test_eval_set_is_every_pair_once():
+def test_all_problems_is_every_pair_once():
     probs = all_problems(9)
     assert len(probs) == 100 and len(set(probs)) == 100
     assert all(0 <= a <= 9 and 0 <= b <= 9 for a, b in probs)
@@ -48,6 +49,7 @@ def test_sampling_is_seeded_and_in_range():
     a = [sample_problem(r1, 4) for _ in range(50)]
     assert a == [sample_problem(r2, 4) for _ in range(50)]
     assert all(0 <= x <= 4 and 0 <= y <= 4 for x, y in a)
+    assert not set(a) & set(split_problems(4)[1])  # never a held-out problem
 
 
 def test_sft_examples_pair_prompt_with_correct_answer():
@@ -64,8 +66,9 @@ def test_prompt_ids_end_with_assistant_generation_prompt(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     ids = prompt_ids(tok, 3, 4)
     text = tok.decode(ids)
-    assert "3+4=" in text and text.rstrip().endswith("assistant")
-    assert problem_messages(3, 4) == [{"role": "user", "content": "3+4="}]
+    assert "03+04=" in text and text.rstrip().endswith("assistant")
+    assert problem_messages(3, 4) == [{"role": "user", "content": "03+04="}]
+    assert problem_messages(3, 4, max_operand=9) == [{"role": "user", "content": "3+4="}]
 
 
 def test_local_greedy_eval_scores_an_in_process_model(tiny_model_dir):
