@@ -182,6 +182,7 @@ class Engine:
         self.swap_drain_timeout = swap_drain_timeout
         self._update_lock = asyncio.Lock()
         self.held = False
+        self.parked = asyncio.Event()  # set while held and no step is running
         self.swap_log: list[dict[str, Any]] = []
         self._next_version: int | None = None
         self.restarted = 0
@@ -391,6 +392,7 @@ class Engine:
     def release(self) -> None:
         """Undo :meth:`hold`."""
         self.held = False
+        self.parked.clear()
         self._wakeup.set()
 
     # ----------------------------------------------------------------- scheduler
@@ -421,6 +423,7 @@ class Engine:
         if self.held:
             # Paused with in-flight requests kept (POST /pause mode "hold"): no step runs.
             # A pending swap is re-checked, so held rows are restarted after its drain timeout.
+            self.parked.set()
             self._wakeup.clear()
             timeout = 0.05 if self._swap is not None else None
             try:

@@ -54,7 +54,11 @@ class PauseRequest(BaseModel):
         "hold: stop stepping now, in-flight requests continue on /resume.",
     )
     timeout: float = Field(
-        60.0, ge=0, le=3600, description="finish: seconds to wait for in-flight requests."
+        60.0,
+        ge=0,
+        le=3600,
+        description="Seconds to wait for in-flight requests to finish (finish) or for the "
+        "step in progress to end (hold).",
     )
     max_pause_seconds: float = Field(
         600.0, gt=0, le=86400, description="Resume by itself after this long."
@@ -206,6 +210,10 @@ def install_pause_routes(app: FastAPI, gate: PauseGate, get_state: Callable[...,
         if body.mode == "hold":
             engine.hold()
             release = engine.release
+            try:  # answer once the step in progress, if any, has ended
+                await asyncio.wait_for(engine.parked.wait(), body.timeout)
+            except asyncio.TimeoutError:
+                logger.warning("pause: the engine did not stop within %.1fs", body.timeout)
         elif engine.held:
             engine.release()
         drained = await gate.pause(body.mode, body.timeout, body.max_pause_seconds, release)
