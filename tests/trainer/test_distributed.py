@@ -126,9 +126,9 @@ def _train(
     return run
 
 
-def _losses(run: Path) -> Dict[int, float]:
+def _losses(run: Path, key: str = "train/loss") -> Dict[int, float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows}
+    return {r["step"]: r[key] for r in rows}
 
 
 def _max_weight_diff(a: Path, b: Path) -> float:
@@ -168,6 +168,10 @@ def test_two_processes_follow_the_one_process_loss_curve(runs, served):
     for step in l1:
         assert l2[step] == pytest.approx(l1[step], rel=1e-3, abs=1e-5), (l1, l2)
     assert l1[1] != l1[3]  # it did train
+    # The gradient itself matches, not only its direction (AdamW would hide a scale error).
+    g1, g2 = _losses(one, "train/grad_norm"), _losses(two, "train/grad_norm")
+    for step in g1:
+        assert g2[step] == pytest.approx(g1[step], rel=1e-3), (g1, g2)
     assert _max_weight_diff(one / "ckpt" / "final_model", two / "ckpt" / "final_model") < 1e-4
     # Rank 0 alone logged and pushed the final weights to the inference server.
     rows = (two / "metrics.jsonl").read_text().splitlines()
