@@ -122,6 +122,8 @@ def sft_warmup(
         opt.zero_grad(set_to_none=True)
         loss_val = float(loss.detach())
         done = step + 1
+        if done % max(1, steps // 5) == 0:  # a sign of life for the demo's first, uncached run
+            logger.info("warm-up step %d / %d: loss %.3f", done, steps, loss_val)
         if score_fn is not None and stop_at_score is not None and done % check_every == 0:
             score = float(score_fn(model, tokenizer))
             logger.info("warm-up step %d: score %.3f", done, score)
