@@ -185,14 +185,20 @@ def decoder_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
     return []
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Apply ``fully_shard`` to every decoder layer, then to the whole model."""
+def shard_model(model: torch.nn.Module, device: str, world_size: int) -> torch.nn.Module:
+    """Apply ``fully_shard`` to every decoder layer, then to the whole model.
+
+    The model may sit on the host: each layer's shard is moved to ``device`` as it is
+    sharded, so the full model is never on one GPU.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(torch.device(device).type, (world_size,))
     layers = decoder_layers(model)
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     if not layers:
         logger.warning("no decoder layers found: the model is sharded as one unit")
     return model

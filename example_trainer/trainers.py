@@ -193,12 +193,17 @@ class GRPOTrainer:
         resume_dir = self.ctx.broadcast(
             find_latest_checkpoint(config.save_path) if config.resume and self.ctx.is_main else None
         )
-        self.model, self.tokenizer = setup_model(config, str(resume_dir) if resume_dir else None)
+        # Several processes: load on the host and let sharding move one shard per rank to
+        # the device, so a model larger than one GPU never has to fit on one.
+        load_config = config.model_copy(update={"device": "cpu"}) if self.ctx.enabled else config
+        self.model, self.tokenizer = setup_model(
+            load_config, str(resume_dir) if resume_dir else None
+        )
         self.ref_model = self._make_reference() if config.kl_coef > 0 else None
         if self.ctx.enabled:
-            shard_model(self.model)
+            shard_model(self.model, config.device, self.ctx.world_size)
             if self.ref_model is not None:
-                shard_model(self.ref_model)
+                shard_model(self.ref_model, config.device, self.ctx.world_size)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, config)
         self.scheduler = build_scheduler(self.optimizer, config.warmup_steps)
