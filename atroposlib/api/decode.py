@@ -52,10 +52,10 @@ __all__ = [
 INT_ROWS = ("tokens", "masks")
 FLOAT_ROWS = ("advantages", "ref_logprobs", "inference_logprobs")
 FAST_FIELDS = frozenset((*INT_ROWS, *FLOAT_ROWS, "scores", "env_id"))
+"""Fields the fast path checks itself; any other field of ``ScoredData`` must be absent or null."""
 VERSION_ROWS = ("policy_version", "policy_version_max")
 """Optional per-sequence weight versions (not ``ScoredData`` fields: kept as posted); the
 fast path reads the oldest for ``--max-staleness``."""
-"""Fields the fast path checks itself; any other field of ``ScoredData`` must be absent or null."""
 
 _MODEL_FIELDS = frozenset(ScoredData.model_fields)
 _SLOW_FIELDS = _MODEL_FIELDS - FAST_FIELDS
