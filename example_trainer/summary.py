@@ -265,7 +265,7 @@ def plot_curve(
     ax.set_xlabel("trainer step")
     ax.set_ylabel("score")
     ax.set_ylim(-0.05, 1.05)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
