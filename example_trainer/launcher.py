@@ -24,7 +24,7 @@ from .evaluation import Evaluator
 from .plugins import load_function
 from .processes import ProcessGroup
 from .run_config import RunConfig
-from .status import PlainProgress, progress_text, status_table
+from .status import PlainProgress, eta_seconds, progress_text, status_table
 from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
 from .vllm_manager import server_command, split_device
 
@@ -102,6 +102,7 @@ class Launcher:
         # Seconds per phase, shown while running and written to the summary.
         self.phases: Dict[str, float] = {}
         self.rl_started: float | None = None
+        self.pace_origin: tuple[float, int] | None = None  # (time, step) of the first step seen
         self.total_steps = int(config.trainer.get("training_steps") or _default_training_steps())
 
     # -- phases
@@ -279,13 +280,21 @@ class Launcher:
     def progress(self, step: int) -> str:
         """The ``step N / total  ETA …`` line for ``step``."""
         rows = read_metrics(self.run_dir / "metrics.jsonl")
+        now = time.time()
         phases = dict(self.phases)
         if self.rl_started is not None:
-            phases["RL"] = time.time() - self.rl_started
+            phases["RL"] = now - self.rl_started
+        if self.pace_origin is None and step > 0:
+            self.pace_origin = (now, step)
+        eta = (
+            eta_seconds(step, self.total_steps, now - self.pace_origin[0], self.pace_origin[1])
+            if self.pace_origin
+            else None
+        )
         return progress_text(
             step,
             self.total_steps,
-            phases.get("RL"),
+            eta,
             phases,
             rows[-1] if rows else None,
             self.evaluator.evals,

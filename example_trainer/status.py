@@ -15,24 +15,28 @@ from .processes import ProcessGroup
 from .summary import format_seconds, read_metrics
 
 
-def eta_seconds(step: int, total: int, elapsed: float) -> float | None:
-    """Seconds left at the pace so far (``elapsed`` for ``step`` steps); None before the first step."""
-    if step <= 0 or total <= 0 or elapsed <= 0:
+def eta_seconds(step: int, total: int, elapsed: float, since_step: int = 0) -> float | None:
+    """Seconds left at the pace since ``since_step`` (``elapsed`` seconds ago).
+
+    The pace is measured from the first step seen, not from the trainer's start:
+    loading the model and the first rollouts would otherwise make the first
+    estimates many times too long. None until a step has been timed.
+    """
+    if step <= since_step or total <= 0 or elapsed <= 0:
         return None
-    return elapsed / step * max(total - step, 0)
+    return elapsed / (step - since_step) * max(total - step, 0)
 
 
 def progress_text(
     step: int,
     total: int,
-    rl_elapsed: float | None,
+    eta: float | None,
     phases: Dict[str, float],
     last_row: Dict[str, Any] | None = None,
     evals: Sequence[Dict[str, Any]] = (),
 ) -> str:
     """``step 40 / 200  ETA 1m20s  loss … reward …  eval 0.31@40  (warm-up 12s, RL 30s, eval 4s)``."""
     parts = [f"step {step} / {total}" if total else f"step {step}"]
-    eta = eta_seconds(step, total, rl_elapsed or 0.0)
     parts.append(f"ETA {format_seconds(eta)}" if eta is not None else "ETA ?")
     if last_row:
         parts.append(
