@@ -69,6 +69,8 @@ class FakeTrainer:
         self.max_token_len = max_token_len
         self.batches: List[List[dict]] = []
         self.errors = 0
+        self.last_batch_id: str | None = None
+        self.redelivered = 0
         self.paused = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -88,14 +90,27 @@ class FakeTrainer:
         self.pull_once()  # the first /batch lets environments register
 
     def pull_once(self) -> bool:
-        response = httpx.get(f"{self.url}/batch", timeout=10)
+        """One ``/batch`` call that acknowledges the last batch received (D19).
+
+        After an API restart the unacknowledged batch is served again; it carries the
+        ``batch_id`` already seen and is skipped, as the trainer's client does.
+        """
+        response = httpx.get(
+            f"{self.url}/batch", params={"ack": self.last_batch_id or ""}, timeout=10
+        )
         response.raise_for_status()
-        batch = response.json().get("batch")
-        if batch:
-            assert sum(len(g["tokens"]) for g in batch) == self.batch_size
-            self.batches.append(batch)
+        answer = response.json()
+        batch = answer.get("batch")
+        if not batch:
+            return False
+        batch_id = answer.get("batch_id")
+        if batch_id is not None and batch_id == self.last_batch_id:
+            self.redelivered += 1
             return True
-        return False
+        assert sum(len(g["tokens"]) for g in batch) == self.batch_size
+        self.batches.append(batch)
+        self.last_batch_id = batch_id
+        return True
 
     def _run(self) -> None:
         while not self._stop.is_set():
