@@ -97,6 +97,8 @@ def confine_weights_path(path: str, roots: list[str]) -> str:
     The check runs before anything looks at the path, and the answer is the same whether the
     path exists or not, so the endpoint cannot be used to probe the file system.
     """
+    if "\x00" in path:
+        raise InvalidRequest("'path' must not contain a NUL character", param="path")
     resolved = os.path.realpath(path)
     for root in roots:
         if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from atroposlib.serving.errors import InvalidRequest
 from atroposlib.serving.sampling import SamplingParams
+from atroposlib.utils.http_security import json_value_problem
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,29 @@ MIN_TEMPERATURE = 1e-2
 """Temperatures in ``(0, MIN_TEMPERATURE)`` are raised to it (as vLLM does): dividing logits by
 a smaller number overflows float32 and turns logprobs into NaN/inf."""
 
+MAX_SEQUENCES_PER_REQUEST = 4096
+"""Most completions one ``/v1/completions`` request may ask for (prompts times ``n``): the
+engine serves requests in order, so one request asking for 250,000 would hold every other
+client back for minutes."""
+
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
+
+
+def _refuse_invalid_unicode(data: Any) -> Any:
+    """400 naming the field for text no tokenizer or UTF-8 encoder takes (lone surrogates)."""
+    problem = json_value_problem(data, check_ints=False)
+    if problem is not None:
+        raise InvalidRequest(f"'{problem[0]}' {problem[1]}", param=problem[0])
+    return data
+
+
+class _Body(BaseModel):
+    """A request body: refuses lone UTF-16 surrogates anywhere in it, naming the field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        return _refuse_invalid_unicode(data)
 
 
 def _finite(default: float, **kwargs: Any) -> Any:
@@ -40,7 +63,7 @@ def _finite(default: float, **kwargs: Any) -> Any:
     return Field(default, allow_inf_nan=False, **kwargs)
 
 
-class _Sampling(BaseModel):
+class _Sampling(_Body):
     """Sampling fields shared by all generation endpoints (vLLM names and ranges)."""
 
     model_config = ConfigDict(extra="allow")
@@ -179,6 +202,13 @@ class CompletionRequest(_Sampling):
     def _no_suffix(self) -> CompletionRequest:
         if self.suffix:
             raise InvalidRequest("'suffix' is not supported", param="suffix")
+        count = len(self.prompts())
+        if count * self.n > MAX_SEQUENCES_PER_REQUEST:
+            raise InvalidRequest(
+                f"{count} prompts times n={self.n} asks for more than "
+                f"{MAX_SEQUENCES_PER_REQUEST} completions in one request; split it",
+                param="prompt" if count > 1 else "n",
+            )
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -311,7 +341,7 @@ class GenerateRequest(_Sampling):
         return v
 
 
-class UpdateWeightsRequest(BaseModel):
+class UpdateWeightsRequest(_Body):
     """``POST /update_weights``."""
 
     path: str = Field(..., min_length=1, description="Checkpoint directory (same architecture).")

@@ -31,12 +31,15 @@ import os
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, MutableMapping
 
+import orjson
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BearerAuthMiddleware",
     "BrowserGuardMiddleware",
     "is_loopback_host",
+    "json_value_problem",
     "load_api_key",
     "secure_app",
 ]
@@ -46,6 +49,9 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_INT64_RANGE = (-(2**63), 2**64 - 1)
+"""Integers a JSON encoder in C (orjson, the HTTP clients) can write back out."""
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _BROWSER_CROSS_SITE = frozenset({b"cross-site", b"same-site"})
@@ -109,6 +115,52 @@ def load_api_key(
             raise ValueError(f"--api-key-file {str(path)!r} is empty")
         return key
     return os.environ.get(env_var) or None
+
+
+def json_value_problem(data: Any, *, check_ints: bool = True) -> tuple[str, str] | None:
+    """The first value of parsed JSON that cannot be passed on, as ``(path, reason)``, or None.
+
+    Python's ``json`` module accepts a lone UTF-16 surrogate (``"\\ud800"``) and integers of
+    any size; neither can be encoded as UTF-8 or by C JSON encoders, so a server that hands
+    them to a tokenizer or forwards them fails far from the request. ``path`` is dotted
+    (``messages.0.content``); ``check_ints`` adds integers outside the 64-bit range.
+    Clean data costs one ``orjson.dumps`` (milliseconds for megabytes); only data it refuses
+    is walked, iteratively, to name the value.
+    """
+    try:
+        orjson.dumps(data)
+        return None
+    except (TypeError, orjson.JSONEncodeError):
+        pass
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _has_surrogate(value):
+                return path or "body", "contains a lone UTF-16 surrogate (invalid Unicode)"
+        elif isinstance(value, dict):
+            items = list(value.items())
+            for key, _ in items:
+                if isinstance(key, str) and not key.isascii() and _has_surrogate(key):
+                    sub = f"{path}.{key!r}" if path else repr(key)
+                    return sub, "is a key with a lone UTF-16 surrogate (invalid Unicode)"
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(items))
+        elif isinstance(value, list):
+            stack.extend(
+                (f"{path}.{i}" if path else str(i), value[i]) for i in range(len(value) - 1, -1, -1)
+            )
+        elif check_ints and isinstance(value, int) and not isinstance(value, bool):
+            if not _INT64_RANGE[0] <= value <= _INT64_RANGE[1]:
+                return path or "body", "is an integer outside the 64-bit range"
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -244,10 +296,14 @@ class BrowserGuardMiddleware:
                 )
         if scope["type"] != "http":
             return None
+        fetch_site = (_header(scope, b"sec-fetch-site") or b"").lower()
         if path in self._guarded_gets and method in ("GET", "HEAD"):
-            fetch_site = (_header(scope, b"sec-fetch-site") or b"").lower()
             if origin_raw is not None or fetch_site in _BROWSER_CROSS_SITE:
                 return 403, f"GET {path} from a browser is refused: use POST {path}"
+        if method in _BODY_METHODS and origin_raw is None and fetch_site in _BROWSER_CROSS_SITE:
+            # A browser names the page's origin on every POST; one that withheld it while
+            # saying the request comes from another site cannot be checked, so it is refused.
+            return 403, (f"{method} {path} from another site without an Origin header is refused")
         if method in _BODY_METHODS and _has_body(scope) and self._needs_json(path):
             content_type = _header(scope, b"content-type")
             if not _is_json_type(content_type):
