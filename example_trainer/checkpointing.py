@@ -3,7 +3,9 @@
 A checkpoint directory holds the model (``save_pretrained``; only the adapter for
 LoRA runs), the tokenizer, ``optimizer.pt`` (optimizer state keyed by parameter
 name, so a checkpoint written by N processes resumes on M) and ``trainer_state.pt``
-with the scheduler state, the step and the RNG state. It is written to a temporary
+with the scheduler state, the step, the RNG state and the ``batch_id`` of the last
+batch trained on (a resumed trainer skips that batch if the rollout API serves it
+again, see ``atroposlib/api/README.md`` "Delivery"). It is written to a temporary
 directory and renamed into place, so a crash never leaves a half-written
 ``step_N`` that ``--resume`` would pick up.
 """
@@ -35,6 +37,7 @@ class TrainerState:
     optimizer: dict | None
     scheduler: dict | None
     rng: Any | None = None
+    last_batch_id: str | None = None
 
 
 def _save_pretrained(model: Any, out: Path, state_dict: dict | None) -> None:
@@ -76,6 +79,7 @@ def save_checkpoint(
     model_state: dict | None = None,
     optimizer_state: dict | None = None,
     world_size: int = 1,
+    last_batch_id: str | None = None,
 ) -> Path:
     """Write a resumable checkpoint ``save_path/step_{step}`` (or ``name``) and return its path.
 
@@ -100,6 +104,7 @@ def save_checkpoint(
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": torch.get_rng_state(),
             "world_size": world_size,
+            "last_batch_id": last_batch_id,
         },
         tmp / STATE_FILE,
     )
@@ -141,4 +146,5 @@ def load_trainer_state(checkpoint_dir: str | Path, with_optimizer: bool = True) 
         optimizer=optimizer,
         scheduler=data.get("scheduler"),
         rng=data.get("rng"),
+        last_batch_id=data.get("last_batch_id"),
     )

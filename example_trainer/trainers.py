@@ -150,6 +150,7 @@ class PreparedBatch:
     n_micro: int
     summary: Dict[str, float] = field(default_factory=dict)
     fetch_time: float = 0.0
+    batch_id: str | None = None
 
 
 def prepare_batch(
@@ -190,6 +191,7 @@ class GRPOTrainer:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         self.step = 0
+        self.trained_batch_id: str | None = None  # batch_id of the last batch trained on
         resume_dir = self.ctx.broadcast(
             find_latest_checkpoint(config.save_path) if config.resume and self.ctx.is_main else None
         )
@@ -225,7 +227,14 @@ class GRPOTrainer:
         if state.rng is not None:
             torch.set_rng_state(state.rng)
         self.step = state.step
+        self.trained_batch_id = state.last_batch_id
         logger.info("resumed from %s at step %d", resume_dir, self.step)
+
+    def seed_batch_client(self) -> None:
+        """Tell the API client which batch the restored weights last trained on, so a batch
+        the API serves again after a crash is acknowledged and skipped, not trained twice."""
+        if self.trained_batch_id is not None:
+            api.batch_client(self.config.atropos_url).last_batch_id = self.trained_batch_id
 
     def _make_reference(self) -> torch.nn.Module:
         ref = copy.deepcopy(self.model)
@@ -433,6 +442,8 @@ class GRPOTrainer:
         batch = api.wait_for_batch(cfg.atropos_url, cfg.batch_poll_interval, cfg.batch_wait_timeout)
         prepared = prepare_batch(batch, self.ctx.world_size, cfg.batch_size)
         prepared.fetch_time = time.perf_counter() - t
+        # Read here, in the one thread that fetches: the client's id moves on with prefetching.
+        prepared.batch_id = api.batch_client(cfg.atropos_url).last_batch_id
         return prepared
 
     def _save(self, name: str | None = None) -> Path | None:
@@ -451,6 +462,7 @@ class GRPOTrainer:
                 model_state=model_state,
                 optimizer_state=optimizer_state,
                 world_size=self.ctx.world_size,
+                last_batch_id=self.trained_batch_id,
             ),
             "saving a checkpoint",
         )
@@ -471,6 +483,7 @@ class GRPOTrainer:
             Path(cfg.save_path).mkdir(parents=True, exist_ok=True)
             api.check_atropos_api(cfg.atropos_url)
             api.register_trainer(cfg, starting_step=self.step)
+            self.seed_batch_client()
             sync = make_weight_sync(cfg, self.model, self.tokenizer)
             writer = MetricsWriter(cfg)
             progress = Progress(cfg.progress, cfg.training_steps, self.step)
@@ -487,6 +500,7 @@ class GRPOTrainer:
                 share, meta = self._distribute(prepared)
                 device_metrics = self.step_on(share, meta)
                 self.step += 1
+                self.trained_batch_id = meta.batch_id
                 if ctx.is_main and self.step < cfg.training_steps:
                     pending = pool.submit(self._fetch)  # overlaps the device finishing this step
                 metrics = self._host_metrics(device_metrics, meta, t0)

@@ -101,3 +101,45 @@ def test_wandb_offline_logging_works_without_a_key(tmp_path, monkeypatch):
     writer.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
     assert '"train/loss": 0.5' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_checkpoint_records_the_last_trained_batch_id_and_resume_skips_that_batch(
+    tiny_model_dir, tmp_path
+):
+    import httpx
+
+    from example_trainer import api
+
+    url = "http://api-for-resume-test"
+    cfg = _config(tiny_model_dir, tmp_path, atropos_url=url)
+    t1 = GRPOTrainer(cfg)
+    t1.step, t1.trained_batch_id = 3, "batch-7"
+    t1._save()
+    assert load_trainer_state(tmp_path / "step_3").last_batch_id == "batch-7"
+
+    t2 = GRPOTrainer(cfg.model_copy(update={"resume": True}))
+    assert t2.step == 3 and t2.trained_batch_id == "batch-7"
+    api._batch_clients.pop(url, None)
+    try:
+        t2.seed_batch_client()
+        # The API serves batch-7 again (its acknowledgement was lost in the crash), then batch-8.
+        served = iter(["batch-7", "batch-8"])
+        acks = []
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            acks.append(request.url.params.get("ack"))
+            return httpx.Response(200, json={"batch": [{"n": 1}], "batch_id": next(served)})
+
+        client = httpx.Client(transport=httpx.MockTransport(handler))
+        assert api.get_batch(url, client=client) == [{"n": 1}]
+        assert acks == ["batch-7", "batch-7"]  # acknowledged, skipped, asked again
+        assert api.batch_client(url).last_batch_id == "batch-8"
+    finally:
+        api._batch_clients.pop(url, None)
+
+
+def test_checkpoints_without_a_batch_id_still_load(tmp_path):
+    root = tmp_path / "step_1"
+    root.mkdir()
+    torch.save({"step": 1, "scheduler": None}, root / "trainer_state.pt")
+    assert load_trainer_state(root).last_batch_id is None
