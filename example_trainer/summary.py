@@ -153,6 +153,8 @@ def write_summary(
         "run_dir": str(run_dir),
     }
     phase_text = ", ".join(f"{name} {format_seconds(sec)}" for name, sec in (phases or {}).items())
+    if phases and "eval" in phases and "RL" in phases:
+        phase_text += "; evals during RL overlap it"
     lines = [
         f"# Run summary ({summary['status']})",
         "",

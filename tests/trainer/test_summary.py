@@ -95,6 +95,7 @@ def test_summary_records_eval_set_intervals_phases_and_prints_where_results_are(
     assert f"| during | 40 | 0.500 | {lo:.3f} – {hi:.3f} | 200 |" in md
     assert "held out from training (train set: 9800)" in md
     assert "80 / 80" in md
+    assert "(warm-up 30s, RL 1m40s, eval 12s; evals during RL overlap it)" in md
     out = capsys.readouterr().out
     assert f"curve:   {tmp_path / 'curve.png'}" in out
     assert f"summary: {tmp_path / 'summary.md'}" in out
