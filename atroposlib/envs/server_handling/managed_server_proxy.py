@@ -57,6 +57,7 @@ from atroposlib.utils.http_security import (
     BearerAuthMiddleware,
     BrowserGuardMiddleware,
     is_loopback_host,
+    json_value_problem,
     load_api_key,
 )
 
@@ -243,11 +244,23 @@ class ProxyState:
             return existing
         name = config_tokenizer_name(getattr(server, "config", None))
         if name is None:
-            raise ProxyError(500, "no tokenizer configured for this server", "server_error")
+            raise ProxyError(
+                409,
+                "no tokenizer configured for this server: start the proxy with --tokenizer or "
+                "POST /setup with 'tokenizer'",
+                "invalid_state",
+                "tokenizer",
+            )
         if name not in self._tokenizers:
             self._tokenizers[name] = load_tokenizer(name)
         if self._tokenizers[name] is None:
-            raise ProxyError(500, f"could not load tokenizer {name!r}", "server_error")
+            raise ProxyError(
+                409,
+                f"could not load tokenizer {name!r} named by the server's config: POST /setup "
+                "with a loadable 'tokenizer'",
+                "invalid_state",
+                "tokenizer",
+            )
         return self._tokenizers[name]
 
     def session(self, session_id: str) -> Session:
@@ -370,6 +383,9 @@ def create_app(
                 raise ProxyError(400, f"body is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise ProxyError(400, "body must be a JSON object")
+        problem = json_value_problem(data)  # what the upstream client could not send on
+        if problem is not None:
+            raise ProxyError(400, f"'{problem[0]}' {problem[1]}", param=problem[0])
         try:
             return model.model_validate(data)
         except ValidationError as e:
@@ -487,10 +503,12 @@ def create_app(
                 f"server {server.name} cannot return tokens/logprobs (use vllm or sglang)",
                 param="base_url",
             )
+        # Loading a tokenizer named by a config can take a minute (hub retries): off the loop.
+        tokenizer = await asyncio.to_thread(state.tokenizer_for, server)
         try:
             managed = ManagedServer(
                 server,
-                state.tokenizer_for(server),
+                tokenizer,
                 track_tree=body.track_tree,
                 tool_parser=body.tool_parser or state.tool_parser,
                 preserve_think_blocks=body.preserve_think_blocks,

@@ -1,0 +1,153 @@
+"""Attacks on a real managed-server proxy process: values no upstream client can send on are a
+400 naming the field (not a nameless ``TypeError``), ``/setup`` refuses every disguise of a
+foreign upstream, a browser on another site cannot post even without ``Origin``, and a
+tokenizer that cannot be loaded is a 409 that does not stall other requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import httpx
+import pytest
+
+from atroposlib.envs.server_handling.managed_server_proxy import create_app
+from atroposlib.envs.server_handling.server_harness import ServerHarness
+from atroposlib.envs.server_handling.server_manager import ServerManager
+from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+
+KEY = "redteam-proxy-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+USER = [{"role": "user", "content": "hi"}]
+PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
+
+
+@pytest.fixture(scope="module")
+def proxy(fake_pool, tokenizer, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("redteam-proxy")
+    tokenizer.save_pretrained(tmp / "tok")
+    config = {"servers": [{"base_url": fake_pool[1].base_url, "server_type": "vllm"}]}
+    (tmp / "servers.json").write_text(json.dumps(config))
+    port = free_port()
+    args = ["--port", str(port), "--config", str(tmp / "servers.json")]
+    args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake"]
+    proc = start_process(
+        [*PROXY, *args],
+        log_path=tmp / "proxy.log",
+        env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health", timeout=120, proc=proc)
+        yield url
+    finally:
+        stop_process(proc)
+
+
+def _raw(url: str, body: dict, surrogate: bool = False) -> httpx.Response:
+    text = json.dumps(body)
+    if surrogate:
+        text = text.replace("SURROGATE", "\\ud800")
+    return httpx.post(
+        url, content=text.encode(), headers={**AUTH, "Content-Type": "application/json"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "surrogate"),
+    [
+        ({"top_k": 10**30}, "top_k", False),
+        ({"logit_bias": {"1": 2**70}}, "logit_bias.1", False),
+        ({"presence_penalty": -(2**64)}, "presence_penalty", False),
+        ({"stop": "SURROGATE"}, "stop", True),
+        ({"messages": [{"role": "user", "content": "SURROGATE"}]}, "messages.0.content", True),
+        ({"metadata": {"a": [1, "xSURROGATE"]}}, "metadata.a.1", True),
+    ],
+)
+def test_values_no_client_can_forward_are_400_naming_the_field(proxy, extra, param, surrogate):
+    """Before: 400 with ``param: null`` and "TypeError: Integer exceeds 64-bit range"."""
+    sid = httpx.post(f"{proxy}/sessions/create", json={}, headers=AUTH).json()["uuid"]
+    for path in ("/v1/chat/completions", "/v1/chat/completions/render"):
+        r = _raw(f"{proxy}/{sid}{path}", {"messages": USER, "max_tokens": 1, **extra}, surrogate)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.text
+    r = _raw(f"{proxy}/{sid}/v1/completions", {"prompt": "hi", "max_tokens": 1, **extra}, surrogate)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize(
+    ("field", "literal"),
+    [
+        (field, literal)
+        for field in ("n", "max_tokens", "temperature", "top_p", "seed")
+        for literal in ("NaN", "Infinity", "1e400", str(2**64), '"x"', '{"a": 1}', "[[1]]")
+    ],
+)
+def test_bad_sampling_values_are_400_naming_the_field(proxy, field, literal):
+    sid = httpx.post(f"{proxy}/sessions/create", json={}, headers=AUTH).json()["uuid"]
+    text = json.dumps({"messages": USER, field: "V"}).replace('"V"', literal)
+    r = httpx.post(
+        f"{proxy}/{sid}/v1/chat/completions",
+        content=text.encode(),
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+@pytest.mark.parametrize(
+    "upstream",
+    [
+        "http://127.0.0.1@evil.example/v1",
+        "http://evil.example#@127.0.0.1/v1",
+        "http://localhost.evil.example/v1",
+        "http://127.0.0.1.evil.example/v1",
+        "http://[::ffff:7f00:1]/v1",
+        "http://0.0.0.0:9000/v1",
+        "file:///etc/passwd",
+        "gopher://127.0.0.1:25/",
+        "http://gpu-node.internal:9001/v1",
+    ],
+)
+def test_setup_refuses_disguised_foreign_upstreams(proxy, upstream):
+    r = httpx.post(
+        f"{proxy}/setup",
+        json={"servers": [{"base_url": upstream, "server_type": "vllm"}]},
+        headers=AUTH,
+    )
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["param"] == "servers.0.base_url"
+
+
+def test_cross_site_posts_without_origin_are_refused(proxy):
+    cross = {**AUTH, "Sec-Fetch-Site": "cross-site"}
+    assert httpx.post(f"{proxy}/sessions/create", json={}, headers=cross).status_code == 403
+    sid = httpx.post(f"{proxy}/sessions/create", json={}, headers=AUTH).json()["uuid"]
+    assert httpx.delete(f"{proxy}/{sid}", headers=cross).status_code == 403
+    assert httpx.post(f"{proxy}/{sid}/reset", headers=cross).status_code == 403
+    assert httpx.delete(f"{proxy}/{sid}", headers=AUTH).status_code == 200
+
+
+async def test_an_unloadable_tokenizer_is_409_and_does_not_stall_the_proxy(monkeypatch):
+    """A config naming a tokenizer that cannot load was a 500, loaded on the event loop (a
+    minute of hub retries during which /health did not answer)."""
+    import atroposlib.envs.server_handling.managed_server_proxy as proxy_module
+
+    def slow_missing(name):
+        time.sleep(0.5)
+        return None
+
+    monkeypatch.setattr(proxy_module, "load_tokenizer", slow_missing)
+    manager = ServerManager.__new__(ServerManager)
+    manager.servers = [ServerHarness()]
+    app = create_app(manager, None)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        create = asyncio.create_task(client.post("/sessions/create", json={}))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert (await client.get("/health")).status_code == 200
+        assert time.monotonic() - started < 0.3
+        r = await create
+        assert r.status_code == 409 and r.json()["error"]["param"] == "tokenizer"
