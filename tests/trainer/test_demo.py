@@ -173,3 +173,21 @@ def test_launcher_run_dir_is_new_per_run_and_config_dir_links_to_it(tmp_path):
     assert (tmp_path / "demo").resolve() == second
     resumed = Launcher(RunConfig(run_dir=str(tmp_path / "demo"), trainer={"resume": True}))
     assert resumed.run_dir == second
+
+
+def test_live_table_shows_each_process_and_the_progress_line(tmp_path):
+    from rich.console import Console
+
+    from example_trainer.processes import ProcessGroup
+    from example_trainer.status import status_table
+
+    procs = ProcessGroup(tmp_path)
+    procs.start("trainer", [sys.executable, "-c", "pass"])
+    procs.children["trainer"].proc.wait()
+    line = progress_text(5, 10, 12.0, {"RL": 20.0}, {"train/loss": 0.5, "train/mean_score": 0.25})
+    evals = [{"label": "before", "step": 0, "score": 0.2}]
+    console = Console(record=True, width=200)
+    console.print(status_table(tmp_path, procs, evals, 0.0, line))
+    text = console.export_text()
+    assert "trainer" in text and "done" in text and "logs/trainer.log" in text
+    assert "step 5 / 10  ETA 12s" in text and "before@0=0.20" in text
