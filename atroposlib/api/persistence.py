@@ -53,6 +53,11 @@ CREATE TABLE IF NOT EXISTS groups (
 _IN_CHUNK = 500
 """Rows per ``IN (...)`` statement, well below SQLite's limit on bound parameters."""
 
+_PAGE_SIZE = 16384
+"""Page size of a new database file."""
+_WAL_CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""WAL size at which SQLite checkpoints it into the database file."""
+
 
 @dataclass(frozen=True)
 class GroupRow:
@@ -85,9 +90,16 @@ class SqlitePersistence:
             self._conn = sqlite3.connect(
                 str(self.path), isolation_level=None, check_same_thread=False
             )
+            # A group is ~26 KiB: 16 KiB pages hold it in two overflow pages instead of seven
+            # (about a tenth less CPU per insert and per batch read). SQLite applies the size
+            # only to a database without tables, so existing files keep theirs.
+            self._conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
+            # Checkpoint at the WAL size of SQLite's default (1,000 pages of 4 KiB).
+            page = self._conn.execute("PRAGMA page_size").fetchone()[0]
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_CHECKPOINT_BYTES // page}")
             columns = {row[1] for row in self._conn.execute("PRAGMA table_info(groups)")}
             if "crc" not in columns:  # a database written before group checksums
                 self._conn.execute("ALTER TABLE groups ADD COLUMN crc INTEGER")
