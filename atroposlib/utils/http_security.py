@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import json
@@ -68,10 +69,13 @@ def _strip_port(host: str) -> str:
     return host
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback_host(host: str) -> bool:
     """True for a loopback name or address, with or without a port.
 
     ``localhost``, ``*.localhost``, ``127.0.0.0/8`` and ``::1`` are loopback; an empty value is not.
+    Verdicts are cached: the guards ask this for the ``Host`` of every request, and parsing an
+    address costs microseconds.
     """
     name = _strip_port(host).rstrip(".")
     if not name:
