@@ -39,6 +39,7 @@ from atroposlib.serving.errors import (
     OpenAIErrorEnvelope,
     install_error_handlers,
 )
+from atroposlib.serving.limits import RequestSizeLimit
 from atroposlib.serving.loader import (
     confine_weights_path,
     load_compatible,
@@ -174,6 +175,7 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
     install_error_handlers(app)
     pause_gate = PauseGate()
     app.add_middleware(PauseMiddleware, gate=pause_gate)  # innermost: after auth and guard
+    app.add_middleware(RequestSizeLimit, max_bytes=int(config.max_request_mb * 2**20))
     # Outermost last: OpenAI-shaped refusals <- browser guard <- CORS <- bearer auth <- routes
     # (CORS outside the key check: a browser's preflight carries no Authorization header).
     if config.api_key:

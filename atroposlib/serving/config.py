@@ -85,6 +85,12 @@ class ServeModelConfig(BaseModel):
         "old weights before restarting them on the new ones.",
     )
     max_n: int = Field(128, ge=1, description="Largest 'n' (completions per request) accepted.")
+    max_request_mb: float = Field(
+        64.0,
+        gt=0.0,
+        description="Largest request body in MiB (413 above it): a body is held in memory "
+        "whole, and parsed JSON takes several times its size.",
+    )
     cpu_threads: int | None = Field(
         None,
         ge=1,

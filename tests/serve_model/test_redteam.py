@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import httpx
 import pytest
@@ -165,3 +166,29 @@ def test_docs_and_schema_need_the_key(keyed):
     for path in ("/docs", "/redoc", "/openapi.json", "/v1/models", "/weights_history"):
         assert httpx.get(f"{keyed}{path}", timeout=30).status_code == 401, path
     assert httpx.get(f"{keyed}/health", timeout=30).status_code == 200
+
+
+def test_bodies_over_the_limit_are_413_declared_or_chunked(served):
+    """Nothing bounded a body before: one client posting gigabytes took the server's memory."""
+    port = int(served.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+        )
+        head = s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 413") and b'"param": "body"' in head
+
+    def chunks():
+        for _ in range(66):  # 66 MiB without a Content-Length; the default bound is 64
+            yield b" " * 2**20
+
+    r = httpx.post(
+        f"{served.url}/v1/completions",
+        content=chunks(),
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 413 and "--max-request-mb" in r.json()["error"]["message"]
+    ok = httpx.post(f"{served.url}/v1/completions", json=BASES["/v1/completions"], timeout=30)
+    assert ok.status_code == 200
