@@ -116,6 +116,9 @@ class IngestOutcome:
     buffer_size: int = 0
 
 
+_RECEIVED = IngestOutcome("received")
+
+
 @dataclass
 class PendingBatch:
     """The batch served last and not acknowledged yet; ``live`` once this process served it."""
@@ -520,9 +523,10 @@ class RolloutStore:
         # In memory, JSON beyond the pack threshold is stored deflated: a few tens of
         # microseconds per group buy a queue several times smaller (the RSS target).
         held = used
+        persist = self._db is not None
         for g in groups:
             held += len(g.body)
-            if self._db is None and held > self.pack_above_bytes:
+            if not persist and held > self.pack_above_bytes:
                 stored = StoredGroup(
                     self._next_seq,
                     g.env_id,
@@ -540,11 +544,13 @@ class RolloutStore:
                 self._seen(g.env_id)
             target = self.envs[g.env_id].group_size if g.env_id is not None else g.size
             if g.size == target:
-                inserts.append(GroupRow(stored.seq, g.env_id, g.size, False, g.body))
+                if persist:
+                    inserts.append(GroupRow(stored.seq, g.env_id, g.size, False, g.body))
                 self._enqueue(stored)
-                outcomes.append(IngestOutcome("received"))
+                outcomes.append(_RECEIVED)
                 continue
-            inserts.append(GroupRow(stored.seq, g.env_id, g.size, True, g.body))
+            if persist:
+                inserts.append(GroupRow(stored.seq, g.env_id, g.size, True, g.body))
             outcomes.append(IngestOutcome("buffered", self._buffer(stored, target, moves)))
         if self._buffer_bytes > self.max_buffer_bytes:
             self._shrink_buffer(moves, drops)
