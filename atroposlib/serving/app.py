@@ -39,6 +39,7 @@ from atroposlib.serving.errors import (
     OpenAIErrorEnvelope,
     install_error_handlers,
 )
+from atroposlib.serving.in_place import plan_in_place
 from atroposlib.serving.limits import RequestSizeLimit
 from atroposlib.serving.loader import (
     confine_weights_path,
@@ -130,7 +131,12 @@ def build_state(config: ServeModelConfig) -> ServingState:
         max_prefill_tokens=config.max_prefill_tokens,
         gpu_memory_fraction=config.gpu_memory_fraction,
         swap_drain_timeout=config.swap_drain_timeout,
-        loader=lambda path: load_compatible(path, engine.model, device, dtype),
+        swap_in_place=config.swap_in_place,
+        loader=(
+            (lambda path: plan_in_place(path, engine.model))
+            if config.swap_in_place
+            else (lambda path: load_compatible(path, engine.model, device, dtype))
+        ),
     )
     engine.version = read_weights_version(config.model) or 0
     logger.info("loaded %s on %s (%s), max_model_len=%d", config.model, device, dtype, max_len)

@@ -76,13 +76,21 @@ class ServeModelConfig(BaseModel):
         gt=0.0,
         le=1.0,
         description="Share of the GPU's memory the server may use (weights, a second "
-        "copy for weight updates, activations and the KV cache); CUDA only.",
+        "copy for weight updates unless --swap-in-place, activations and the KV cache); "
+        "CUDA only.",
     )
     swap_drain_timeout: float = Field(
         30.0,
         ge=0.0,
         description="Seconds a weight update lets running sequences finish on the "
         "old weights before restarting them on the new ones.",
+    )
+    swap_in_place: bool = Field(
+        False,
+        description="/update_weights copies the new safetensors weights tensor by tensor "
+        "into the served model's tensors between decode steps instead of loading a second "
+        "model: no second copy of the weights on the device (one tensor of extra host "
+        "memory), but the copy itself pauses decoding.",
     )
     max_n: int = Field(128, ge=1, description="Largest 'n' (completions per request) accepted.")
     max_request_mb: float = Field(

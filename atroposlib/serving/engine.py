@@ -36,6 +36,11 @@ so one long generation cannot stall an update; streamed requests, whose tokens
 were already sent, are always allowed to finish. Every response therefore comes
 entirely from one version (reported as ``version``), and no sequence ever sees
 a half-loaded model.
+
+With ``swap_in_place`` the loader only validates the checkpoint (names and shapes, from
+the file headers) and returns an :class:`~.in_place.InPlaceUpdate`; at the swap point the
+worker thread copies it tensor by tensor into the served model, with no step running.
+The same drain/restart policy applies; the device never holds a second copy.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ from typing import Any
 
 import torch
 
-from atroposlib.serving.errors import InvalidRequest
+from atroposlib.serving.errors import InvalidRequest, ServingError
+from atroposlib.serving.in_place import InPlaceUpdate
 from atroposlib.serving.kv_cache import (
     STAGING_SLOTS,
     CachePlan,
@@ -135,6 +141,7 @@ class Engine:
         gpu_memory_fraction: float = 0.9,
         loader: Callable[[str], Any] | None = None,
         swap_drain_timeout: float = 30.0,
+        swap_in_place: bool = False,
     ) -> None:
         check_supported(model.config)
         self.model = self._prepare(model)
@@ -154,6 +161,7 @@ class Engine:
             max_num_seqs=max_num_seqs,
             max_prefill_tokens=max_prefill_tokens,
             gpu_memory_fraction=gpu_memory_fraction,
+            update_copy=not swap_in_place,
         )
         self.max_num_seqs = self.cache_plan.slots
         total = self.max_num_seqs + STAGING_SLOTS
@@ -186,6 +194,7 @@ class Engine:
         self.swap_log: list[dict[str, Any]] = []
         self._next_version: int | None = None
         self.restarted = 0
+        self.torn_by: str | None = None  # an in-place copy that failed midway
         self.steps = 0
         self.prefill_passes = 0
         self.generated_tokens = 0
@@ -320,6 +329,12 @@ class Engine:
         ``listener``, when given, is called on the event loop with a
         :class:`TokenEvent` for every generated token (used for streaming).
         """
+        if self.torn_by is not None:
+            raise ServingError(
+                f"the weights are partly from {self.torn_by!r} (an in-place update failed "
+                "midway); POST /update_weights again",
+                status=503,
+            )
         max_tokens = self.validate(prompt_ids, params)
         try:
             temps, top_k, top_p, min_p = param_tensors([params])
@@ -418,7 +433,7 @@ class Engine:
         ):
             self._restart_rows()
         if not self._active() and self._swap is not None:
-            self._apply_swap()
+            await self._apply_swap(loop)
             return
         if self.held:
             # Paused with in-flight requests kept (POST /pause mode "hold"): no step runs.
@@ -482,9 +497,27 @@ class Engine:
         self.restarted += len(restart)
         logger.info("restarting %d request(s) on the new weights", len(restart))
 
-    def _apply_swap(self) -> None:
+    async def _apply_swap(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self._swap is not None
         model, path, fut = self._swap
+        if isinstance(model, InPlaceUpdate):
+            # Admission stays closed (``_swap`` is set) and no step runs while this copies.
+            try:
+                await loop.run_in_executor(self._executor, model.apply)
+            except Exception as exc:
+                logger.exception("in-place weight update from %s failed midway", path)
+                self._swap, self._next_version = None, None
+                self.torn_by = path
+                if not fut.done():
+                    fut.set_exception(exc)
+                torn = ServingError(f"the weights are partly from {path!r}", status=503)
+                for req in self._waiting:
+                    if not req.future.done():
+                        req.future.set_exception(torn)
+                self._waiting.clear()
+                return
+            self.torn_by = None
+            model = self.model
         self._swap = None
         self.model = self._prepare(model)
         self._eos_ids = self._collect_eos_ids(model, self.tokenizer)

@@ -16,7 +16,8 @@ How many slots fit is decided by :func:`plan_slots`: ``--max-num-seqs`` on CPU
 (the memory is reserved lazily and touched only as sequences grow; at most the
 machine's RAM is reserved), and on CUDA
 what ``--gpu-memory-fraction`` of the device leaves after the weights, a second
-copy of them for a weight update, and the activations of the largest step.
+copy of them for a weight update (none with ``--swap-in-place``), and the
+activations of the largest step.
 """
 
 from __future__ import annotations
@@ -102,12 +103,14 @@ def plan_slots(
     max_num_seqs: int,
     max_prefill_tokens: int,
     gpu_memory_fraction: float,
+    update_copy: bool = True,
 ) -> CachePlan:
     """Size the cache: ``max_num_seqs`` slots on CPU; on CUDA as many as the budget allows.
 
     The CUDA budget is ``gpu_memory_fraction`` of the device minus the memory torch
     already holds (the weights), one more copy of the weights (a weight update loads
-    the new checkpoint while the old one serves), and the activations of the largest
+    the new checkpoint while the old one serves; not with ``update_copy=False``, for
+    ``--swap-in-place``), and the activations of the largest
     step (logits of ``max(max_num_seqs, max_prefill_tokens)`` rows in float32 plus the
     sampling buffers, and the hidden states of a prefill chunk). Raises ``ValueError``
     when not even one sequence of ``max_len`` tokens fits.
@@ -135,7 +138,7 @@ def plan_slots(
         total=total,
         free=free,
         held=held,
-        reserve=weights + activations,
+        reserve=(weights if update_copy else 0) + activations,
         per_slot=per_slot,
         max_len=max_len,
         max_num_seqs=max_num_seqs,
