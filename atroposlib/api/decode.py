@@ -247,8 +247,8 @@ def split_list(body: bytes) -> List[bytes] | None:
     """
     try:
         return [bytes(r) for r in _split_decoder.decode(body)]
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None  # nesting deeper than msgspec recurses is not a group: pydantic words it
 
 
 def split_lenient(body: bytes) -> List[bytes]:

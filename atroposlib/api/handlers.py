@@ -128,7 +128,7 @@ def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
                 raise _invalid(e) from None
             try:
                 raws = split_lenient(body)
-            except (ValueError, IndexError) as e:  # pydantic read it, Python's json does not
+            except (ValueError, IndexError, RecursionError) as e:  # pydantic read it, json not
                 raise BodyValidationError(
                     [{"type": "json_invalid", "loc": ["body"], "msg": f"Invalid JSON: {e}"}]
                 ) from None
