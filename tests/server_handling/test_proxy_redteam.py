@@ -17,6 +17,7 @@ from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from tests.server_handling.conftest import start_fake
 
 KEY = "redteam-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -25,14 +26,16 @@ PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_p
 
 
 @pytest.fixture(scope="module")
-def proxy(fake_pool, tokenizer, tmp_path_factory):
+def proxy(tokenizer, tmp_path_factory):
+    """The proxy, keyed, over one fake vLLM-style server of its own (started alongside)."""
     tmp = tmp_path_factory.mktemp("redteam-proxy")
     tokenizer.save_pretrained(tmp / "tok")
-    config = {"servers": [{"base_url": fake_pool[1].base_url, "server_type": "vllm"}]}
+    fake_port, port = free_port(), free_port()
+    config = {"servers": [{"base_url": f"http://127.0.0.1:{fake_port}/v1", "server_type": "vllm"}]}
     (tmp / "servers.json").write_text(json.dumps(config))
-    port = free_port()
     args = ["--port", str(port), "--config", str(tmp / "servers.json")]
     args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake"]
+    fake = start_fake(fake_port, "--latency-ms", "1")
     proc = start_process(
         [*PROXY, *args],
         log_path=tmp / "proxy.log",
@@ -40,10 +43,12 @@ def proxy(fake_pool, tokenizer, tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     try:
+        wait_http(f"http://127.0.0.1:{fake_port}/health", timeout=120, proc=fake)
         wait_http(f"{url}/health", timeout=120, proc=proc)
         yield url
     finally:
         stop_process(proc)
+        stop_process(fake)
 
 
 def _raw(url: str, body: dict, surrogate: bool = False) -> httpx.Response:
@@ -77,23 +82,17 @@ def test_values_no_client_can_forward_are_400_naming_the_field(proxy, extra, par
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
-@pytest.mark.parametrize(
-    ("field", "literal"),
-    [
-        (field, literal)
-        for field in ("n", "max_tokens", "temperature", "top_p", "seed")
-        for literal in ("NaN", "Infinity", "1e400", str(2**64), '"x"', '{"a": 1}', "[[1]]")
-    ],
-)
-def test_bad_sampling_values_are_400_naming_the_field(proxy, field, literal):
+def test_bad_sampling_values_are_400_naming_the_field(proxy):
     sid = httpx.post(f"{proxy}/sessions/create", json={}, headers=AUTH).json()["uuid"]
-    text = json.dumps({"messages": USER, field: "V"}).replace('"V"', literal)
-    r = httpx.post(
-        f"{proxy}/{sid}/v1/chat/completions",
-        content=text.encode(),
-        headers={**AUTH, "Content-Type": "application/json"},
-    )
-    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    failures = []
+    with httpx.Client(headers={**AUTH, "Content-Type": "application/json"}) as client:
+        for field in ("n", "max_tokens", "temperature", "top_p", "seed"):
+            for literal in ("NaN", "Infinity", "1e400", str(2**64), '"x"', '{"a": 1}', "[[1]]"):
+                text = json.dumps({"messages": USER, field: "V"}).replace('"V"', literal)
+                r = client.post(f"{proxy}/{sid}/v1/chat/completions", content=text.encode())
+                if r.status_code != 400 or r.json()["error"]["param"] != field:
+                    failures.append((field, literal, r.status_code))
+    assert not failures, failures
 
 
 @pytest.mark.parametrize(
@@ -151,3 +150,24 @@ async def test_an_unloadable_tokenizer_is_409_and_does_not_stall_the_proxy(monke
         assert time.monotonic() - started < 0.3
         r = await create
         assert r.status_code == 409 and r.json()["error"]["param"] == "tokenizer"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 5000 + b"]" * 5000,
+        b'{"a":' * 5000 + b"1" + b"}" * 5000,
+        b'{"messages": [], "max_tokens": ' + b"9" * 5000 + b"}",
+        b'{"messages": "\xff"}',
+    ],
+    ids=["deep array", "deep object", "5000-digit number", "invalid utf-8"],
+)
+def test_unparseable_bodies_are_400_not_500(proxy, body):
+    """Deep nesting (RecursionError) and huge numbers (int conversion limit) were 500s."""
+    sid = httpx.post(f"{proxy}/sessions/create", json={}, headers=AUTH).json()["uuid"]
+    for path in (f"/{sid}/v1/chat/completions", f"/{sid}/v1/completions", "/sessions/create"):
+        r = httpx.post(
+            f"{proxy}{path}", content=body, headers={**AUTH, "Content-Type": "application/json"}
+        )
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+        assert "not valid JSON" in r.json()["error"]["message"]

@@ -379,7 +379,9 @@ def create_app(
         else:
             try:
                 data = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            except RecursionError as e:
+                raise ProxyError(400, "body is not valid JSON: nested too deeply") from e
+            except ValueError as e:  # bad JSON or UTF-8, a number of thousands of digits
                 raise ProxyError(400, f"body is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise ProxyError(400, "body must be a JSON object")
