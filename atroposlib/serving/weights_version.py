@@ -23,9 +23,9 @@ def read_weights_version(path: str | os.PathLike[str]) -> int | None:
     """The version recorded in the weights directory ``path``, or None (no file, not a
     directory, unreadable: logged)."""
     target = Path(path) / WEIGHTS_VERSION_FILE
-    if not target.is_file():
-        return None
     try:
+        if not target.is_file():  # raises for some paths (a component over NAME_MAX)
+            return None
         version = json.loads(target.read_text()).get("version")
     except (OSError, ValueError, AttributeError) as exc:
         logger.warning("ignoring unreadable %s: %s", target, exc)

@@ -132,7 +132,7 @@ def test_one_request_cannot_ask_for_unbounded_completions(served):
     assert fine.status_code == 200 and len(fine.json()["choices"]) == 8
 
 
-def test_nul_in_a_weights_path_is_400_not_500(keyed, tmp_path_factory):
+def test_nul_or_overlong_name_in_a_weights_path_is_400_not_500(keyed, tmp_path_factory):
     root = str(tmp_path_factory.getbasetemp())
     r = httpx.post(
         f"{keyed}/update_weights",
@@ -141,6 +141,13 @@ def test_nul_in_a_weights_path_is_400_not_500(keyed, tmp_path_factory):
         timeout=30,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "path"
+    too_long = httpx.post(
+        f"{keyed}/update_weights",
+        json={"path": os.path.join(root, "a" * 5000)},
+        headers=AUTH,
+        timeout=30,
+    )
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "path"
 
 
 def test_cross_site_post_without_origin_is_refused(served):
