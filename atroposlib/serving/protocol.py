@@ -38,6 +38,11 @@ MAX_SEQUENCES_PER_REQUEST = 4096
 engine serves requests in order, so one request asking for 250,000 would hold every other
 client back for minutes."""
 
+MAX_MESSAGES = 10_000
+"""Most messages in one chat request. Each is validated in Python on the event loop before the
+template (off the loop) sees it, and 1.5 million one-word messages (48 MB) held every other
+request back for over ten seconds."""
+
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
 
 
@@ -280,6 +285,19 @@ class ChatCompletionRequest(_Sampling):
     response_format: dict[str, Any] | None = Field(
         None, description="Only {'type': 'text'} is supported."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _message_count(cls, data: Any) -> Any:
+        # Before field validation: pydantic checks a list's max_length only after validating
+        # every item, which is the cost to avoid.
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+            raise InvalidRequest(
+                f"{len(messages)} messages is more than the {MAX_MESSAGES} one request may hold",
+                param="messages",
+            )
+        return data
 
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
