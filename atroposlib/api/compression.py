@@ -11,6 +11,7 @@ makes gzip ``/batch`` responses cheap. Levels above ISA-L's 3 use zlib.
   or more, ``Vary: Accept-Encoding``, never re-encodes an encoded response).
 - :func:`pack` / :func:`unpack` turn a queued group's JSON into raw deflate
   and back; the store uses them for groups queued above a memory threshold.
+- :func:`crc32` is the checksum ``--persist`` stores with each group.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from atroposlib.api.middleware import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKEND", "GzipResponseMiddleware", "gzip_compress", "pack", "unpack"]
+__all__ = ["BACKEND", "GzipResponseMiddleware", "crc32", "gzip_compress", "pack", "unpack"]
 
 _ZLIB: ModuleType = zlib
 try:  # optional accelerator: same formats, several times faster
@@ -65,6 +66,11 @@ def pack(data: bytes) -> bytes:
 def unpack(data: bytes) -> bytes:
     """The bytes that :func:`pack` compressed."""
     return (_ISAL or _ZLIB).decompress(data, _RAW_WBITS)
+
+
+def crc32(data: bytes) -> int:
+    """``zlib.crc32(data)``, by ISA-L when installed (about 10x faster: it uses carry-less multiply)."""
+    return (_ISAL or _ZLIB).crc32(data)
 
 
 def _header(headers: list, name: bytes) -> bytes | None:

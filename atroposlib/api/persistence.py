@@ -19,11 +19,11 @@ import os
 import sqlite3
 import struct
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from atroposlib.api.compression import crc32
 from atroposlib.api.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class SqlitePersistence:
             conn.executemany(
                 "INSERT INTO groups (seq, env_id, size, buffered, body, crc) VALUES (?, ?, ?, ?, ?, ?)",
                 [
-                    (r.seq, r.env_id, r.size, int(r.buffered), r.body, zlib.crc32(r.body or b""))
+                    (r.seq, r.env_id, r.size, int(r.buffered), r.body, crc32(r.body or b""))
                     for r in insert
                 ],
             )
@@ -351,7 +351,7 @@ def check_database(path: str | Path) -> str | None:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(groups)")}
         if "crc" in columns:
             for seq, body, crc in conn.execute("SELECT seq, body, crc FROM groups"):
-                if crc is not None and zlib.crc32(body) != crc:
+                if crc is not None and crc32(body) != crc:
                     return f"{path}: group {seq} does not match its checksum (garbage in the file)"
     except sqlite3.Error as e:
         return f"{path} cannot be read: {e}"
@@ -397,7 +397,7 @@ def _salvage_rows(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
         seq, env_id, size, buffered, body, crc = row
         last = seq
         body = bytes(body) if body is not None else b""
-        if crc is not None and zlib.crc32(body) != crc:
+        if crc is not None and crc32(body) != crc:
             bad += 1
             continue
         try:
