@@ -267,17 +267,19 @@ class ServerWatch:
             self.all_down, self.down_since = False, None
             return
         self.all_down = True
-        if self.down_since is None:
+        first = self.down_since is None
+        if first:
             self.down_since, self._last_status = now, 0.0
         down_for = now - self.down_since
         if now - self._last_status >= self.status_every:
             self._last_status = now
             limit = f"; giving up after {self.max_downtime:g} s" if self.max_downtime > 0 else ""
             logger.warning(
-                "no inference server answering for %.0f s (%s); retrying%s",
+                "no inference server answering for %.0f s (%s); retrying%s%s",
                 down_for,
                 "; ".join(f"{r.url}: {r.reason}" for r in results),
                 limit,
+                f"\n{START_HINT}" if first else "",
             )
         if self.max_downtime > 0 and down_for >= self.max_downtime:
             self.on_fatal(

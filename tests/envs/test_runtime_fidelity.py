@@ -267,6 +267,7 @@ async def test_server_watch_reports_each_minute_and_gives_up(caplog, monkeypatch
     assert watch.all_down and not fatal
     await watch.check_once()
     assert caplog.text.count("no inference server answering") == 1  # once a minute
+    assert caplog.text.count("start one with `atropos-serve-model") == 1  # how, the first time
     await asyncio.sleep(0.35)
     await watch.check_once()
     assert len(fatal) == 1 and isinstance(fatal[0], health.ServersDownError)
