@@ -28,12 +28,31 @@ def _help(field: str) -> str:
     return f"{info.description} (default: {info.get_default(call_default_factory=True)!r})"
 
 
+# Numeric flags: (flag, settings field, type, metavar). Help texts come from the field.
+_NUMBERS = (
+    ("--max-buffer-mb", "max_buffer_mb", float, "N"),
+    ("--env-timeout", "env_timeout", float, "S"),
+    ("--max-inflight-mb", "max_inflight_mb", float, "N"),
+    ("--max-queue-mb", "max_queue_mb", float, "N"),
+    ("--max-request-mb", "max_request_mb", float, "N"),
+    ("--pack-above-mb", "pack_above_mb", float, "N"),
+    ("--gzip-level", "gzip_level", int, None),
+    ("--max-staleness", "max_staleness", int, "K"),
+)
+# On/off flags: absent means "take the environment variable or the default".
+_SWITCHES = (
+    ("--reload", "reload"),
+    ("--persist-recover", "persist_recover"),
+    ("--access-log", "access_log"),
+    ("--strict-groups", "strict_groups"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``run-api`` flags; help texts come from :class:`APISettings`."""
     p = argparse.ArgumentParser(prog="run-api", description="Start the Atropos rollout API server.")
     p.add_argument("--host", help=_help("host"))
     p.add_argument("--port", type=int, help=_help("port"))
-    p.add_argument("--reload", action="store_true", default=None, help=_help("reload"))
     p.add_argument("--persist", metavar="PATH", help=_help("persist"))
     p.add_argument(
         "--api-key",
@@ -45,81 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key-file", dest="api_key_file", metavar="PATH", help=_help("api_key_file")
     )
     p.add_argument(
-        "--persist-recover",
-        dest="persist_recover",
-        action="store_true",
-        default=None,
-        help=_help("persist_recover"),
-    )
-    p.add_argument(
-        "--max-buffer-mb",
-        dest="max_buffer_mb",
-        type=float,
-        metavar="N",
-        help=_help("max_buffer_mb"),
-    )
-    p.add_argument(
-        "--env-timeout", dest="env_timeout", type=float, metavar="S", help=_help("env_timeout")
-    )
-    p.add_argument(
-        "--max-inflight-mb",
-        dest="max_inflight_mb",
-        type=float,
-        metavar="N",
-        help=_help("max_inflight_mb"),
-    )
-    p.add_argument(
-        "--max-queue-mb", dest="max_queue_mb", type=float, metavar="N", help=_help("max_queue_mb")
-    )
-    p.add_argument(
-        "--max-request-mb",
-        dest="max_request_mb",
-        type=float,
-        metavar="N",
-        help=_help("max_request_mb"),
-    )
-    p.add_argument(
-        "--pack-above-mb",
-        dest="pack_above_mb",
-        type=float,
-        metavar="N",
-        help=_help("pack_above_mb"),
-    )
-    p.add_argument(
         "--cors-origin",
         dest="cors_origins",
         action="append",
         metavar="ORIGIN",
         help=_help("cors_origins"),
     )
-    p.add_argument("--gzip-level", dest="gzip_level", type=int, help=_help("gzip_level"))
     p.add_argument(
         "--log-level",
         dest="log_level",
         choices=["debug", "info", "warning", "error"],
         help=_help("log_level"),
     )
-    p.add_argument(
-        "--access-log",
-        dest="access_log",
-        action="store_true",
-        default=None,
-        help=_help("access_log"),
-    )
-    p.add_argument(
-        "--strict-groups",
-        dest="strict_groups",
-        action="store_true",
-        default=None,
-        help=_help("strict_groups"),
-    )
-    p.add_argument(
-        "--max-staleness",
-        dest="max_staleness",
-        type=int,
-        metavar="K",
-        help=_help("max_staleness"),
-    )
+    for flag, field, kind, metavar in _NUMBERS:
+        p.add_argument(flag, dest=field, type=kind, metavar=metavar, help=_help(field))
+    for flag, field in _SWITCHES:
+        p.add_argument(flag, dest=field, action="store_true", default=None, help=_help(field))
     return p
 
 
