@@ -112,6 +112,15 @@ def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
     return lengths
 
 
+def _unsigned(value: object) -> bool:
+    """Whether every leaf of a simdjson int array is non-negative (checked in C)."""
+    try:
+        value.as_buffer(of_type="u")  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _brackets_are(raw: bytes, arrays: int) -> bool:
     """Whether ``raw`` holds exactly ``arrays`` ``[`` bytes (``bytes.find`` runs at memchr speed)."""
     pos = -1
@@ -143,9 +152,12 @@ def fast_shape(raw: bytes) -> GroupShape | None:
     arrays = 0
     rows: Dict[str, Tuple[int, ...]] = {}
     for name in INT_ROWS:
-        lengths = _rows(doc.get(name), "i")
+        value = doc.get(name)
+        lengths = _rows(value, "i")
         if lengths is None:
             return None
+        if name == "tokens" and not _unsigned(value):
+            return None  # a negative token id: pydantic words the 422
         rows[name] = lengths
         arrays += 1 + len(lengths)
     size = len(rows["tokens"])

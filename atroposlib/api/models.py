@@ -7,7 +7,7 @@ original skipped (counts and per-sequence lengths must agree, D5/D17).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Annotated, Any, Dict, List, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -90,15 +90,22 @@ class EnvIdentifier(BaseModel):
     env_id: int = Field(..., description="The id returned by /register-env.")
 
 
+# Token ids index an embedding table and masks hold ids or -100: both must fit the
+# trainer's int64 tensors, and a token id is never negative. The original took any
+# integer; one outside these ranges could only crash the trainer later.
+TokenId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+MaskValue = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
 class ScoredData(BaseModel):
     """One scored group of rollouts, as posted to ``/scored_data``."""
 
     model_config = _WIRE_CONFIG
 
-    tokens: List[List[int]] = Field(
-        ..., min_length=1, description="Token ids, one list per sequence."
+    tokens: List[List[TokenId]] = Field(
+        ..., min_length=1, description="Token ids (0 to 2^63-1), one list per sequence."
     )
-    masks: List[List[int]] = Field(
+    masks: List[List[MaskValue]] = Field(
         ..., description="-100 where no loss is taken, the token id elsewhere."
     )
     scores: List[float] = Field(..., description="One score per sequence.")

@@ -136,3 +136,32 @@ def test_foreign_host_header_is_refused_on_every_endpoint(fresh: Api, host: str)
         assert c.get("/status").status_code == 403
         assert c.post("/scored_data", json=group()).status_code == 403
         assert c.post("/reset_data").status_code == 403
+
+
+@pytest.mark.parametrize(
+    "field, row, where",
+    [
+        ("tokens", "[1, -5]", ["body", "tokens", 0, 1]),
+        ("tokens", "[1, 9223372036854775808]", ["body", "tokens", 0, 1]),
+        ("tokens", "[1, 123456789012345678901234567890]", ["body", "tokens", 0, 1]),
+        ("masks", "[-100, 123456789012345678901234567890]", ["body", "masks", 0, 1]),
+    ],
+)
+def test_token_ids_a_trainer_cannot_hold_are_422_naming_them(fresh: Api, field, row, where):
+    """Ids must fit the trainer's int64 tensors and token ids are never negative; the
+    original stored such groups and the trainer crashed on the batch."""
+    fresh.start_trainer()
+    other = "masks" if field == "tokens" else "tokens"
+    body = f'{{"{field}": [{row}], "{other}": [[1, 2]], "scores": [1.0]}}'.encode()
+    for path, payload in (("/scored_data", body), ("/scored_data_list", b"[" + body + b"]")):
+        r = fresh.client.post(path, content=payload, headers=JSON)
+        assert r.status_code == 422, (path, r.text)
+        locs = [e["loc"] for e in r.json()["detail"]]
+        expected = where if path == "/scored_data" else [where[0], 0, *where[1:]]
+        assert expected in locs, (path, locs)
+    ok = fresh.client.post(
+        "/scored_data",
+        content=b'{"tokens": [[0, 7]], "masks": [[-100, 7]], "scores": [1.0]}',
+        headers=JSON,
+    )
+    assert ok.status_code == 200, ok.text
