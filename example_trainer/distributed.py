@@ -134,9 +134,23 @@ class DistContext:
         return result
 
     def close(self) -> None:
-        """Leave the process group."""
-        if self.enabled and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        """Leave the process group, together.
+
+        A rank that destroys its group while a peer is still using the connection
+        makes gloo abort the peer at exit ("terminate called without an active
+        exception"), so every rank meets at a barrier first. On CPU (gloo) the barrier is
+        bounded, so a rank that died cannot keep the others here.
+        """
+        if not (self.enabled and torch.distributed.is_initialized()):
+            return
+        try:
+            if torch.distributed.get_backend() == "gloo":
+                torch.distributed.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+            else:
+                torch.distributed.barrier()
+        except RuntimeError as e:  # a peer is gone: leave anyway
+            logger.warning("ranks did not meet before leaving the process group: %s", e)
+        torch.distributed.destroy_process_group()
 
 
 def init_distributed(config: Any) -> Tuple[DistContext, str]:
