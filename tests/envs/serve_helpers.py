@@ -70,6 +70,7 @@ class FakeTrainer:
         self.batches: List[List[dict]] = []
         self.errors = 0
         self.last_batch_id: str | None = None
+        self._pull_lock = threading.Lock()
         self.redelivered = 0
         self.paused = threading.Event()
         self._stop = threading.Event()
@@ -93,8 +94,14 @@ class FakeTrainer:
         """One ``/batch`` call that acknowledges the last batch received (D19).
 
         After an API restart the unacknowledged batch is served again; it carries the
-        ``batch_id`` already seen and is skipped, as the trainer's client does.
+        ``batch_id`` already seen and is skipped, as the trainer's client does. One call at
+        a time (``drain`` may run beside the pulling thread): two calls sending the same
+        ``ack`` would both receive the next batch.
         """
+        with self._pull_lock:
+            return self._pull_locked()
+
+    def _pull_locked(self) -> bool:
         response = httpx.get(
             f"{self.url}/batch", params={"ack": self.last_batch_id or ""}, timeout=10
         )
