@@ -102,13 +102,16 @@ class TrainingConfig(BaseModel):
         "none",
         description=(
             "Correct for rollouts sampled by older or numerically different weights, from "
-            "inference_logprobs: none (as the original), tis (weight each token by "
-            "min(trainer/sampler ratio, --off-policy-clip)) or icepop (drop tokens whose "
-            "ratio is outside [--off-policy-clip-low, --off-policy-clip])."
+            "inference_logprobs; every mode keeps the PPO clip against the sampler's ratio: "
+            "none (as the original), tis (truncate the ratio's weight on the tokens the clip "
+            "leaves active at --off-policy-clip) or icepop (drop tokens whose ratio is outside "
+            "[--off-policy-clip-low, --off-policy-clip])."
         ),
     )
     off_policy_clip: float = Field(
-        2.0, gt=0, description="tis: the ratio cap; icepop: the upper bound of kept ratios."
+        2.0,
+        gt=0,
+        description="tis: the cap on the ratio's weight; icepop: the upper bound of kept ratios.",
     )
     off_policy_clip_low: float = Field(
         0.5, ge=0, description="icepop: the lower bound of kept ratios."

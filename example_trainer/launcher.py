@@ -156,21 +156,26 @@ class Launcher:
             cmd += ["--weights-root", str(self.run_dir / "checkpoints")]
         return cmd + list(c.inference_args), env
 
+    def api_cmd(self) -> List[str]:
+        """The ``run-api`` command line."""
+        c = self.config
+        cmd = [
+            sys.executable,
+            "-m",
+            "atroposlib.cli.run_api",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.api_port),
+        ]
+        if c.max_staleness is not None:
+            cmd += ["--max-staleness", str(c.max_staleness)]
+        return cmd + list(c.api_args)
+
     def start_services(self, model: str) -> None:
         """run-api and (unless the trainer owns it) the inference server."""
         c = self.config
-        self.procs.start(
-            "api",
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.cli.run_api",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.api_port),
-            ],
-        )
+        self.procs.start("api", self.api_cmd())
         if c.owns_inference:
             cmd, env = self.inference_cmd(model)
             self.procs.start("inference", cmd, extra_env=env)

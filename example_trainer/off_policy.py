@@ -1,31 +1,40 @@
-"""Off-policy correction: importance weights between the trainer's and the sampler's policy.
+"""Off-policy correction: the PPO surrogate against the sampler, with its ratio truncated or masked.
 
 Rollouts are sampled by the inference server with weights that may be several steps
 old (async RL) and, even when fresh, with different numerics than the trainer. Their
 ``inference_logprobs`` ``b`` therefore differ from the trainer's log-probs ``p`` of the
-same tokens. ``atropos-grpo --off-policy-correction`` picks what to do about it:
+same tokens. Every mode takes the importance ratio ``r = exp(p - b)`` against the
+sampler and keeps PPO's clip around it (the trust region: a token already moved beyond
+``1 ± eps`` in the direction its advantage pushes gets no gradient); the trainer takes
+one optimizer step per batch, so a ratio against its own log-probs would be identically
+1 and clip nothing. ``atropos-grpo --off-policy-correction`` picks what happens to the
+tokens PPO's clip leaves alone:
 
-- ``none`` (the default, as the original): the GRPO ratio is taken against ``b``
-  directly (see :mod:`.training`), nothing else;
-- ``tis`` (truncated importance sampling): the policy-gradient term of each token is
-  taken on-policy w.r.t. the trainer (ratio against its own detached log-probs) and
-  weighted by ``w = min(exp(p - b), C)``, ``C = --off-policy-clip`` (default 2.0);
-  ``w`` carries no gradient, so large ratios cannot blow up the update;
-- ``icepop``: the same, but tokens whose ratio falls outside
-  ``[--off-policy-clip-low, --off-policy-clip]`` (default ``[0.5, 2.0]``) are masked out
-  (weight 0) instead of truncated, and the rest keep weight ``exp(p - b)``.
+- ``none`` (the default, as the original): ``min(r·A, clip(r, 1-eps, 1+eps)·A)``
+  (see :mod:`.training`); a token with ``A < 0`` and a huge ``r`` (the sampler found it
+  unlikely, the trainer likes it) gets a gradient ``r·A·∇p``, unbounded;
+- ``tis`` (truncated importance sampling): the same surrogate with the ratio's weight
+  truncated at ``C = --off-policy-clip`` (default 2.0): a token PPO leaves active gets
+  ``min(r, C)·A·∇p``, so the ``A < 0`` tail is bounded by ``C·|A|`` (like dual-clip PPO,
+  but keeping a bounded gradient instead of none); the trust region is decided on the
+  untruncated ``r``, so a ``C`` below ``1 + eps`` truncates more without opening it.
+  For ``C >= 1 + eps`` this is exactly ``min(r_C·A, clip(r_C, 1-eps, 1+eps)·A)`` with
+  ``r_C = min(r, C)`` as a value whose gradient is ``r_C·∇p``;
+- ``icepop``: tokens whose ``r`` lies outside ``[--off-policy-clip-low, --off-policy-clip]``
+  (default ``[0.5, 2.0]``) are masked out (no loss, no gradient); the rest get the
+  ``none`` surrogate.
 
-Per step the trainer logs ``off_policy/mean_ratio`` (mean of ``exp(p - b)`` over label
-tokens), ``off_policy/clip_fraction`` (share of tokens truncated or masked) and
-``off_policy/mismatch_kl`` (the k3 estimate of KL(sampler ‖ trainer),
-``mean(r - 1 - log r)`` with ``r = exp(p - b)``; 0 when the two agree), and, when the
-batch's groups carry ``policy_version``, ``off_policy/staleness_max``/``_mean`` (versions
-behind the weights being trained).
+Per step the trainer logs ``off_policy/mean_ratio`` (mean of ``r`` over label tokens),
+``off_policy/clip_fraction`` (share of tokens whose ratio ``tis`` truncated or ``icepop``
+masked) and ``off_policy/mismatch_kl`` (the k3 estimate of KL(sampler ‖ trainer),
+``mean(r - 1 - log r)``; 0 when the two agree), and, when the batch's groups carry
+``policy_version``, ``off_policy/staleness_max``/``_mean`` (versions behind the weights
+being trained).
 
 Example::
 
-    w, stats = correction_weights(p, b, mask, "tis", clip=2.0)
-    loss = -(w * surrogate * mask).sum() / mask.sum()
+    surrogate, ratio, stats = corrected_surrogate(p, b, adv, mask, 0.2, CorrectionConfig("tis"))
+    loss = -(surrogate * mask).sum() / mask.sum()
 """
 
 from __future__ import annotations
@@ -63,49 +72,67 @@ class CorrectionConfig:
         return self.mode != "none"
 
 
-def correction_weights(
+def corrected_surrogate(
     trainer_logprobs: torch.Tensor,
     inference_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
     mask: torch.Tensor,
-    mode: str,
-    clip: float = 2.0,
-    clip_low: float = 0.5,
-) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """Per-token importance weights (detached, 0 off the mask) and their statistics.
+    clip_eps: float,
+    config: CorrectionConfig,
+) -> tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
+    """Per-token PPO surrogate (to maximise) against the sampler under ``config``'s correction.
 
-    ``trainer_logprobs`` ``p``, ``inference_logprobs`` ``b`` and ``mask`` (1 on label
-    tokens) share a shape. ``mode`` is ``none`` (weights 1), ``tis`` or ``icepop``.
-    The statistics are 0-d tensors: ``mean_ratio``, ``clip_fraction``, ``mismatch_kl``.
+    ``trainer_logprobs`` ``p`` (carrying the gradient), ``inference_logprobs`` ``b``,
+    ``advantages`` ``A`` and ``mask`` (1 on label tokens) share a shape. Returns the
+    surrogate (0 off the mask and, for ``icepop``, on masked tokens), the untruncated
+    ratio ``r = exp(p - b)`` (for logging; 1 off the mask) and the statistics
+    ``mean_ratio``, ``clip_fraction``, ``mismatch_kl`` (0-d tensors). See the module
+    docstring for the formulas.
     """
-    if mode not in MODES:
-        raise ValueError(f"off-policy correction {mode!r} is not one of {MODES}")
-    mask = mask.to(torch.float32)
-    log_ratio = ((trainer_logprobs.detach().float() - inference_logprobs.float()) * mask).clamp(
+    mode = config.mode
+    mask = mask.to(trainer_logprobs.dtype)
+    log_ratio = ((trainer_logprobs - inference_logprobs.to(trainer_logprobs.dtype)) * mask).clamp(
         -_MAX_LOG_RATIO, _MAX_LOG_RATIO
     )
     ratio = torch.exp(log_ratio)
+    r = ratio.detach()
+    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
     if mode == "tis":
-        clipped = (ratio > clip).float() * mask
-        weights = ratio.clamp(max=clip)
-    elif mode == "icepop":
-        outside = (ratio > clip) | (ratio < clip_low)
-        clipped = outside.float() * mask
-        weights = torch.where(outside, torch.zeros_like(ratio), ratio)
+        # PPO's min picks the clipped (constant) branch exactly for these tokens.
+        outside = ((advantages > 0) & (r > 1.0 + clip_eps)) | (
+            (advantages < 0) & (r < 1.0 - clip_eps)
+        )
+        # Value min(r, C), gradient min(r, C)·∇p.
+        truncated = r.clamp(max=config.clip) * torch.exp(
+            trainer_logprobs - trainer_logprobs.detach()
+        )
+        surrogate = torch.where(
+            outside, clipped_ratio.detach() * advantages, truncated * advantages
+        )
+        changed = (r > config.clip).to(mask.dtype) * mask
     else:
-        clipped = torch.zeros_like(ratio)
-        weights = torch.ones_like(ratio)
-    weights = weights * mask
+        surrogate = torch.min(ratio * advantages, clipped_ratio * advantages)
+        changed = torch.zeros_like(mask)
+        if mode == "icepop":
+            changed = ((r > config.clip) | (r < config.clip_low)).to(mask.dtype) * mask
+            surrogate = surrogate * (1.0 - changed)
+    surrogate = surrogate * mask
+    return surrogate, ratio, _mismatch_stats(log_ratio.detach(), mask, changed)
+
+
+def _mismatch_stats(
+    log_ratio: torch.Tensor, mask: torch.Tensor, changed: torch.Tensor
+) -> Dict[str, torch.Tensor]:
     n = mask.sum().clamp(min=1.0)
     # expm1 in float64: r - 1 - log r cancels to 0 in float32 for the ~1e-6 gaps typical
     # between a trainer and a sampler with the same weights.
     x = log_ratio.double()
     k3 = ((torch.expm1(x) - x) * mask).float()
-    stats = {
-        "mean_ratio": (ratio * mask).sum() / n,
-        "clip_fraction": clipped.sum() / n,
+    return {
+        "mean_ratio": (torch.exp(log_ratio).float() * mask).sum() / n,
+        "clip_fraction": changed.sum() / n,
         "mismatch_kl": k3.sum() / n,
     }
-    return weights.detach(), stats
 
 
 def policy_version_summary(batch: Sequence[Mapping[str, Any]]) -> Dict[str, float]:

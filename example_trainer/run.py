@@ -60,6 +60,7 @@ _DIRECT = (
     "run_dir",
     "model",
     "api_port",
+    "max_staleness",
     "inference_port",
     "inference_backend",
     "inference_device",
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help=fields["run_dir"].description)
     p.add_argument("--model", help=fields["model"].description)
     p.add_argument("--api-port", type=int, help=fields["api_port"].description)
+    p.add_argument("--max-staleness", type=int, help=fields["max_staleness"].description)
     p.add_argument("--inference-port", type=int, help=fields["inference_port"].description)
     p.add_argument("--inference-backend", choices=["serve_model", "vllm"])
     p.add_argument("--inference-device", help=fields["inference_device"].description)

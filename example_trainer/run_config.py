@@ -68,6 +68,12 @@ class RunConfig(BaseModel):
     inference_port: int = Field(
         9001, ge=0, le=65535, description="Inference server port (0 = any free port)."
     )
+    max_staleness: int | None = Field(
+        None,
+        ge=0,
+        description="run-api --max-staleness: drop queued groups more than this many policy versions behind the step (default: keep all).",
+    )
+    api_args: List[str] = Field(default_factory=list, description="Extra flags for run-api.")
     inference_backend: Literal["serve_model", "vllm"] = Field(
         "serve_model", description="Inference server: atropos-serve-model or vLLM."
     )

@@ -10,9 +10,10 @@
 - pessimistic clipped objective per token, ``min(r·A, clip(r, 1−ε, 1+ε)·A)``
   (for A < 0 this is the larger |loss|, i.e. the ratio is clipped only where it
   would make the update more optimistic);
-- optional off-policy correction (``tis``/``icepop``, :mod:`.off_policy`): the ratio is
-  then taken against the trainer's own log-probs and each token is weighted by its
-  truncated or masked importance ratio to the sampler's;
+- optional off-policy correction (``tis``/``icepop``, :mod:`.off_policy`): the same
+  clipped surrogate against the sampler, with the weight of the tokens the clip leaves
+  active truncated at ``--off-policy-clip`` (``tis``) or the tokens whose ratio is out of
+  band masked (``icepop``);
 - optional KL penalty (k3 estimator) towards reference log-probs, weighted by
   ``kl_coef``;
 - token-level averaging: the sum over all label tokens divided by ``normalizer``
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE_INDEX
-from .off_policy import CorrectionConfig, correction_weights
+from .off_policy import CorrectionConfig, corrected_surrogate
 
 
 @dataclass
@@ -78,8 +79,8 @@ def compute_grpo_loss(
 
     ``advantages`` is per token ``[B, T]`` (or per sequence ``[B]``, broadcast).
     ``off_policy`` (``tis`` or ``icepop``, see :mod:`.off_policy`): with inference
-    log-probs, the ratio is taken against the trainer's own detached log-probs and each
-    token's term is weighted by the truncated (or masked) ratio to the sampler's.
+    log-probs, the surrogate's ratio to the sampler is truncated (``tis``) or its
+    out-of-band tokens masked (``icepop``); without, it changes nothing.
     """
     mask = (labels != IGNORE_INDEX).float()
     if advantages.dim() == 1:
@@ -88,17 +89,17 @@ def compute_grpo_loss(
     logp = token_logprobs(logits, labels, temperatures)
     has_old = inference_logprobs is not None
     old_logp = inference_logprobs.to(logp.dtype) if has_old else logp.detach()
-    correct = has_old and off_policy is not None and off_policy.active
-    is_weights, is_stats = None, None
-    if correct:
-        is_weights, is_stats = correction_weights(
-            logp, old_logp, mask, off_policy.mode, off_policy.clip, off_policy.clip_low
+    is_stats = None
+    if has_old and off_policy is not None and off_policy.active:
+        surrogate, ratio, is_stats = corrected_surrogate(
+            logp, old_logp, advantages, mask, clip_eps, off_policy
         )
-    log_ratio = (logp - (logp.detach() if correct else old_logp)) * mask
-    ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-    surrogate = torch.min(ratio * advantages, clipped_ratio * advantages)
-    per_token = -surrogate if is_weights is None else -(is_weights.to(logp.dtype) * surrogate)
+    else:
+        ratio = torch.exp((logp - old_logp) * mask)
+        surrogate = torch.min(
+            ratio * advantages, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+        )
+    per_token = -surrogate
     kl = None
     if kl_coef > 0 and ref_logprobs is not None:
         delta = (ref_logprobs.to(logp.dtype) - logp) * mask
@@ -114,6 +115,7 @@ def compute_grpo_loss(
         seq_adv = (advantages * mask).sum(-1) / seq_len
         seq_logp = (logp * mask).sum(-1) / seq_len
         pos, neg = (seq_adv > 0).float(), (seq_adv < 0).float()
+        clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
         clipped = ((ratio - clipped_ratio).abs() > 1e-6).float() * mask
         mean_logp = (logp * mask).sum() / tok
         metrics = {
