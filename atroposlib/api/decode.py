@@ -21,15 +21,20 @@ fields (``messages``, ``distill_*``, ...) all take the other path: full strict
 pydantic validation of the same bytes. That path also produces every 422's
 FastAPI-shaped ``detail``; the fast path accepts a subset of what it accepts.
 
-``/scored_data_list`` bodies are split into their elements' exact bytes by
-msgspec (``list[msgspec.Raw]``), a validating JSON decoder that returns each
-element's span of the input; each element is then decoded as above and stored
-as posted, unknown keys included.
+``/scored_data_list`` bodies are parsed once, whole, by simdjson; when the
+body's ``{``/``}`` bytes are exactly one pair per element (no nested objects,
+no braces in strings: the common case), each element's span is where its pair
+sits and it is checked from the same document (:func:`split_shapes`).
+Otherwise the body is split into its elements' exact bytes by msgspec
+(``list[msgspec.Raw]``), a validating JSON decoder that returns each element's
+span of the input, and each element is decoded as above. Either way each group
+is stored as posted, unknown keys included.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -46,6 +51,8 @@ __all__ = [
     "model_shape",
     "split_lenient",
     "split_list",
+    "split_shapes",
+    "object_shape",
     "version_of",
 ]
 
@@ -112,23 +119,38 @@ def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
     return lengths
 
 
-def _unsigned(value: object) -> bool:
-    """Whether every leaf of a simdjson int array is non-negative (checked in C)."""
+_HIGH_BYTE = 7 if sys.byteorder == "little" else 0
+"""Index of the most significant byte of a native uint64 (its top bit marks values >= 2^63)."""
+
+
+def _token_ids(value: object) -> Tuple[int, ...] | None:
+    """Row lengths of ``tokens`` when every leaf is an int in 0..2^63-1 (None: not provably so).
+
+    One ``as_buffer(of_type="u")`` pass refuses negatives and non-ints in C; ids of
+    2^63 and above are found by the top bit of each value's most significant byte
+    (``isascii``: every byte below 0x80), also in C.
+    """
+    if type(value) is not _Array:
+        return None
     try:
-        value.as_buffer(of_type="u")  # type: ignore[attr-defined]
+        lengths = tuple(map(len, value))
+        buf = value.as_buffer(of_type="u")
     except (TypeError, ValueError):
-        return False
-    return True
+        return None
+    if not bytes(buf)[_HIGH_BYTE::8].isascii():
+        return None
+    return lengths
 
 
-def _brackets_are(raw: bytes, arrays: int) -> bool:
-    """Whether ``raw`` holds exactly ``arrays`` ``[`` bytes (``bytes.find`` runs at memchr speed)."""
+def _holds(data: bytes, byte: bytes, count: int) -> bool:
+    """Whether ``data`` holds ``byte`` exactly ``count`` times (``bytes.find`` runs at memchr
+    speed, several times faster than ``bytes.count`` for one byte)."""
     pos = -1
-    for _ in range(arrays):
-        pos = raw.find(b"[", pos + 1)
+    for _ in range(count):
+        pos = data.find(byte, pos + 1)
         if pos < 0:
             return False
-    return raw.find(b"[", pos + 1) < 0
+    return data.find(byte, pos + 1) < 0
 
 
 def fast_shape(raw: bytes) -> GroupShape | None:
@@ -141,6 +163,11 @@ def fast_shape(raw: bytes) -> GroupShape | None:
         doc = _parser().parse(raw) if len(raw) <= _REUSE_MAX_BYTES else simdjson.Parser().parse(raw)
     except (ValueError, RuntimeError, TypeError):
         return None
+    return object_shape(doc, raw)
+
+
+def object_shape(doc: object, raw: bytes) -> GroupShape | None:
+    """The shape of one parsed group ``doc`` whose exact bytes are ``raw`` (see :func:`fast_shape`)."""
     if type(doc) is not _Object:
         return None
     keys = list(doc.keys())
@@ -149,21 +176,15 @@ def fast_shape(raw: bytes) -> GroupShape | None:
         return None  # duplicate keys: pydantic takes the last value, simdjson the first
     # ``doc.get`` of an absent key costs microseconds (a raised and caught error inside
     # pysimdjson): only present keys are looked up.
-    arrays = 0
-    rows: Dict[str, Tuple[int, ...]] = {}
-    for name in INT_ROWS:
-        value = doc.get(name)
-        lengths = _rows(value, "i")
-        if lengths is None:
-            return None
-        if name == "tokens" and not _unsigned(value):
-            return None  # a negative token id: pydantic words the 422
-        rows[name] = lengths
-        arrays += 1 + len(lengths)
-    size = len(rows["tokens"])
-    if not size:
-        return None  # min_length=1: pydantic words the error
-    scores = doc.get("scores")
+    tokens = _token_ids(doc.get("tokens") if "tokens" in present else None)
+    if not tokens:
+        return None  # absent, not ids, or empty (min_length=1): pydantic words the error
+    masks = _rows(doc.get("masks") if "masks" in present else None, "i")
+    if masks is None:
+        return None
+    rows: Dict[str, Tuple[int, ...]] = {"tokens": tokens, "masks": masks}
+    arrays = 2 + len(tokens) + len(masks)
+    scores = doc.get("scores") if "scores" in present else None
     if type(scores) is not _Array:
         return None
     try:
@@ -198,9 +219,9 @@ def fast_shape(raw: bytes) -> GroupShape | None:
     for name in _SLOW_FIELDS & fields:
         if doc.get(name) is not None:
             return None
-    if not _brackets_are(raw, arrays):
+    if not _holds(raw, b"[", arrays):
         return None  # a nested array in a row, or '[' in a string or another field
-    return GroupShape(env_id, size, len(scores), rows, fields, version)
+    return GroupShape(env_id, len(tokens), len(scores), rows, fields, version)
 
 
 _NOT_INTS = object()
@@ -248,6 +269,40 @@ def model_shape(group: ScoredData) -> GroupShape:
     return GroupShape(
         group.env_id, len(group.tokens), len(group.scores), rows, frozenset(group.model_fields_set)
     )
+
+
+def split_shapes(body: bytes) -> List[Tuple[bytes, GroupShape | None]] | None:
+    """Each element's exact bytes and fast-path shape, from one simdjson parse of a whole list.
+
+    Returns None (the caller splits with :func:`split_list` instead) unless
+    ``body`` is a JSON array of objects and holds exactly as many ``{`` and
+    ``}`` bytes as it has elements. Every object of the document puts one
+    structural ``{`` and ``}`` in the bytes, so then no element nests an object
+    and no string holds a brace: the k-th ``{`` opens element k and the k-th
+    ``}`` closes it, and its span is exact. An element whose shape the fast path
+    cannot prove comes back with shape None (strict pydantic decides).
+    """
+    try:
+        parser = _parser() if len(body) <= _REUSE_MAX_BYTES else simdjson.Parser()
+        doc = parser.parse(body)
+    except (ValueError, RuntimeError, TypeError):
+        return None
+    if type(doc) is not _Array:
+        return None
+    elements = list(doc)
+    n = len(elements)
+    if any(type(e) is not _Object for e in elements):
+        return None
+    if not (_holds(body, b"{", n) and _holds(body, b"}", n)):
+        return None
+    out: List[Tuple[bytes, GroupShape | None]] = []
+    end = 0
+    for element in elements:
+        start = body.find(b"{", end)
+        end = body.find(b"}", start) + 1
+        raw = body[start:end]
+        out.append((raw, object_shape(element, raw)))
+    return out
 
 
 def split_list(body: bytes) -> List[bytes] | None:

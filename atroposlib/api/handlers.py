@@ -24,6 +24,7 @@ from atroposlib.api.decode import (
     model_shape,
     split_lenient,
     split_list,
+    split_shapes,
     version_of,
 )
 from atroposlib.api.errors import (
@@ -84,18 +85,19 @@ def parse_body(model: type[M], body: bytes) -> M:
         raise _invalid(e) from None
 
 
-def _stored_form(raw: bytes, present: frozenset) -> bytes:
-    """The posted object's bytes, as posted, with the absent ``ScoredData`` fields added as nulls."""
-    missing = _missing_nulls(present)
-    if not missing:
-        return raw.strip()
-    start = raw.index(b"{")  # only JSON whitespace can precede it: validation passed
-    return b"".join((b"{", missing, memoryview(raw)[start + 1 :]))
+def _posted_form(raw: bytes, present: frozenset) -> tuple[bytes, bytes]:
+    """The posted object's bytes (outer white space removed) and the ``"field":null,``
+    bytes of its absent ``ScoredData`` fields, which the stored form inserts after
+    its ``{`` (see :func:`atroposlib.api.queue.canonical_json`); the bytes are not copied."""
+    if raw[:1] != b"{" or raw[-1:] != b"}":
+        raw = raw.strip()  # only JSON white space can surround it: validation passed
+    return raw, _missing_nulls(present)
 
 
-def _shape(raw: bytes) -> GroupShape:
+def _shape(raw: bytes, shape: GroupShape | None = None) -> GroupShape:
     """The shape of one posted group: simdjson's single pass, or strict pydantic for the rest."""
-    shape = fast_shape(raw)
+    if shape is None:
+        shape = fast_shape(raw)
     if shape is None:
         shape = model_shape(ScoredData.model_validate_json(raw))
         version = version_of(raw)
@@ -106,36 +108,46 @@ def _shape(raw: bytes) -> GroupShape:
 
 @dataclass(frozen=True)
 class ParsedGroup:
-    """A type-valid posted group and its canonical bytes, before the consistency checks."""
+    """A type-valid posted group, before the consistency checks: its shape, its posted
+    bytes and the null fields its stored form adds (see :func:`_posted_form`)."""
 
     shape: GroupShape
     body: bytes
+    fill: bytes = b""
+
+
+def _split(body: bytes) -> List[tuple[bytes, GroupShape | None]]:
+    """A posted list's elements: exact bytes, and the fast path's shape where it has one."""
+    pairs = split_shapes(body)
+    if pairs is not None:
+        return pairs
+    raws = split_list(body)
+    if raws is None:  # not strict JSON, or not an array: pydantic words it (or reads NaN)
+        try:
+            ScoredDataList.validate_json(body)
+        except ValidationError as e:
+            raise _invalid(e) from None
+        try:
+            raws = split_lenient(body)
+        except (ValueError, IndexError, RecursionError) as e:  # pydantic read it, json not
+            raise BodyValidationError(
+                [{"type": "json_invalid", "loc": ["body"], "msg": f"Invalid JSON: {e}"}]
+            ) from None
+    return [(raw, None) for raw in raws]
 
 
 def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
     """Type-validate one group (or a list of groups) from the posted bytes, in one parse each.
 
-    A list is split into its elements' exact bytes first (msgspec); each group
-    is kept as posted, unknown keys included. Any type error is reported as
-    strict pydantic reports it for the whole body (every error, FastAPI-shaped).
+    A list is parsed whole and cut into its elements' exact bytes (or split by
+    msgspec first when the cut cannot be proven, see
+    :func:`~atroposlib.api.decode.split_shapes`); each group is kept as posted,
+    unknown keys included. Any type error is reported as strict pydantic
+    reports it for the whole body (every error, FastAPI-shaped).
     """
-    if many:
-        raws = split_list(body)
-        if raws is None:  # not strict JSON, or not an array: pydantic words it (or reads NaN)
-            try:
-                ScoredDataList.validate_json(body)
-            except ValidationError as e:
-                raise _invalid(e) from None
-            try:
-                raws = split_lenient(body)
-            except (ValueError, IndexError, RecursionError) as e:  # pydantic read it, json not
-                raise BodyValidationError(
-                    [{"type": "json_invalid", "loc": ["body"], "msg": f"Invalid JSON: {e}"}]
-                ) from None
-    else:
-        raws = [body]
+    pairs = _split(body) if many else [(body, None)]
     try:
-        shapes = [_shape(raw) for raw in raws]
+        shapes = [_shape(raw, shape) for raw, shape in pairs]
     except ValidationError as e:
         if not many:
             raise _invalid(e) from None
@@ -144,7 +156,11 @@ def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
         except ValidationError as whole:
             raise _invalid(whole) from None
         raise _invalid(e) from None  # pragma: no cover - the list cannot pass when an element fails
-    return [ParsedGroup(s, _stored_form(r, s.fields)) for s, r in zip(shapes, raws, strict=True)]
+    out = []
+    for shape, (raw, _) in zip(shapes, pairs, strict=True):
+        posted, fill = _posted_form(raw, shape.fields)
+        out.append(ParsedGroup(shape, posted, fill))
+    return out
 
 
 def incoming(
@@ -163,7 +179,11 @@ def incoming(
             findings.append((p.shape.env_id, name))
         out.append(
             IncomingGroup(
-                env_id=p.shape.env_id, size=p.shape.size, body=p.body, version=p.shape.version
+                env_id=p.shape.env_id,
+                size=p.shape.size,
+                body=p.body,
+                version=p.shape.version,
+                fill=p.fill,
             )
         )
     return out, findings

@@ -167,7 +167,7 @@ def check_lengths(
     when ``strict``; otherwise its name is returned, for the caller to warn
     about and count.
     """
-    tokens = rows["tokens"]
+    tokens = tuple(rows["tokens"])
     n = len(tokens)
     if scores != n:
         raise GroupInconsistentError(
@@ -177,7 +177,7 @@ def check_lengths(
     lenient: List[str] = []
     for name in _PER_TOKEN_FIELDS:
         lengths = rows.get(name)
-        if lengths is None:
+        if lengths is None or tuple(lengths) == tokens:
             continue
         error: GroupInconsistentError | None = None
         if len(lengths) != n:

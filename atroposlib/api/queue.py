@@ -14,23 +14,35 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List
 
+from atroposlib.api.compression import unpack
 from atroposlib.api.utils import grab_batch_with_minimum_allocations
 
-__all__ = ["EnvQueueStats", "GroupQueue", "StoredGroup"]
+__all__ = ["EnvQueueStats", "GroupQueue", "StoredGroup", "canonical_json"]
+
+
+def canonical_json(body: bytes, fill: bytes) -> bytes:
+    """The stored form of a posted group: its bytes with ``fill`` (the ``"field":null,``
+    of its absent fields) inserted after the opening ``{``."""
+    if not fill:
+        return body
+    return b"".join((b"{", fill, memoryview(body)[1:]))
 
 
 class StoredGroup:
     """One validated group: queue position, sender, sequence count and its JSON bytes.
 
+    ``body`` is the group as posted and ``fill`` the null fields its JSON gets
+    (see :func:`canonical_json` and :meth:`json`; ``fill`` objects are shared
+    between groups with the same fields, so they cost no memory per group).
     ``body`` is None when the bytes live only in the persistence database
-    (``--persist``), and raw deflate of the JSON when ``packed`` (see
+    (``--persist``), and an LZ4 block of the posted bytes when ``packed`` (see
     :func:`atroposlib.api.compression.pack`); ``nbytes`` is the JSON's length
     in every case, so the queue budget does not depend on the stored form.
     ``version`` is the oldest ``policy_version`` of its sequences (None when none was
     posted), for ``--max-staleness``.
     """
 
-    __slots__ = ("seq", "env_id", "size", "body", "nbytes", "packed", "version")
+    __slots__ = ("seq", "env_id", "size", "body", "nbytes", "packed", "version", "fill")
 
     def __init__(
         self,
@@ -41,14 +53,22 @@ class StoredGroup:
         nbytes: int | None = None,
         packed: bool = False,
         version: int | None = None,
+        fill: bytes = b"",
     ) -> None:
         self.seq = seq
         self.env_id = env_id
         self.size = size
         self.body = body
-        self.nbytes = len(body) if nbytes is None and body is not None else (nbytes or 0)
+        self.nbytes = len(body) + len(fill) if nbytes is None and body is not None else (nbytes or 0)
         self.packed = packed
         self.version = version
+        self.fill = fill
+
+    def json(self) -> bytes:
+        """The group's JSON (in memory only: None-bodied groups are read from the database)."""
+        assert self.body is not None
+        body = unpack(self.body, self.nbytes - len(self.fill)) if self.packed else self.body
+        return canonical_json(body, self.fill)
 
 
 @dataclass

@@ -17,10 +17,10 @@ trained) is not lost. The answer carries ``batch_id`` and ``step`` for the
 client to de-duplicate on.
 
 Without persistence, groups are kept as their JSON bytes; once more than
-``pack_above_bytes`` of JSON is held, further groups are stored deflated
-(:func:`~atroposlib.api.compression.pack`, about 3.5x smaller) and inflated
+``pack_above_bytes`` of JSON is held, further groups are stored as LZ4 blocks
+(:func:`~atroposlib.api.compression.pack`, about 2x smaller) and restored
 when served. Environments throttle at a few batches of queued data, so in
-normal operation nothing is packed; a backlog costs a quarter of the memory.
+normal operation nothing is packed; a backlog costs half of the memory.
 The queue budget (``--max-queue-mb``) always counts JSON bytes.
 """
 
@@ -37,11 +37,11 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Deque, Dict, List, Sequence
 
-from atroposlib.api.compression import pack, unpack
+from atroposlib.api.compression import pack
 from atroposlib.api.errors import ApiError, QueueFullError, StorageError, UnknownEnvError
 from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.api.persistence import GroupRow, SqlitePersistence
-from atroposlib.api.queue import GroupQueue, StoredGroup
+from atroposlib.api.queue import GroupQueue, StoredGroup, canonical_json
 from atroposlib.api.staleness import StalenessControl, histogram
 from atroposlib.api.utils import find_groups_summing_to_target
 
@@ -62,8 +62,8 @@ MIN_ENV_WEIGHT = 0.01
 
 _META_KEY = "state"
 
-DEFAULT_PACK_ABOVE_BYTES = 16 * 1024 * 1024
-"""Queued JSON beyond this many bytes is kept deflated in memory (``--pack-above-mb``)."""
+DEFAULT_PACK_ABOVE_BYTES = 4 * 1024 * 1024
+"""Queued JSON beyond this many bytes is kept packed in memory (``--pack-above-mb``)."""
 
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 """Bound of the odd-sized group buffers (``--max-buffer-mb``)."""
@@ -106,6 +106,8 @@ class IncomingGroup:
     size: int
     body: bytes
     version: int | None = None
+    fill: bytes = b""
+    """The ``"field":null,`` bytes of the absent fields (see :func:`~atroposlib.api.queue.canonical_json`)."""
 
 
 @dataclass(frozen=True)
@@ -210,8 +212,7 @@ class RolloutStore:
         self._buffer_order: OrderedDict[int, StoredGroup] = OrderedDict()
         self._buffer_bytes = 0
         self._next_seq = 1
-        self._latest: bytes | None = None
-        self._latest_packed = False
+        self._latest: StoredGroup | None = None
         self.pending: PendingBatch | None = None
         self._run_token = secrets.token_hex(4)
         self._batches_formed = 0
@@ -358,13 +359,11 @@ class RolloutStore:
     @property
     def latest(self) -> bytes | None:
         """JSON of the last group put on the queue (None before any)."""
-        if self._latest is not None and self._latest_packed:
-            return unpack(self._latest)
-        return self._latest
+        return None if self._latest is None else self._latest.json()
 
     @latest.setter
     def latest(self, body: bytes | None) -> None:
-        self._latest, self._latest_packed = body, False
+        self._latest = None if body is None else StoredGroup(-1, None, 0, body)
 
     @property
     def queued_bytes(self) -> int:
@@ -510,7 +509,7 @@ class RolloutStore:
         for g in groups:
             if g.env_id is not None:
                 self.env(g.env_id)
-        incoming = sum(len(g.body) for g in groups)
+        incoming = sum(len(g.body) + len(g.fill) for g in groups)
         used = self.queued_bytes
         if used and used + incoming > self.max_queue_bytes:
             self.counters["rejected_queue_full"] += 1
@@ -525,19 +524,19 @@ class RolloutStore:
         held = used
         persist = self._db is not None
         for g in groups:
-            held += len(g.body)
-            if not persist and held > self.pack_above_bytes:
-                stored = StoredGroup(
-                    self._next_seq,
-                    g.env_id,
-                    g.size,
-                    pack(g.body),
-                    len(g.body),
-                    packed=True,
-                    version=g.version,
-                )
-            else:
-                stored = StoredGroup(self._next_seq, g.env_id, g.size, g.body, version=g.version)
+            nbytes = len(g.body) + len(g.fill)
+            held += nbytes
+            packed = not persist and held > self.pack_above_bytes
+            stored = StoredGroup(
+                self._next_seq,
+                g.env_id,
+                g.size,
+                pack(g.body) if packed else g.body,
+                nbytes,
+                packed=packed,
+                version=g.version,
+                fill=g.fill,
+            )
             created.append(stored)
             self._next_seq += 1
             if g.env_id is not None:
@@ -545,12 +544,16 @@ class RolloutStore:
             target = self.envs[g.env_id].group_size if g.env_id is not None else g.size
             if g.size == target:
                 if persist:
-                    inserts.append(GroupRow(stored.seq, g.env_id, g.size, False, g.body))
+                    inserts.append(
+                        GroupRow(stored.seq, g.env_id, g.size, False, canonical_json(g.body, g.fill))
+                    )
                 self._enqueue(stored)
                 outcomes.append(_RECEIVED)
                 continue
             if persist:
-                inserts.append(GroupRow(stored.seq, g.env_id, g.size, True, g.body))
+                inserts.append(
+                    GroupRow(stored.seq, g.env_id, g.size, True, canonical_json(g.body, g.fill))
+                )
             outcomes.append(IngestOutcome("buffered", self._buffer(stored, target, moves)))
         if self._buffer_bytes > self.max_buffer_bytes:
             self._shrink_buffer(moves, drops)
@@ -564,6 +567,8 @@ class RolloutStore:
         self.counters["sequences_ingested"] += sum(g.size for g in groups)
         if self._db is not None:
             for stored in created:  # the database holds the bytes now; memory keeps the ints
+                if self._latest is stored:
+                    self._latest = StoredGroup(-1, None, 0, stored.body, fill=stored.fill)
                 stored.body = None
         return outcomes
 
@@ -571,7 +576,7 @@ class RolloutStore:
         self.queue.append(g)
         self.staleness.track(g)
         if g.body is not None:
-            self._latest, self._latest_packed = g.body, g.packed
+            self._latest = g
 
     def _add_to_buffer(self, g: StoredGroup) -> None:
         assert g.env_id is not None
@@ -758,7 +763,7 @@ class RolloutStore:
             except StorageError:
                 self._restore()
                 raise
-        return [unpack(g.body) if g.packed else g.body for g in groups]  # type: ignore[misc]
+        return [g.json() for g in groups]
 
     def _drop_stale(self) -> None:
         """Take groups more than ``--max-staleness`` versions behind off the queue for good."""

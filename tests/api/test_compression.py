@@ -1,4 +1,4 @@
-"""Response gzip middleware, packed (deflated) queue storage, and a packing server end to end."""
+"""Response gzip middleware, packed (LZ4) queue storage, and a packing server end to end."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.api.test_store import REG, started
 @settings(max_examples=50, deadline=None)
 @given(st.binary(max_size=5000), st.integers(1, 9))
 def test_pack_and_gzip_round_trip_any_bytes(data: bytes, level: int):
-    assert unpack(pack(data)) == data
+    assert unpack(pack(data), len(data)) == data
     assert gzip.decompress(gzip_compress(data, level)) == data
 
 
@@ -154,7 +154,6 @@ def test_without_isal_the_stdlib_zlib_writes_the_same_formats(monkeypatch):
     monkeypatch.setattr(compression, "_ISAL", None)
     data = json.dumps({"tokens": [list(range(300))] * 4}).encode()
     assert gzip.decompress(compression.gzip_compress(data, 1)) == data
-    assert compression.unpack(compression.pack(data)) == data
     headers, body = _call(_app([data]))
     assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == data
 

@@ -16,7 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from atroposlib.api.decode import fast_shape, model_shape, split_lenient, split_list
+from atroposlib.api.decode import (
+    fast_shape,
+    model_shape,
+    split_lenient,
+    split_list,
+    split_shapes,
+)
 from atroposlib.api.models import ScoredData
 from tests.api.conftest import Api, group, start_api
 
@@ -158,6 +164,45 @@ def test_list_split_returns_each_elements_exact_bytes(elements, separators):
     assert pieces is not None and [json.loads(p) for p in pieces] == elements
     assert all(p in body for p in pieces)  # cut from the body, not re-serialised
     assert split_lenient(body) == pieces
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_json_value, max_size=5), st.sampled_from([None, (",", ":"), (" ,\n ", " : ")]))
+def test_one_parse_list_cut_is_exact_or_declines(elements, separators):
+    """The whole-list parse cuts exactly what msgspec's split cuts, or leaves it to msgspec."""
+    body = json.dumps(elements, separators=separators).encode()
+    pairs = split_shapes(b" " + body + b"\n")
+    if pairs is None:
+        return
+    assert [raw for raw, _ in pairs] == split_list(body)
+
+
+def test_one_parse_list_cut_takes_groups_and_declines_nested_objects_and_braces_in_strings():
+    groups_ = [group(2, base=1), {**group(3, base=2), "trace_id": "a[b"}, group(1, base=3)]
+    body = b" [ " + b" ,\n".join(json.dumps(g).encode() for g in groups_) + b"]"
+    pairs = split_shapes(body)
+    assert pairs is not None
+    assert [raw for raw, _ in pairs] == [json.dumps(g).encode() for g in groups_]
+    # the '[' inside trace_id makes its bracket count disagree: that element goes to pydantic
+    assert [shape is None for _, shape in pairs] == [False, True, False]
+    assert [shape.size for _, shape in pairs if shape is not None] == [2, 1]
+    for tricky in ({**group(2), "meta": {"k": 1}}, {**group(2), "trace_id": "}{"}):
+        body = json.dumps([group(2), tricky]).encode()
+        assert split_shapes(body) is None
+        assert split_list(body) == [json.dumps(group(2)).encode(), json.dumps(tricky).encode()]
+    assert split_shapes(b'[{"tokens": [[1]]}, 5]') is None
+    assert split_shapes(b'{"tokens": [[1]]}') is None
+
+
+@pytest.mark.parametrize(
+    ("token", "fast"), [(2**63 - 1, True), (2**63, False), (2**64 - 1, False), (-1, False)]
+)
+def test_token_ids_beyond_int64_or_negative_leave_the_fast_path(token, fast):
+    raw = json.dumps({"tokens": [[1, token]], "masks": [[1, 1]], "scores": [1.0]}).encode()
+    assert (fast_shape(raw) is not None) == fast
+    if not fast:
+        with pytest.raises(ValidationError):
+            ScoredData.model_validate_json(raw)
 
 
 def test_list_split_declines_what_strict_json_rejects_and_the_lenient_split_reads_it():
