@@ -6,16 +6,24 @@ objects, routing and dependency machinery; the FastAPI routes of the same paths
 remain (they serve the OpenAPI schema and the legacy JSON-body
 ``/status-env``) and call the same :mod:`~atroposlib.api.handlers`. It sits
 inside the auth, body-limit and gzip middleware, so those apply unchanged.
+
+With ``--persist``, posts are committed in groups: every post handled in one
+turn of the event loop is applied in memory, then one SQLite transaction
+commits them all (scheduled with ``call_soon``, so it runs after the other
+ready requests), and each is answered only once that transaction is done. A
+client is never told ``received`` for a group that is not on disk; a failed
+commit answers every post of the group with the storage error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Awaitable, Callable, Dict, Tuple
 from urllib.parse import parse_qs
 
 from atroposlib.api import handlers
-from atroposlib.api.errors import ApiError, error_response
+from atroposlib.api.errors import ApiError, StorageError, error_response
 from atroposlib.api.middleware import ASGIApp, Receive, Scope, Send
 from atroposlib.api.store import RolloutStore
 
@@ -92,6 +100,7 @@ class HotPathMiddleware:
             ("POST", "/scored_data_list"): self._scored_data_list,
             ("GET", "/batch"): self._batch,
         }
+        self._commit: asyncio.Future | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,11 +122,41 @@ class HotPathMiddleware:
         if handler == self._batch:
             await self._answer(send, lambda: self._batch(body, scope))
             return
-        await self._answer(send, lambda: handler(body))
+        await self._answer(send, lambda: handler(body), self._committed)
 
-    async def _answer(self, send: Send, produce: Callable[[], Any]) -> None:
+    async def _committed(self) -> None:
+        """Wait for the group commit of the deferred ingest changes (see the module doc)."""
+        ticket = self.store.pending_ticket
+        if ticket is None:
+            return
+        if self._commit is None:
+            loop = asyncio.get_running_loop()
+            self._commit = loop.create_future()
+            loop.call_soon(self._group_commit)
+        await asyncio.shield(self._commit)
+        if ticket.error is not None:
+            raise ticket.error
+
+    def _group_commit(self) -> None:
+        done, self._commit = self._commit, None
+        try:
+            self.store.flush()
+        except StorageError:
+            pass  # the tickets carry it to every waiting post
+        finally:
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    async def _answer(
+        self,
+        send: Send,
+        produce: Callable[[], Any],
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         try:
             status, headers, payload = 200, _JSON_HEADERS, produce()
+            if settle is not None:
+                await settle()
         except ApiError as e:
             status, headers, payload = error_response(e)
         except Exception as e:  # the hot path runs outside FastAPI's error middleware
@@ -138,10 +177,10 @@ class HotPathMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
     def _scored_data(self, body: bytes) -> bytes:
-        return handlers.ingest_groups(self.store, body, many=False)
+        return handlers.ingest_groups(self.store, body, many=False, defer=True)
 
     def _scored_data_list(self, body: bytes) -> bytes:
-        return handlers.ingest_groups(self.store, body, many=True)
+        return handlers.ingest_groups(self.store, body, many=True, defer=True)
 
     def _batch(self, body: bytes, scope: Scope | None = None) -> bytes:
         return handlers.serve_batch(self.store, _query_ack(scope) if scope else None)

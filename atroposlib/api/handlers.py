@@ -216,19 +216,24 @@ def _list_answer(outcomes: Sequence[IngestOutcome]) -> dict[str, Any]:
 
 
 def ingest_groups(
-    store: RolloutStore, body: bytes, many: bool, strict: bool | None = None
+    store: RolloutStore,
+    body: bytes,
+    many: bool,
+    strict: bool | None = None,
+    defer: bool = False,
 ) -> bytes:
     """``POST /scored_data`` (``many=False``) and ``/scored_data_list`` (``many=True``).
 
     ``strict`` (default: the store's ``strict_groups``, ``run-api
     --strict-groups``) rejects optional per-token fields whose lengths differ
     from ``tokens``; otherwise they are accepted, warned about and counted (D17).
+    ``defer`` leaves the database commit to the caller (see :meth:`RolloutStore.ingest`).
     """
     if strict is None:
         strict = getattr(store, "strict_groups", False)
     try:
         groups, findings = incoming(parse_groups(body, many), many, strict)
-        outcomes = store.ingest(groups)
+        outcomes = store.ingest(groups, defer=defer)
     except (BodyValidationError, GroupInconsistentError) as e:
         store.counters["rejected_invalid"] += 1
         logger.info("rejected a post: %s", e.message)

@@ -21,7 +21,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, List, Sequence
 
 from atroposlib.api.compression import crc32
 from atroposlib.api.errors import StorageError
@@ -29,6 +29,7 @@ from atroposlib.api.errors import StorageError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "Change",
     "DamagedDatabaseError",
     "GroupRow",
     "PersistedState",
@@ -77,6 +78,17 @@ class PersistedState:
 
     meta: dict[str, Any] = field(default_factory=dict)
     groups: list[GroupRow] = field(default_factory=list)
+
+
+@dataclass
+class Change:
+    """One atomic change of :meth:`SqlitePersistence.commit` (see its arguments)."""
+
+    insert: List[GroupRow] = field(default_factory=list)
+    move_to_queue: Sequence[tuple[int, int]] = ()
+    delete: Sequence[int] = ()
+    meta: dict[str, Any] | None = None
+    clear_groups: bool = False
 
 
 class SqlitePersistence:
@@ -187,33 +199,58 @@ class SqlitePersistence:
         clear_groups: bool = False,
     ) -> None:
         """Apply one atomic change: insert groups, re-number buffered groups onto the queue, delete, set meta."""
+        self.commit_many(
+            [
+                Change(
+                    insert=list(insert),
+                    move_to_queue=move_to_queue,
+                    delete=delete,
+                    meta=meta,
+                    clear_groups=clear_groups,
+                )
+            ]
+        )
+
+    def commit_many(self, changes: Sequence[Change]) -> None:
+        """Apply ``changes`` in order, all in one transaction (all or none).
+
+        One transaction for several posts is what ``run-api`` does with the
+        posts answered in the same event-loop turn (group commit): the commit's
+        fixed cost is paid once for all of them.
+        """
         conn = self._conn
         try:
             conn.execute("BEGIN")
-            if clear_groups:
-                conn.execute("DELETE FROM groups")
-            conn.executemany(
-                "INSERT INTO groups (seq, env_id, size, buffered, body, crc) VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (r.seq, r.env_id, r.size, int(r.buffered), r.body, crc32(r.body or b""))
-                    for r in insert
-                ],
-            )
-            if move_to_queue:
-                conn.executemany(
-                    "UPDATE groups SET seq = ?, buffered = 0 WHERE seq = ?",
-                    [(new, old) for old, new in move_to_queue],
-                )
-            if delete:
-                conn.executemany("DELETE FROM groups WHERE seq = ?", [(s,) for s in delete])
-            if meta:
-                self._set_meta(meta)
+            for change in changes:
+                self._apply(change)
             conn.execute("COMMIT")
         except sqlite3.Error as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             logger.error("persistence commit failed: %s", e)
             raise StorageError(f"could not persist the change: {e}") from e
+
+    def _apply(self, change: Change) -> None:
+        conn = self._conn
+        if change.clear_groups:
+            conn.execute("DELETE FROM groups")
+        if change.insert:
+            conn.executemany(
+                "INSERT INTO groups (seq, env_id, size, buffered, body, crc) VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (r.seq, r.env_id, r.size, int(r.buffered), r.body, crc32(r.body or b""))
+                    for r in change.insert
+                ],
+            )
+        if change.move_to_queue:
+            conn.executemany(
+                "UPDATE groups SET seq = ?, buffered = 0 WHERE seq = ?",
+                [(new, old) for old, new in change.move_to_queue],
+            )
+        if change.delete:
+            conn.executemany("DELETE FROM groups WHERE seq = ?", [(s,) for s in change.delete])
+        if change.meta:
+            self._set_meta(change.meta)
 
     def close(self) -> None:
         """Checkpoint the WAL and close the database."""

@@ -40,7 +40,7 @@ from typing import Any, Deque, Dict, List, Sequence
 from atroposlib.api.compression import pack
 from atroposlib.api.errors import ApiError, QueueFullError, StorageError, UnknownEnvError
 from atroposlib.api.models import RegisterEnv, Registration
-from atroposlib.api.persistence import GroupRow, SqlitePersistence
+from atroposlib.api.persistence import Change, GroupRow, SqlitePersistence
 from atroposlib.api.queue import GroupQueue, StoredGroup, canonical_json
 from atroposlib.api.staleness import StalenessControl, histogram
 from atroposlib.api.utils import find_groups_summing_to_target
@@ -108,6 +108,17 @@ class IncomingGroup:
     version: int | None = None
     fill: bytes = b""
     """The ``"field":null,`` bytes of the absent fields (see :func:`~atroposlib.api.queue.canonical_json`)."""
+
+
+class CommitTicket:
+    """Whether the deferred changes of some ``ingest(..., defer=True)`` calls are committed:
+    ``done`` once a commit included them (or failed), ``error`` its :class:`StorageError`."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: StorageError | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,9 @@ class RolloutStore:
         self.max_buffer_bytes = min(max_buffer_bytes, max_queue_bytes // 2)
         self.env_timeout = env_timeout
         self._db = persistence
+        self._deferred: List[Change] = []
+        self._deferred_groups: List[StoredGroup] = []
+        self._ticket: CommitTicket | None = None
         self.queue = GroupQueue()
         self._buffers: Dict[int, _EnvBuffer] = {}
         self._buffer_order: OrderedDict[int, StoredGroup] = OrderedDict()
@@ -342,19 +356,55 @@ class RolloutStore:
         )
 
     def _commit(self, **changes: Any) -> None:
-        """Persist one change; on failure reload the durable state so memory matches it."""
+        """Persist one change (after any deferred ones, in the same transaction); on failure
+        reload the durable state so memory matches it."""
         if self._db is None:
             return
+        self._write([Change(**changes)])
+
+    def _write(self, changes: List[Change]) -> None:
+        deferred, ticket, groups = self._deferred, self._ticket, self._deferred_groups
+        self._deferred, self._ticket, self._deferred_groups = [], None, []
+        assert self._db is not None
         try:
-            self._db.commit(**changes)
-        except StorageError:
+            self._db.commit_many(deferred + changes)
+        except StorageError as e:
+            if ticket is not None:
+                ticket.error = e
             self._restore()
             raise
+        finally:
+            if ticket is not None:
+                ticket.done = True
+        self._release_bodies(groups)
+
+    def flush(self) -> None:
+        """Commit the changes of ``ingest(..., defer=True)`` calls not committed yet (one
+        transaction for all of them). Raises :class:`StorageError` when the commit fails;
+        the state is then reloaded from the database, without those groups, and their
+        :attr:`pending_ticket` carries the error."""
+        if self._deferred:
+            self._write([])
+
+    @property
+    def pending_ticket(self) -> CommitTicket | None:
+        """The ticket of the deferred changes not committed yet (None when there are none)."""
+        return self._ticket
+
+    def _release_bodies(self, groups: Sequence[StoredGroup]) -> None:
+        """The database holds these groups' bytes now; memory keeps the ints."""
+        for stored in groups:
+            if self._latest is stored:
+                self._latest = StoredGroup(-1, None, 0, stored.body, fill=stored.fill)
+            stored.body = None
 
     def close(self) -> None:
-        """Release the persistence layer."""
+        """Commit what is deferred and release the persistence layer."""
         if self._db is not None:
-            self._db.close()
+            try:
+                self.flush()
+            finally:
+                self._db.close()
 
     @property
     def latest(self) -> bytes | None:
@@ -499,12 +549,17 @@ class RolloutStore:
         self._commit(clear_groups=True, meta={_META_KEY: self._meta()})
 
     # ------------------------------------------------------------ ingest
-    def ingest(self, groups: Sequence[IncomingGroup]) -> List[IngestOutcome]:
+    def ingest(self, groups: Sequence[IncomingGroup], defer: bool = False) -> List[IngestOutcome]:
         """Store posted groups (all or none): onto the queue, or into their env's buffer.
 
         Raises :class:`UnknownEnvError` for an unregistered ``env_id`` and
         :class:`QueueFullError` when the queue budget would be exceeded (an
         empty queue always accepts, so one large post cannot starve forever).
+
+        With persistence and ``defer``, the database change is not committed
+        here but by the next :meth:`flush` (or any other commit, which includes
+        it first): the caller answers its client only once
+        :attr:`pending_ticket` is done without error.
         """
         for g in groups:
             if g.env_id is not None:
@@ -562,14 +617,16 @@ class RolloutStore:
         if dropped_now:
             inserts = [r for r in inserts if r.seq not in dropped_now]
             drops = [s for s in drops if s not in dropped_now]
-        self._commit(insert=inserts, move_to_queue=moves, delete=drops)
+        if persist and defer:
+            self._deferred.append(Change(insert=inserts, move_to_queue=moves, delete=drops))
+            self._deferred_groups.extend(created)
+            if self._ticket is None:
+                self._ticket = CommitTicket()
+        else:
+            self._commit(insert=inserts, move_to_queue=moves, delete=drops)
+            self._release_bodies(created if persist else ())
         self.counters["groups_ingested"] += len(groups)
         self.counters["sequences_ingested"] += sum(g.size for g in groups)
-        if self._db is not None:
-            for stored in created:  # the database holds the bytes now; memory keeps the ints
-                if self._latest is stored:
-                    self._latest = StoredGroup(-1, None, 0, stored.body, fill=stored.fill)
-                stored.body = None
         return outcomes
 
     def _enqueue(self, g: StoredGroup) -> None:
@@ -680,6 +737,7 @@ class RolloutStore:
         holds: the unacknowledged batch is consumed when it matches, and
         served again, identical, when it does not.
         """
+        self.flush()  # the batch may hold groups whose rows are still deferred
         newly_started = not self.started
         self.started = True
         pending = self.pending
