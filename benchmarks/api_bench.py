@@ -20,6 +20,9 @@ uvicorn settings that reads the same bodies and answers ``{"status":"received"}`
     .venv/bin/python benchmarks/api_bench.py --table --repeats 3
         # in-memory, --persist and the floor, 3 runs each; prints the markdown
         # table of the READMEs (median and range)
+    .venv/bin/python benchmarks/api_bench.py --table --repeats 5 --write
+        # the same, and writes the table into both READMEs (the API README's
+        # marked block and the "API ..." rows of README.md's performance table)
 """
 
 from __future__ import annotations
@@ -697,6 +700,33 @@ def markdown_table(
     return header + "\n".join(f"| {a} | {b} | {c} | {cmd} |" for a, b, c in rows)
 
 
+API_README = ROOT / "atroposlib" / "api" / "README.md"
+MAIN_README = ROOT / "README.md"
+TABLE_START, TABLE_END = "<!-- api_bench table start -->", "<!-- api_bench table end -->"
+
+
+def table_rows(text: str) -> List[str]:
+    """The ``| API ...`` rows of a markdown text, in order."""
+    return [line for line in text.splitlines() if line.startswith("| API ")]
+
+
+def write_readmes(table: str) -> None:
+    """Put ``table`` between the API README's markers and its rows into README.md's table."""
+    text = API_README.read_text()
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
+    lines = MAIN_README.read_text().splitlines(keepends=True)
+    old = [i for i, line in enumerate(lines) if line.startswith("| API ")]
+    new = table_rows(table)
+    if len(old) != len(new) or old != list(range(old[0], old[0] + len(old))):
+        raise SystemExit("README.md's API rows are not one block of the same length: edit by hand")
+    lines[old[0] : old[-1] + 1] = [row + "\n" for row in new]
+    API_README.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+    MAIN_README.write_text("".join(lines))
+    print(
+        f"wrote the table into {API_README.relative_to(ROOT)} and {MAIN_README.relative_to(ROOT)}"
+    )
+
+
 def main() -> None:
     global args_groups
     p = argparse.ArgumentParser(
@@ -721,6 +751,9 @@ def main() -> None:
         "--table", action="store_true", help="in-memory, --persist and floor runs; markdown table"
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of each kind with --table")
+    p.add_argument(
+        "--write", action="store_true", help="with --table: write the table into both READMEs"
+    )
     p.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_floor:
@@ -738,7 +771,10 @@ def main() -> None:
             floor.append(floor_run(args))
             print_run(floor[-1], f"floor, run {i + 1}")
         print()
-        print(markdown_table(mem, persist, floor, args))
+        table = markdown_table(mem, persist, floor, args)
+        print(table)
+        if args.write:
+            write_readmes(table)
     else:
         run = one_run(args, persist=args.persist)
         print_run(run, "with --persist" if args.persist else "in memory")

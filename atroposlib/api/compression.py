@@ -65,9 +65,7 @@ def gzip_compress(data: bytes, level: int = 1) -> bytes:
 
 def pack(data: bytes) -> bytes:
     """``data`` as an LZ4 block (fast mode, no size header) for compact storage."""
-    return lz4.block.compress(
-        data, mode="fast", acceleration=_PACK_ACCELERATION, store_size=False
-    )
+    return lz4.block.compress(data, mode="fast", acceleration=_PACK_ACCELERATION, store_size=False)
 
 
 def unpack(data: bytes, size: int) -> bytes:

@@ -59,7 +59,9 @@ class StoredGroup:
         self.env_id = env_id
         self.size = size
         self.body = body
-        self.nbytes = len(body) + len(fill) if nbytes is None and body is not None else (nbytes or 0)
+        self.nbytes = (
+            len(body) + len(fill) if nbytes is None and body is not None else (nbytes or 0)
+        )
         self.packed = packed
         self.version = version
         self.fill = fill

@@ -600,7 +600,9 @@ class RolloutStore:
             if g.size == target:
                 if persist:
                     inserts.append(
-                        GroupRow(stored.seq, g.env_id, g.size, False, canonical_json(g.body, g.fill))
+                        GroupRow(
+                            stored.seq, g.env_id, g.size, False, canonical_json(g.body, g.fill)
+                        )
                     )
                 self._enqueue(stored)
                 outcomes.append(_RECEIVED)
