@@ -143,6 +143,8 @@ class HotPathMiddleware:
             self.store.flush()
         except StorageError:
             pass  # the tickets carry it to every waiting post
+        except Exception:  # also carried by the tickets; logged here, as nobody else sees it
+            logger.exception("group commit failed")
         finally:
             if done is not None and not done.done():
                 done.set_result(None)

@@ -368,10 +368,12 @@ class RolloutStore:
         assert self._db is not None
         try:
             self._db.commit_many(deferred + changes)
-        except StorageError as e:
-            if ticket is not None:
-                ticket.error = e
-            self._restore()
+        except Exception as e:
+            if ticket is not None:  # the deferred posts must hear of any failure, not only SQLite's
+                ticket.error = (
+                    e if isinstance(e, StorageError) else StorageError(f"commit failed: {e!r}")
+                )
+            self._restore()  # memory must match what the database holds
             raise
         finally:
             if ticket is not None:

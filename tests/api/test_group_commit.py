@@ -143,3 +143,20 @@ def test_a_failed_group_commit_answers_every_post_503_and_keeps_nothing(tmp_path
     assert all(headers[b"retry-after"] == b"1" for _, headers, _ in answers)
     assert all(b"disk full" in body for _, _, body in answers)
     assert calls == [4] and _rows(path) == 0 and len(store.queue) == 0
+
+
+def test_an_unexpected_commit_failure_still_reaches_the_deferred_posts(tmp_path, monkeypatch):
+    app, store, path, calls = _hot(tmp_path, monkeypatch)
+
+    def broken(changes):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(store._db, "commit_many", broken)
+    body = json.dumps(group(4, env_id=0, base=1)).encode()
+
+    async def main():
+        return await asyncio.gather(*(_call(app, "/scored_data", body) for _ in range(3)))
+
+    answers = asyncio.run(main())
+    assert [status for status, _, _ in answers] == [503] * 3
+    assert _rows(path) == 0 and len(store.queue) == 0
