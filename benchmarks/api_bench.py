@@ -785,7 +785,7 @@ def main() -> None:
 
         rng = random.Random(0)
         bodies = [make_group(rng, 8, 256, 0, args.logprobs) for _ in range(64)]
-        print(f"in-process CPU, no HTTP (least of 5 runs; deflate by {BACKEND}):")
+        print(f"in-process CPU, no HTTP (least of 5 runs; gzip by {BACKEND}):")
         for stage, secs in handler_stages(bodies, min(args.groups, 512)).items():
             print(f"  {stage:48s} {secs * 1e6:8.0f} us")
     print(f"load average {os.getloadavg()}")
