@@ -101,11 +101,18 @@ class GroupShape:
     version: int | None = None
 
 
+_HIGH_BYTE = 7 if sys.byteorder == "little" else 0
+"""Index of the most significant byte of a native uint64 (its top bit marks values >= 2^63)."""
+
+
 def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
     """Row lengths of a list of lists whose every leaf is ``of_type`` (None: not provably so here).
 
-    One ``as_buffer`` call checks every leaf of the field in C; it flattens,
-    so the caller also proves that the rows hold no nested arrays.
+    One ``as_buffer`` call checks every leaf of the field in C (``"i"``: int64,
+    ``"d"``: any number, ``"u"``: token ids, 0..2^63-1: the uint64 pass refuses
+    negatives and the top bit of each value's most significant byte, read by
+    ``isascii``, finds 2^63 and above); it flattens, so the caller also proves
+    that the rows hold no nested arrays.
     """
     if type(value) is not _Array:
         return None
@@ -113,44 +120,25 @@ def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
         # A row that is a number has no len(); one that is a string or an object has a
         # non-number leaf, which as_buffer rejects.
         lengths = tuple(map(len, value))
-        value.as_buffer(of_type=of_type)
+        buf = value.as_buffer(of_type=of_type)
     except (TypeError, ValueError):
+        return None
+    if of_type == "u" and not bytes(buf)[_HIGH_BYTE::8].isascii():
         return None
     return lengths
 
 
-_HIGH_BYTE = 7 if sys.byteorder == "little" else 0
-"""Index of the most significant byte of a native uint64 (its top bit marks values >= 2^63)."""
-
-
-def _token_ids(value: object) -> Tuple[int, ...] | None:
-    """Row lengths of ``tokens`` when every leaf is an int in 0..2^63-1 (None: not provably so).
-
-    One ``as_buffer(of_type="u")`` pass refuses negatives and non-ints in C; ids of
-    2^63 and above are found by the top bit of each value's most significant byte
-    (``isascii``: every byte below 0x80), also in C.
-    """
-    if type(value) is not _Array:
-        return None
-    try:
-        lengths = tuple(map(len, value))
-        buf = value.as_buffer(of_type="u")
-    except (TypeError, ValueError):
-        return None
-    if not bytes(buf)[_HIGH_BYTE::8].isascii():
-        return None
-    return lengths
-
-
-def _holds(data: bytes, byte: bytes, count: int) -> bool:
-    """Whether ``data`` holds ``byte`` exactly ``count`` times (``bytes.find`` runs at memchr
-    speed, several times faster than ``bytes.count`` for one byte)."""
+def _positions(data: bytes, byte: bytes, count: int) -> List[int] | None:
+    """Where ``byte`` sits in ``data`` when it occurs exactly ``count`` times, else None
+    (``bytes.find`` runs at memchr speed, several times faster than ``bytes.count``)."""
+    found = []
     pos = -1
     for _ in range(count):
         pos = data.find(byte, pos + 1)
         if pos < 0:
-            return False
-    return data.find(byte, pos + 1) < 0
+            return None
+        found.append(pos)
+    return found if data.find(byte, pos + 1) < 0 else None
 
 
 def fast_shape(raw: bytes) -> GroupShape | None:
@@ -176,7 +164,7 @@ def object_shape(doc: object, raw: bytes) -> GroupShape | None:
         return None  # duplicate keys: pydantic takes the last value, simdjson the first
     # ``doc.get`` of an absent key costs microseconds (a raised and caught error inside
     # pysimdjson): only present keys are looked up.
-    tokens = _token_ids(doc.get("tokens") if "tokens" in present else None)
+    tokens = _rows(doc.get("tokens") if "tokens" in present else None, "u")
     if not tokens:
         return None  # absent, not ids, or empty (min_length=1): pydantic words the error
     masks = _rows(doc.get("masks") if "masks" in present else None, "i")
@@ -219,7 +207,7 @@ def object_shape(doc: object, raw: bytes) -> GroupShape | None:
     for name in _SLOW_FIELDS & fields:
         if doc.get(name) is not None:
             return None
-    if not _holds(raw, b"[", arrays):
+    if _positions(raw, b"[", arrays) is None:
         return None  # a nested array in a row, or '[' in a string or another field
     return GroupShape(env_id, len(tokens), len(scores), rows, fields, version)
 
@@ -293,14 +281,13 @@ def split_shapes(body: bytes) -> List[Tuple[bytes, GroupShape | None]] | None:
     n = len(elements)
     if any(type(e) is not _Object for e in elements):
         return None
-    if not (_holds(body, b"{", n) and _holds(body, b"}", n)):
+    opens = _positions(body, b"{", n)
+    closes = _positions(body, b"}", n) if opens is not None else None
+    if opens is None or closes is None:
         return None
     out: List[Tuple[bytes, GroupShape | None]] = []
-    end = 0
-    for element in elements:
-        start = body.find(b"{", end)
-        end = body.find(b"}", start) + 1
-        raw = body[start:end]
+    for element, start, end in zip(elements, opens, closes, strict=True):
+        raw = body[start : end + 1]
         out.append((raw, object_shape(element, raw)))
     return out
 
