@@ -26,6 +26,7 @@ from atroposlib.api import handlers
 from atroposlib.api.errors import ApiError, StorageError, error_response
 from atroposlib.api.middleware import ASGIApp, Receive, Scope, Send
 from atroposlib.api.store import RolloutStore
+from atroposlib.utils.http_security import send_response
 
 logger = logging.getLogger(__name__)
 
@@ -169,14 +170,7 @@ class HotPathMiddleware:
                 _JSON_HEADERS,
                 f'{{"detail":"internal error: {type(e).__name__}"}}'.encode(),
             )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [*headers, (b"content-length", str(len(payload)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await send_response(send, status, payload, headers)
 
     def _scored_data(self, body: bytes) -> bytes:
         return handlers.ingest_groups(self.store, body, many=False, defer=True)

@@ -11,7 +11,7 @@ import logging
 import zlib
 from typing import Any, Awaitable, Callable, Iterable, MutableMapping
 
-from atroposlib.utils.http_security import BearerAuthMiddleware
+from atroposlib.utils.http_security import BearerAuthMiddleware, send_response
 
 logger = logging.getLogger(__name__)
 
@@ -33,18 +33,7 @@ async def _send_error(
 ) -> None:
     body = payload.encode() if text else json.dumps(payload).encode()
     content_type = b"text/plain; charset=utf-8" if text else b"application/json"
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, status, body, [(b"content-type", content_type), *headers])
 
 
 class _BodyTooLarge(Exception):

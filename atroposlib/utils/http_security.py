@@ -43,6 +43,7 @@ __all__ = [
     "json_value_problem",
     "load_api_key",
     "secure_app",
+    "send_response",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -174,6 +175,23 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+async def send_response(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]] = ((b"content-type", b"application/json"),),
+) -> None:
+    """Send one whole HTTP answer: ``status``, ``headers`` plus its ``content-length``, ``body``."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 async def _refuse(
     scope: Scope, receive: Receive, send: Send, status: int, detail: str, headers=()
 ) -> None:
@@ -183,18 +201,7 @@ async def _refuse(
         await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
         return
     body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, status, body, [(b"content-type", b"application/json"), *headers])
 
 
 class BearerAuthMiddleware:
