@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,16 +35,12 @@ from pathlib import Path
 import httpx
 import openai
 
+from atroposlib.utils.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 QUESTION = "Alice has 3 apples. Bob gives her 4 more. How many apples does Alice have now?"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None:
@@ -103,7 +98,7 @@ class Server:
     """``atropos-serve-model`` started from a source tree, on a free port."""
 
     def __init__(self, root: Path, model: str, device: str, extra: list[str]) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         env = dict(os.environ, PYTHONPATH=str(root))
         self.proc = subprocess.Popen(
             [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import sys
 import time
 from datetime import datetime
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import httpx
+
+from atroposlib.utils.ports import free_port
 
 from .evaluation import Evaluator
 from .plugins import load_function
@@ -29,13 +30,6 @@ from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
 from .vllm_manager import server_command, split_device
 
 logger = logging.getLogger("atropos-grpo-run")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _default_training_steps() -> int:

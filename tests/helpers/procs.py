@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,14 +25,9 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
+from atroposlib.utils.ports import free_port as free_port  # the tests import it from here
+
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(
