@@ -238,7 +238,9 @@ def kill_during_batches(
 
 
 def test_kill_9_during_batch_answers_loses_nothing_and_trains_nothing_twice(tmp_path):
-    acked, result = kill_during_batches(tmp_path, kills=4, seed=1)
+    # 24 batches for 4 kills: between two restarts the trainer may drain several batches,
+    # and the kills must not run out of batches to interrupt.
+    acked, result = kill_during_batches(tmp_path, kills=4, seed=1, groups=96)
     trained = [tag for step in result.steps for tag in step]
     assert result.kills >= 3
     assert sorted(trained) == acked, "every acknowledged group reaches exactly one trainer step"
