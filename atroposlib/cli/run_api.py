@@ -17,6 +17,7 @@ import uvicorn
 
 from atroposlib.api.settings import APISettings
 from atroposlib.utils.http_security import is_loopback_host, load_api_key
+from atroposlib.utils.http_transport import http_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=settings.log_level,
         access_log=settings.access_log,
         loop="auto",
-        http="auto",
+        http=http_protocol(),
         proxy_headers=False,
         timeout_graceful_shutdown=5,
     )

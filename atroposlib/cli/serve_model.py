@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from atroposlib.serving.app import create_app
     from atroposlib.utils.http_security import is_loopback_host, load_api_key
+    from atroposlib.utils.http_transport import http_protocol
 
     ns = build_parser().parse_args(argv)
     config = ServeModelConfig(**vars(ns))
@@ -83,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=config.host,
         port=config.port,
         log_level=config.log_level,
+        http=http_protocol(),
         timeout_graceful_shutdown=5,
     )
 
