@@ -448,6 +448,8 @@ def serve_floor(port: int) -> None:
     """Run :func:`_floor_app` with the uvicorn settings ``run-api`` uses."""
     import uvicorn
 
+    from atroposlib.utils.http_transport import http_protocol
+
     uvicorn.run(
         _floor_app,
         host="127.0.0.1",
@@ -455,7 +457,7 @@ def serve_floor(port: int) -> None:
         log_level="warning",
         access_log=False,
         loop="auto",
-        http="auto",
+        http=http_protocol(),
         proxy_headers=False,
     )
 
