@@ -79,17 +79,24 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-def http_protocol() -> Any:
-    """uvicorn's ``http=`` value: httptools with :class:`CoalescingTransport`, else ``"auto"``."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # httptools missing: uvicorn falls back to h11 by itself
-        return "auto"
+try:  # uvicorn's httptools protocol; without httptools uvicorn uses h11 by itself
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpTools
+except ImportError:  # pragma: no cover - depends on the environment
+    _HttpTools = None
 
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol writing each event-loop turn's bytes at once."""
+if _HttpTools is not None:
+
+    class CoalescingHttpToolsProtocol(_HttpTools):  # type: ignore[misc, valid-type]
+        """uvicorn's httptools protocol writing each event-loop turn's bytes at once.
+
+        Defined at module level, so that uvicorn's ``--reload`` and ``--workers``
+        can pickle a config that names it.
+        """
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
 
-    return CoalescingHttpToolsProtocol
+
+def http_protocol() -> Any:
+    """uvicorn's ``http=`` value: httptools with :class:`CoalescingTransport`, else ``"auto"``."""
+    return "auto" if _HttpTools is None else CoalescingHttpToolsProtocol

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import socket
 from typing import List
 
@@ -10,6 +11,7 @@ import httpx
 
 from atroposlib.utils.http_transport import CoalescingTransport, http_protocol
 from tests.api.conftest import TRAINER, start_api
+from tests.helpers.procs import PYTHON, free_port, running_process
 
 
 class _Recording:
@@ -87,10 +89,13 @@ def test_close_sends_what_is_pending_first_and_abort_drops_it():
     asyncio.run(main())
 
 
-def test_http_protocol_is_uvicorns_httptools_protocol():
+def test_http_protocol_is_uvicorns_httptools_protocol_and_pickles():
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    assert issubclass(http_protocol(), HttpToolsProtocol)
+    protocol = http_protocol()
+    assert issubclass(protocol, HttpToolsProtocol)
+    # uvicorn --reload / --workers hand the config to a spawned process by pickling it
+    assert pickle.loads(pickle.dumps(protocol)) is protocol
 
 
 def _raw_exchange(port: int, request: bytes, answers: int) -> List[bytes]:
@@ -119,3 +124,15 @@ def test_run_api_answers_in_one_segment_and_keeps_pipelined_order(tmp_path):
         answers = b"".join(chunks).split(b"HTTP/1.1 ")[1:]
         assert len(answers) == 3 and all(a.startswith(b"200") for a in answers)
         assert c.get("/health").json() == {"status": "ok"}
+
+
+def test_run_api_reload_starts_with_the_protocol_and_answers(tmp_path):
+    """``--reload`` hands uvicorn's config (naming the protocol class) to a spawned process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--reload", "--port", str(port)]
+    with running_process(
+        cmd, health_url=f"{url}/health", cwd=tmp_path, log_path=tmp_path / "api.log"
+    ):
+        r = httpx.post(f"{url}/register", json=TRAINER, timeout=10)
+        assert r.status_code == 200 and "uuid" in r.json()
