@@ -52,7 +52,6 @@ __all__ = [
     "split_lenient",
     "split_list",
     "split_shapes",
-    "object_shape",
     "version_of",
 ]
 
@@ -154,20 +153,19 @@ def fast_shape(raw: bytes) -> GroupShape | None:
         doc = _parser().parse(raw) if len(raw) <= _REUSE_MAX_BYTES else simdjson.Parser().parse(raw)
     except (ValueError, RuntimeError, TypeError):
         return None
-    return object_shape(doc, raw)
+    return _bracket_proven(raw, _unchecked_shape(doc))
 
 
-def object_shape(doc: object, raw: bytes) -> GroupShape | None:
-    """The shape of one parsed group ``doc`` whose exact bytes are ``raw`` (see :func:`fast_shape`)."""
-    found = _unchecked_shape(doc)
+def _bracket_proven(raw: bytes, found: Tuple[GroupShape, int] | None) -> GroupShape | None:
+    """``found``'s shape when ``raw`` holds no ``[`` beyond its checked arrays, else None."""
     if found is None or _positions(raw, b"[", found[1]) is None:
         return None  # a nested array in a row, or '[' in a string or another field
     return found[0]
 
 
 def _unchecked_shape(doc: object) -> Tuple[GroupShape, int] | None:
-    """:func:`object_shape` without the bracket count: the shape and how many arrays its
-    checked fields have (the caller proves the bytes hold no other ``[``)."""
+    """The shape of one parsed group and how many arrays its checked fields have, before
+    the bracket count that proves its bytes hold no other ``[`` (:func:`_bracket_proven`)."""
     if type(doc) is not _Object:
         return None
     keys = list(doc.keys())
@@ -303,12 +301,10 @@ def split_shapes(body: bytes) -> List[Tuple[bytes, GroupShape | None]] | None:
     raws = [body[start : end + 1] for start, end in zip(opens, closes, strict=True)]
     found = [_unchecked_shape(element) for element in elements]
     shapes = [f for f in found if f is not None]
-    if len(shapes) == n and _positions(body, b"[", 1 + sum(arrays for _, arrays in shapes)):
+    total = 1 + sum(arrays for _, arrays in shapes)
+    if len(shapes) == n and _positions(body, b"[", total) is not None:
         return [(raw, shape) for raw, (shape, _) in zip(raws, shapes, strict=True)]
-    return [
-        (raw, f[0] if f is not None and _positions(raw, b"[", f[1]) is not None else None)
-        for raw, f in zip(raws, found, strict=True)
-    ]
+    return [(raw, _bracket_proven(raw, f)) for raw, f in zip(raws, found, strict=True)]
 
 
 def split_list(body: bytes) -> List[bytes] | None:

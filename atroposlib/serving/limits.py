@@ -15,6 +15,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from atroposlib.serving.errors import error_body
+from atroposlib.utils.http_security import send_response
 
 
 class RequestSizeLimit:
@@ -41,18 +42,12 @@ class RequestSizeLimit:
                 break
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             body = json.dumps(error_body(self._message(), "invalid_request_error", "body", 413))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 413,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close"),
-                    ],
-                }
+            await send_response(
+                send,
+                413,
+                body.encode(),
+                [(b"content-type", b"application/json"), (b"connection", b"close")],
             )
-            await send({"type": "http.response.body", "body": body.encode()})
             return
         seen = 0
 

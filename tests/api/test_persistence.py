@@ -26,6 +26,23 @@ def _drain(c: httpx.Client, seen: set[str]) -> list[int]:
         served += [g["tokens"][0][0] // 1000 for g in answer["batch"]]
 
 
+def _post_until(
+    url: str, env: int, first_tag: int, stop: threading.Event, acked: list[int]
+) -> None:
+    """Post groups tagged ``first_tag``, ``first_tag + 1``, ... until ``stop`` or the server
+    goes away; the tags answered 200 go to ``acked`` (``list.append`` is atomic)."""
+    tag = first_tag
+    with httpx.Client(base_url=url, timeout=5) as poster:
+        while not stop.is_set():
+            try:
+                r = poster.post("/scored_data", json=group(4, env_id=env, base=tag))
+            except httpx.HTTPError:
+                return
+            if r.status_code == 200:
+                acked.append(tag)
+            tag += 1
+
+
 def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
     db = str(tmp_path / "api.db")
     port = free_port()
@@ -55,20 +72,7 @@ def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
         )
 
         stop = threading.Event()
-
-        def post_forever() -> None:
-            tag = 100
-            with httpx.Client(base_url=url, timeout=5) as poster:
-                while not stop.is_set():
-                    try:
-                        r = poster.post("/scored_data", json=group(4, env_id=env, base=tag))
-                    except httpx.HTTPError:
-                        return
-                    if r.status_code == 200:
-                        acked.append(tag)
-                    tag += 1
-
-        thread = threading.Thread(target=post_forever)
+        thread = threading.Thread(target=_post_until, args=(url, env, 100, stop, acked))
         thread.start()
         time.sleep(0.5)
         os.kill(proc.pid, signal.SIGKILL)
@@ -125,22 +129,10 @@ def test_kill_9_under_concurrent_posts_keeps_every_acknowledged_group(tmp_path):
             json={"max_token_length": 64, "desired_name": "gc", "weight": 1.0, "group_size": 4},
         ).json()["env_id"]
         stop = threading.Event()
-        lock = threading.Lock()
-
-        def post_forever(first_tag: int) -> None:
-            tag = first_tag
-            with httpx.Client(base_url=url, timeout=5) as poster:
-                while not stop.is_set():
-                    try:
-                        r = poster.post("/scored_data", json=group(4, env_id=env, base=tag))
-                    except httpx.HTTPError:
-                        return
-                    if r.status_code == 200:
-                        with lock:
-                            acked.append(tag)
-                    tag += 1
-
-        threads = [threading.Thread(target=post_forever, args=(1 + 1000 * i,)) for i in range(8)]
+        threads = [
+            threading.Thread(target=_post_until, args=(url, env, 1 + 1000 * i, stop, acked))
+            for i in range(8)
+        ]
         for t in threads:
             t.start()
         time.sleep(1.0)
