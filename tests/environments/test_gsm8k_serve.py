@@ -5,7 +5,6 @@ with tokens, masks and inference logprobs reach a batch."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Any, List
 
@@ -15,6 +14,7 @@ import pytest
 from atroposlib.envs.cli import build_env, parse_cli
 from environments.gsm8k_server import GSM8kEnv
 from tests.environments.env_helpers import write_jsonl
+from tests.envs.serve_helpers import api_cmd
 from tests.helpers.procs import free_port, running_process
 
 
@@ -78,17 +78,8 @@ def test_gsm8k_serve_sends_groups_that_a_trainer_receives(serve_model, tmp_path,
         "--openai.server_type",
         "vllm",
     ]
-    api_cmd = [
-        sys.executable,
-        "-m",
-        "atroposlib.cli.run_api",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(api_port),
-    ]
     log = tmp_path / "api.log"
-    with running_process(api_cmd, health_url=f"{api}/health", timeout=120, log_path=log):
+    with running_process(api_cmd(api_port), health_url=f"{api}/health", timeout=120, log_path=log):
         register = {
             "wandb_group": "g",
             "wandb_project": "p",
