@@ -35,7 +35,11 @@ def test_max_staleness_and_api_args_reach_the_run_api_command(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(
         yaml.safe_dump(
-            {"run_dir": str(tmp_path / "b"), "max_staleness": 0, "api_args": ["--log-level", "warning"]}
+            {
+                "run_dir": str(tmp_path / "b"),
+                "max_staleness": 0,
+                "api_args": ["--log-level", "warning"],
+            }
         )
     )
     cmd = Launcher(config_from_args(["--config", str(path)])).api_cmd()
