@@ -295,7 +295,8 @@ class SlotCache(Cache):
         key_states: torch.Tensor,
         value_states: torch.Tensor,
         layer_idx: int,
-        cache_kwargs: dict[str, Any] | None = None,
+        *args: Any,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's new keys/values in place; return the rows' keys/values."""
         table = self.store.kv[layer_idx]
