@@ -33,6 +33,7 @@ __all__ = [
     "DamagedDatabaseError",
     "GroupRow",
     "PersistedState",
+    "RecoveryReport",
     "SqlitePersistence",
     "check_database",
     "open_persistence",
@@ -49,7 +50,11 @@ CREATE TABLE IF NOT EXISTS groups (
     body BLOB NOT NULL,
     crc INTEGER
 );
+CREATE INDEX IF NOT EXISTS groups_ledger ON groups(seq, size);
 """
+# ``groups_ledger`` is a second B-tree holding every stored seq (a few bytes each, on pages
+# of its own): when a page of ``groups`` is damaged, the ledger still says which groups were
+# on it, so --persist-recover can read every other row and count exactly what was lost.
 
 _IN_CHUNK = 500
 """Rows per ``IN (...)`` statement, well below SQLite's limit on bound parameters."""
@@ -399,58 +404,235 @@ def check_database(path: str | Path) -> str | None:
     return None
 
 
-def _salvage_rows(conn: sqlite3.Connection) -> tuple[list[tuple], int]:
-    """Every readable, intact group row of a damaged database, by seq; and the count of bad ones.
+_SALVAGE_CHUNK = 256
+"""Rows read per statement while salvaging; a damaged page costs a re-read of one chunk."""
+_NO_SEQ = -(1 << 63)
+_POINT_SCAN = 1 << 20
+"""Largest seq range looked up one seq at a time where the table and its ledger both fail."""
 
-    Rows are read one seek at a time so a damaged page costs only the rows on
-    it: after an error the scan jumps forward (1, 2, 4, ... seqs) past it.
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover_database` restored and what it lost.
+
+    ``lost`` lists the seqs of groups that were stored but could not be read
+    intact (their page is damaged, or their checksum or shape does not match).
+    ``unknown`` lists seq ranges (inclusive) where neither the table nor its
+    ledger could be read: groups there may have been lost without a trace of
+    how many. ``restored + len(lost)`` is the number of groups stored when
+    ``unknown`` is empty.
     """
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(groups)")}
-    if not columns:
-        return [], 0  # no groups table survived (e.g. an emptied main file)
-    crc_col = "crc" if "crc" in columns else "NULL"
-    query = (
-        f"SELECT seq, env_id, size, buffered, body, {crc_col} FROM groups "
-        "WHERE seq > ? ORDER BY seq LIMIT 1"
-    )
+
+    restored: int = 0
+    lost: list[int] = field(default_factory=list)
+    unknown: list[tuple[int, int]] = field(default_factory=list)
+    registration: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """True when every stored group is accounted for (restored or listed as lost)."""
+        return not self.unknown
+
+    kept: list[int] = field(default_factory=list, repr=False)
+    """Seqs of the restored groups (what separates one lost range from the next)."""
+
+    def lost_ranges(self) -> list[tuple[int, int]]:
+        """``lost`` as inclusive ``(first, last)`` seq ranges with no restored group inside."""
+        ranges: list[tuple[int, int]] = []
+        kept = sorted(self.kept)
+        k = 0
+        for seq in sorted(self.lost):
+            start_new = not ranges
+            while k < len(kept) and kept[k] < seq:
+                start_new = start_new or kept[k] > ranges[-1][1]
+                k += 1
+            if start_new:
+                ranges.append((seq, seq))
+            else:
+                ranges[-1] = (ranges[-1][0], seq)
+        return ranges
+
+    def describe(self) -> str:
+        """One line for the log: counts, and the seq ranges of what was lost."""
+        shown = ", ".join(a if a == b else f"{a}-{b}" for a, b in _str_ranges(self.lost_ranges()))
+        text = f"restored {self.restored} groups, lost {len(self.lost)}"
+        if self.lost:
+            text += f" (seqs {shown})"
+        if self.unknown:
+            where = ", ".join(a if a == b else f"{a}-{b}" for a, b in _str_ranges(self.unknown))
+            text += (
+                f", and an unknown number of groups among seqs {where} (neither the table nor "
+                "its ledger is readable there)"
+            )
+        return text
+
+
+def _str_ranges(ranges: list[tuple[int, int]]) -> list[tuple[str, str]]:
+    return [(str(a), str(b)) for a, b in ranges]
+
+
+def _intact(row: tuple) -> bool:
+    """True when a salvaged row's body matches its checksum and holds ``size`` sequences."""
+    _, _, size, _, body, crc = row
+    if crc is not None and crc32(body) != crc:
+        return False
     try:
-        top = conn.execute("SELECT max(seq) FROM groups").fetchone()[0] or 0
-    except sqlite3.Error:
-        top = 1 << 62
-    rows: list[tuple] = []
-    bad = 0
-    last, jump = 0, 1
-    while last < top:
+        tokens = json.loads(body)["tokens"]
+        return isinstance(tokens, list) and len(tokens) == size
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return False
+
+
+class _Salvager:
+    """Reads every readable row of a damaged ``groups`` table (see :func:`_salvage_rows`)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(groups)")}
+        self.has_table = bool(columns)
+        crc = "crc" if "crc" in columns else "NULL"
+        cols = f"seq, env_id, size, buffered, body, {crc}"
+        # NOT INDEXED: the table's own B-tree, never the ledger, so the two sources are independent.
+        self.rows_after = (
+            f"SELECT {cols} FROM groups NOT INDEXED WHERE seq > ? ORDER BY seq "
+            f"LIMIT {_SALVAGE_CHUNK}"
+        )
+        self.row_at = f"SELECT {cols} FROM groups NOT INDEXED WHERE seq = ?"
+        self.table_keys = (
+            f"SELECT seq FROM groups NOT INDEXED WHERE seq > ? ORDER BY seq LIMIT {_SALVAGE_CHUNK}"
+        )
         try:
-            row = conn.execute(query, (last,)).fetchone()
+            names = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
+            }
         except sqlite3.Error:
-            bad += 1
-            last += jump
-            jump *= 2
-            continue
-        jump = 1
-        if row is None:
-            break
-        seq, env_id, size, buffered, body, crc = row
-        last = seq
-        body = bytes(body) if body is not None else b""
-        if crc is not None and crc32(body) != crc:
-            bad += 1
-            continue
+            names = set()
+        self.ledger_keys = (
+            "SELECT seq FROM groups INDEXED BY groups_ledger WHERE seq > ? ORDER BY seq "
+            f"LIMIT {_SALVAGE_CHUNK}"
+            if "groups_ledger" in names
+            else None
+        )
+        self.rows: list[tuple] = []
+        self.report = RecoveryReport()
+
+    def _query(self, sql: str | None, arg: int) -> list[tuple] | None:
+        if sql is None:
+            return None
         try:
-            tokens = json.loads(body)["tokens"]
-            intact = isinstance(tokens, list) and len(tokens) == size
-        except (ValueError, KeyError, TypeError):
-            intact = False
-        if not intact:
-            bad += 1
-            continue
-        rows.append((seq, env_id, size, buffered, body))
-    return rows, bad
+            return self.conn.execute(sql, (arg,)).fetchall()
+        except sqlite3.Error:
+            return None
+
+    def _take(self, row: tuple) -> None:
+        seq, env_id, size, buffered, body, crc = row
+        row = (seq, env_id, size, buffered, bytes(body) if body is not None else b"", crc)
+        if _intact(row):
+            self.rows.append(row[:5])
+        else:
+            self.report.lost.append(seq)
+
+    def _keys_after(self, last: int) -> list[int] | None:
+        """Stored seqs after ``last`` from the ledger, else from the table's keys (no bodies read)."""
+        for sql in (self.ledger_keys, self.table_keys):
+            keys = self._query(sql, last)
+            if keys is not None:
+                return [k for (k,) in keys]
+        return None
+
+    def _readable_after(self, x: int) -> bool:
+        return any(self._query(sql, x) is not None for sql in (self.ledger_keys, self.table_keys))
+
+    def _skip_unreadable(self, last: int) -> int | None:
+        """The smallest probe point past ``last`` from which keys can be read again (None: none).
+
+        Only reached where both the table and the ledger fail: probes at growing distances
+        find a readable point, and a bisection brings it back to the first readable one.
+        """
+        bad, step = last, 1
+        while bad + step < (1 << 62):
+            x = bad + step
+            if self._readable_after(x):
+                good = x
+                while good - bad > 1:
+                    mid = (good + bad) // 2
+                    if self._readable_after(mid):
+                        good = mid
+                    else:
+                        bad = mid
+                return good
+            bad, step = x, step * 2
+        return None
+
+    def run(self) -> None:
+        if not self.has_table:
+            return
+        last = _NO_SEQ
+        while True:
+            chunk = self._query(self.rows_after, last)
+            if chunk:
+                for row in chunk:
+                    self._take(row)
+                last = chunk[-1][0]
+                continue
+            # The table holds nothing more past ``last``, or cannot be read there: ask the
+            # ledger (or the table's keys alone) which groups follow, and read them one by one.
+            keys = self._keys_after(last)
+            if keys:
+                for seq in keys:
+                    try:
+                        row = self.conn.execute(self.row_at, (seq,)).fetchone()
+                    except sqlite3.Error:
+                        row = None
+                    if row is None:
+                        self.report.lost.append(seq)
+                    else:
+                        self._take(row)
+                last = keys[-1]
+                continue
+            if chunk is not None or keys is not None:
+                return  # one source read to the end and found nothing more
+            resume = self._skip_unreadable(last)
+            first = max(last + 1, 1)  # the store numbers groups from 1
+            end = resume if resume is not None else first + _POINT_SCAN - 1
+            self.report.unknown.append((first, end))
+            if end - first < _POINT_SCAN:
+                # Rows on intact pages inside the range are still found by their own seq.
+                for seq in range(first, end + 1):
+                    try:
+                        row = self.conn.execute(self.row_at, (seq,)).fetchone()
+                    except sqlite3.Error:
+                        continue
+                    if row is not None:
+                        self._take(row)
+            else:
+                logger.warning(
+                    "--persist-recover: seqs %d-%d are unreadable in both the table and its "
+                    "ledger, too many to look up one by one; rows there are not restored",
+                    first,
+                    end,
+                )
+            if resume is None:
+                return
+            last = resume
 
 
-def recover_database(path: str | Path) -> int:
-    """Salvage a damaged database into a fresh one at ``path``; returns the groups restored.
+def _salvage_rows(conn: sqlite3.Connection) -> tuple[list[tuple], RecoveryReport]:
+    """Every readable, intact group row of a damaged database, by seq; and what was lost.
+
+    The table is read in chunks; where a chunk fails, the ledger index (an
+    independent B-tree of every stored seq) names the groups that follow, and
+    each is read by itself, so a damaged page costs exactly the rows on it and
+    each of them is counted. Where the ledger is damaged too, the table's own
+    keys are used; where both fail, the range is reported as unknown.
+    """
+    salvager = _Salvager(conn)
+    salvager.run()
+    return salvager.rows, salvager.report
+
+
+def recover_database(path: str | Path) -> RecoveryReport:
+    """Salvage a damaged database into a fresh one at ``path``; returns what was restored and lost.
 
     The damaged files are renamed to ``PATH.damaged-<time>`` (with their
     ``-wal``/``-shm``) and kept. Registration, envs and step are restored when
@@ -466,7 +648,7 @@ def recover_database(path: str | Path) -> int:
             os.replace(src, f"{aside}{suffix}")
     meta: dict[str, Any] = {}
     rows: list[tuple] = []
-    bad = 0
+    report = RecoveryReport()
     try:
         conn = _read_only(aside)
         try:
@@ -477,13 +659,15 @@ def recover_database(path: str | Path) -> int:
                 logger.warning("the registration record of %s is unreadable (%s)", aside, e)
                 meta = {}
             try:
-                rows, bad = _salvage_rows(conn)
+                rows, report = _salvage_rows(conn)
             except sqlite3.Error as e:
                 logger.warning("no group of %s is readable (%s)", aside, e)
+                report.unknown.append((1, 1 << 62))
         finally:
             conn.close()
     except sqlite3.Error as e:
         logger.warning("%s cannot be opened at all (%s)", aside, e)
+        report.unknown.append((1, 1 << 62))
     state = meta.get("state")
     if isinstance(state, dict) and state.get("pending"):
         wanted = set(state["pending"].get("seqs", []))
@@ -499,17 +683,19 @@ def recover_database(path: str | Path) -> int:
         )
     finally:
         fresh.close()
+    report.restored = len(rows)
+    report.kept = [r[0] for r in rows]
+    report.registration = bool(state)
     logger.warning(
-        "--persist-recover: restored %d groups from %s into a fresh %s (%d unreadable or "
-        "damaged, registration %s); the damaged files are kept as %s*",
-        len(rows),
+        "--persist-recover: %s, from %s into a fresh %s (registration %s); the damaged files "
+        "are kept as %s*",
+        report.describe(),
         aside,
         path,
-        bad,
         "restored" if state else "lost",
         aside,
     )
-    return len(rows)
+    return report
 
 
 def open_persistence(path: str | Path, recover: bool = False) -> SqlitePersistence:
