@@ -11,6 +11,7 @@ method names (``register_env``, ``get_status``, ``env_step_checks`` ...).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
 import time
@@ -160,7 +161,10 @@ async def get_status(env: BaseEnv) -> None:
     else:
         env.max_num_workers = env.config.max_num_workers
     if env.config.inference_weight != -1 and hasattr(env.server, "update_weight"):
-        env.server.update_weight(env._status.env_weight)
+        # The original's update_weight is a coroutine; a user's server may still have a plain one.
+        pending = env.server.update_weight(env._status.env_weight)
+        if inspect.isawaitable(pending):
+            await pending
 
 
 async def status_loop(env: BaseEnv) -> None:

@@ -90,9 +90,9 @@ async def test_manager_built_with_new_serves_every_public_method(tokenizer):
         assert completion.choices[0].message.content == "green"
         assert len(managed.get_state()["nodes"]) == 1
 
-    manager.update_weight(0.5)
+    await manager.update_weight(0.5)
     assert harness.sem.weight == 0.5 and harness.eval_sem.weight == 0.5
-    manager.update_weight(1.0)
+    await manager.update_weight(1.0)
 
     metrics = await manager.wandb_metrics({})
     assert metrics["server/healthy_servers"] == 1
@@ -249,8 +249,10 @@ def test_tool_call_translator_consults_vllm_available_through_the_module(monkeyp
         tool_call_translator.ToolCallTranslator("llama3_json")
     # The built-in Hermes/Qwen parsers do not need vLLM.
     hermes = tool_call_translator.ToolCallTranslator("hermes")
-    _, calls = hermes.parse_model_output('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
-    assert calls[0]["function"]["name"] == "f"
+    _, calls, finish = hermes.parse_model_output(
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
+    assert calls[0].function.name == "f" and finish == "tool_calls"
 
 
 async def test_vllm_tool_parsers_are_used_when_vllm_is_available(monkeypatch, tokenizer):

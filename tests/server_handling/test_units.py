@@ -284,7 +284,7 @@ async def test_update_weight_scales_capacity_on_every_server():
     manager = ServerManager(
         [_cfg(base_url="http://a/v1", num_max_requests_at_once=10)], server_class=SleepServer
     )
-    manager.update_weight(0.3)
+    await manager.update_weight(0.3)
     await asyncio.gather(*(manager.chat_completion(messages=MESSAGES) for _ in range(20)))
     assert manager.servers[0].peak == 3
 

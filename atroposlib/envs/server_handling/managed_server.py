@@ -24,9 +24,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import os
-import re
 import time
 import uuid
 from typing import Any
@@ -48,7 +48,6 @@ OFFLOAD_CHARS = 32_768
 """Prompts (or message lists) longer than this many characters are rendered and tokenized
 in a worker thread, so a large request does not stall the event loop (health probes,
 other sessions) for the milliseconds to seconds that takes."""
-_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
 class SequenceNode(BaseModel):
@@ -69,11 +68,6 @@ class SequenceNode(BaseModel):
         description="Newest weight version that generated any of its tokens; differs from "
         "policy_version when a multi-turn sequence spans a weight swap.",
     )
-
-
-def _debug(msg: str, *args: Any) -> None:
-    if os.environ.get("ATROPOS_DEBUG_REQUESTS") == "1":
-        logger.info(msg, *args)
 
 
 def fit_logprobs(logprobs: list[float], length: int) -> list[float]:
@@ -118,7 +112,18 @@ class ManagedServer:
     Unless ``preserve_think_blocks`` is set, ``<think>`` blocks in assistant messages
     are shielded with placeholders while the chat template renders, so templates that
     strip earlier reasoning cannot break prefix extension.
+
+    Token sequences: a new sequence's prompt text is encoded with the tokenizer's special
+    tokens (a Llama-style BOS is kept, as the server would add it), except that a prompt
+    whose text already begins with the BOS (chat templates that write it) never gets a
+    second one; a prompt that extends an existing node's text reuses that node's tokens
+    and encodes only the new suffix, without special tokens. Nodes are listed in the order
+    the requests were made (an extension keeps its node's place), whatever order the
+    server answers in.
     """
+
+    _THINK_OPEN = "__MNGD_THINK__"
+    _THINK_CLOSE = "__MNGD_ENDTHINK__"
 
     def __init__(
         self,
@@ -129,36 +134,66 @@ class ManagedServer:
         preserve_think_blocks: bool = False,
     ):
         self.server = server
-        self.tokenizer = tokenizer if tokenizer is not None else server_tokenizer(server)
+        self.tokenizer = tokenizer
         self.track_tree = track_tree
+        self.tool_parser = tool_parser
         self.preserve_think_blocks = preserve_think_blocks
-        self.translator = (
-            ToolCallTranslator(tool_parser, tokenizer=self.tokenizer) if tool_parser else None
-        )
+        self._translator: ToolCallTranslator | None = None
+        self._initialize_tokenizer()
+        self._get_translator()  # an unknown parser fails here, not on the first request
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
         self._parents: dict[str, str | None] = {}
+        # Request order of current_nodes (parallel list): nodes sort by the ticket their
+        # request took when it was made, so answers arriving out of order keep their place.
+        self._tickets: list[int] = []
+        self._next_ticket = 0
+
+    def _initialize_tokenizer(self) -> None:
+        """Load the tokenizer from the server when none was given (see the class doc)."""
+        if self.tokenizer is None:
+            self.tokenizer = server_tokenizer(self.server)
+
+    def _get_translator(self) -> ToolCallTranslator | None:
+        """The tool-call translator of ``tool_parser`` (made once), or None without one."""
+        if self._translator is None and self.tool_parser:
+            self._translator = ToolCallTranslator(self.tokenizer, self.tool_parser)
+        return self._translator
+
+    @property
+    def translator(self) -> ToolCallTranslator | None:
+        """The tool-call translator, or None when no ``tool_parser`` was given."""
+        return self._get_translator()
 
     # ----------------------------------------------------------------- prompt rendering
+    def _protect_think_blocks(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Copies of ``messages`` whose assistant ``<think>``/``</think>`` tags are replaced
+        by placeholders (``_THINK_OPEN``/``_THINK_CLOSE``), so a chat template that strips
+        earlier reasoning leaves them in; :meth:`_convert_messages_to_prompt` puts the tags
+        back after rendering."""
+        out = []
+        for m in messages:
+            content = m.get("content")
+            if m.get("role") == "assistant" and isinstance(content, str) and "<think>" in content:
+                content = content.replace("<think>", self._THINK_OPEN).replace(
+                    "</think>", self._THINK_CLOSE
+                )
+                m = {**m, "content": content}
+            out.append(m)
+        return out
+
     def _convert_messages_to_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
+        """The prompt text the chat template renders for ``messages`` (and ``tools``)."""
         if not messages:
             raise ValueError("messages must not be empty")
         msgs = [dict(m) for m in messages]
-        if self.translator is not None:
-            msgs = self.translator.convert_messages_for_template(msgs)
-        shields: dict[str, str] = {}
+        translator = self._get_translator()
+        if translator is not None:
+            msgs = translator.convert_messages_for_template(msgs)
         if not self.preserve_think_blocks:
-            for m in msgs:
-                if m.get("role") == "assistant" and isinstance(m.get("content"), str):
-
-                    def _shield(match: re.Match[str]) -> str:
-                        key = f"\x00ATROPOS_THINK_{len(shields)}\x00"
-                        shields[key] = match.group(0)
-                        return key
-
-                    m["content"] = _THINK_RE.sub(_shield, m["content"])
+            msgs = self._protect_think_blocks(msgs)
         add_generation_prompt = msgs[-1].get("role") != "assistant"
         extra: dict[str, Any] = {"tools": tools} if tools else {}
         prompt = self.tokenizer.apply_chat_template(
@@ -172,14 +207,21 @@ class ManagedServer:
                 stripped = prompt.rstrip()
                 if stripped.endswith(eos):
                     prompt = stripped[: -len(eos)]
-        for key, block in shields.items():
-            prompt = prompt.replace(key, block)
+        if not self.preserve_think_blocks:
+            prompt = prompt.replace(self._THINK_OPEN, "<think>").replace(
+                self._THINK_CLOSE, "</think>"
+            )
         return prompt
 
+    def _debug_requests_enabled(self) -> bool:
+        """Whether ``ATROPOS_DEBUG_REQUESTS=1`` asks for a log line per request."""
+        return os.environ.get("ATROPOS_DEBUG_REQUESTS") == "1"
+
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._compute_input_ids(text, None)
 
     async def _aencode(self, text: str) -> list[int]:
+        """The token ids of a new sequence's prompt ``text`` (off the event loop when long)."""
         if len(text) > OFFLOAD_CHARS:
             return await asyncio.to_thread(self._encode, text)
         return self._encode(text)
@@ -192,91 +234,196 @@ class ManagedServer:
             return await asyncio.to_thread(self._convert_messages_to_prompt, messages, tools)
         return self._convert_messages_to_prompt(messages, tools)
 
-    def _find_extendable(self, prompt: str) -> SequenceNode | None:
-        candidates = self.sequences.values() if self.track_tree else self.current_nodes
+    # ----------------------------------------------------------------- sequences
+    def _longest_prefix_node(self, input_text: str, candidates: Any) -> SequenceNode | None:
         best: SequenceNode | None = None
         for node in candidates:
-            if prompt.startswith(node.full_text) and (
+            if input_text.startswith(node.full_text) and (
                 best is None or len(node.full_text) > len(best.full_text)
             ):
                 best = node
         return best
 
-    # ----------------------------------------------------------------- core
-    async def _generate(
-        self, prompt: str, kwargs: dict[str, Any]
-    ) -> tuple[list[SequenceNode], list[str], list[str]]:
-        parent = self._find_extendable(prompt)
-        if parent is not None:
-            suffix_ids = await self._aencode(prompt[len(parent.full_text) :])
-            input_ids = list(parent.tokens) + suffix_ids
-            prefix_masked = list(parent.masked_tokens) + [PROMPT_MASK] * len(suffix_ids)
-            prefix_logprobs = list(parent.logprobs) + [PROMPT_LOGPROB] * len(suffix_ids)
+    def _find_extending_node(self, input_text: str) -> SequenceNode | None:
+        """The node whose full text is the longest prefix of ``input_text`` (the sequence
+        this prompt continues), or None. Looks at the current nodes (every node in tree
+        mode)."""
+        candidates = self.sequences.values() if self.track_tree else self.current_nodes
+        return self._longest_prefix_node(input_text, candidates)
+
+    def _find_parent_node(self, input_text: str) -> SequenceNode | None:
+        """In tree mode, the node ``input_text`` continues (its parent in the tree); None in
+        the default mode, where a continued node is replaced rather than kept as a parent."""
+        if not self.track_tree:
+            return None
+        return self._longest_prefix_node(input_text, self.sequences.values())
+
+    def _compute_input_ids(self, input_text: str, extending_node: SequenceNode | None) -> list[int]:
+        """The prompt token ids for ``input_text``.
+
+        Extending ``extending_node``: its tokens, then the new suffix encoded without
+        special tokens. A new sequence: the text encoded with special tokens, minus a
+        doubled BOS when the text already begins with the tokenizer's BOS.
+        """
+        tok = self.tokenizer
+        if extending_node is not None:
+            suffix = input_text[len(extending_node.full_text) :]
+            suffix_ids = list(tok.encode(suffix, add_special_tokens=False)) if suffix else []
+            return list(extending_node.tokens) + [int(t) for t in suffix_ids]
+        ids = [int(t) for t in tok.encode(input_text, add_special_tokens=True)]
+        bos_id = getattr(tok, "bos_token_id", None)
+        bos = getattr(tok, "bos_token", None)
+        if (
+            bos_id is not None
+            and bos
+            and len(ids) >= 2
+            and ids[0] == ids[1] == bos_id
+            and input_text.startswith(bos)
+        ):
+            ids = ids[1:]
+        return ids
+
+    def _create_sequence_node(
+        self,
+        input_text: str,
+        parent_node: SequenceNode | None,
+        prompt_tokens: list[int],
+        output_tokens: list[int],
+        output_logprobs: list[float],
+        completion_text: str,
+        finish_reason: str = "stop",
+        extending_node: SequenceNode | None = None,
+    ) -> SequenceNode:
+        """The node for one completion of ``input_text``.
+
+        ``masked_tokens`` is -100 over the prompt and the token ids over the output;
+        ``logprobs`` 1.0 over the prompt and the sampler's over the output. When the prompt
+        extends ``extending_node``, that node's masks and logprobs are kept for its part
+        (its generated turns stay trainable). The policy versions merge those of the node
+        continued (``extending_node``, else ``parent_node``).
+        """
+        prompt_tokens = [int(t) for t in prompt_tokens]
+        output_tokens = [int(t) for t in output_tokens]
+        base = extending_node if extending_node is not None else None
+        if base is not None and prompt_tokens[: len(base.tokens)] == list(base.tokens):
+            new = len(prompt_tokens) - len(base.tokens)
+            masked = list(base.masked_tokens) + [PROMPT_MASK] * new
+            lps = list(base.logprobs) + [PROMPT_LOGPROB] * new
         else:
-            input_ids = await self._aencode(prompt)
-            prefix_masked = [PROMPT_MASK] * len(input_ids)
-            prefix_logprobs = [PROMPT_LOGPROB] * len(input_ids)
+            masked = [PROMPT_MASK] * len(prompt_tokens)
+            lps = [PROMPT_LOGPROB] * len(prompt_tokens)
+        node = SequenceNode(
+            full_text=input_text + completion_text,
+            tokens=prompt_tokens + output_tokens,
+            masked_tokens=masked + output_tokens,
+            logprobs=lps + fit_logprobs(list(output_logprobs), len(output_tokens)),
+            metadata={"finish_reason": finish_reason},
+        )
+        before = extending_node if extending_node is not None else parent_node
+        if before is not None:
+            node.policy_version = before.policy_version
+            node.policy_version_max = before.policy_version_max
+        return node
+
+    # ----------------------------------------------------------------- core
+    def _take_ticket(self) -> int:
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        return ticket
+
+    async def _generate(
+        self, prompt: str, kwargs: dict[str, Any], ticket: int | None = None
+    ) -> tuple[list[SequenceNode], list[str], list[str]]:
+        if ticket is None:
+            ticket = self._take_ticket()
+        extending = self._find_extending_node(prompt)
+        parent = self._find_parent_node(prompt)
+        if extending is None and len(prompt) > OFFLOAD_CHARS:
+            input_ids = await asyncio.to_thread(self._compute_input_ids, prompt, None)
+        else:
+            input_ids = self._compute_input_ids(prompt, extending)
         if not input_ids:
             raise ValueError("the rendered prompt is empty")
-        _debug("managed request: %d prompt tokens, extends=%s", len(input_ids), parent is not None)
+        if self._debug_requests_enabled():
+            logger.info(
+                "managed request: %d prompt tokens, extends=%s",
+                len(input_ids),
+                extending is not None,
+            )
         call_kwargs = {k: v for k, v in kwargs.items() if k not in ("prompt", "input_ids")}
         result = await self.server.tokens_and_logprobs_completion(
             prompt=prompt, input_ids=input_ids, **call_kwargs
         )
         _, outputs, logprobs, finishes = result
         versions = output_versions(result, len(outputs))
-        base = (parent.policy_version, parent.policy_version_max) if parent else (None, None)
         nodes, texts, finish_out = [], [], []
         for i, out_ids in enumerate(outputs):
             out_ids = [int(t) for t in out_ids]
-            out_lps = fit_logprobs(list(logprobs[i]) if i < len(logprobs) else [], len(out_ids))
             finish = finishes[i] if i < len(finishes) else "stop"
-            raw = self.tokenizer.decode(out_ids, skip_special_tokens=False)
-            node = SequenceNode(
-                full_text=prompt + raw,
-                tokens=input_ids + out_ids,
-                masked_tokens=prefix_masked + out_ids,
-                logprobs=prefix_logprobs + out_lps,
-                metadata={"finish_reason": finish},
+            node = self._create_sequence_node(
+                prompt,
+                parent,
+                input_ids,
+                out_ids,
+                list(logprobs[i]) if i < len(logprobs) else [],
+                self.tokenizer.decode(out_ids, skip_special_tokens=False),
+                finish_reason=finish,
+                extending_node=extending,
             )
-            node.policy_version, node.policy_version_max = merge_versions(*base, versions[i])
+            node.policy_version, node.policy_version_max = merge_versions(
+                node.policy_version, node.policy_version_max, versions[i]
+            )
             nodes.append(node)
             texts.append(self.tokenizer.decode(out_ids, skip_special_tokens=True))
             finish_out.append(finish)
-        self._store(parent, nodes)
+        self._store(extending, parent, nodes, ticket)
         return nodes, texts, finish_out
 
-    def _store(self, parent: SequenceNode | None, nodes: list[SequenceNode]) -> None:
+    def _store(
+        self,
+        extending: SequenceNode | None,
+        parent: SequenceNode | None,
+        nodes: list[SequenceNode],
+        ticket: int,
+    ) -> None:
         if self.track_tree:
             for node in nodes:
                 self.sequences[node.full_text] = node
                 self._parents[node.full_text] = parent.full_text if parent else None
             return
-        if parent is not None and nodes:
+        if extending is not None and nodes:
             for i, existing in enumerate(self.current_nodes):
-                if existing is parent:
-                    self.current_nodes[i] = nodes[0]
-                    self.current_nodes.extend(nodes[1:])
+                if existing is extending:
+                    # The continued sequence keeps its place; further choices follow it.
+                    self.current_nodes[i : i + 1] = nodes
+                    self._tickets[i : i + 1] = [self._tickets[i]] * len(nodes)
                     return
-        self.current_nodes.extend(nodes)
+        # Insert after every node of an earlier (or the same) request: request order.
+        pos = bisect.bisect_right(self._tickets, ticket)
+        self.current_nodes[pos:pos] = nodes
+        self._tickets[pos:pos] = [ticket] * len(nodes)
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
         """Chat completion through the tokens/logprobs backend; nodes are recorded."""
+        ticket = self._take_ticket()
         messages = kwargs.pop("messages", None)
         if not messages:
             raise ValueError("chat_completion needs messages")
         tools = kwargs.pop("tools", None)
-        kwargs.pop("tool_choice", None)
+        tool_choice = kwargs.pop("tool_choice", None)
         prompt = await self._arender(messages, tools)
-        _, texts, finishes = await self._generate(prompt, kwargs)
+        _, texts, finishes = await self._generate(prompt, kwargs, ticket)
+        translator = self._get_translator()
         choices = []
         for i, (text, finish) in enumerate(zip(texts, finishes, strict=False)):
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            if self.translator is not None:
-                content, tool_calls = self.translator.parse_model_output(text, tools)
+            if translator is not None and tool_choice != "none":
+                content, tool_calls, parsed_finish = translator.parse_model_output(
+                    text, tool_choice if isinstance(tool_choice, str) else None, tools
+                )
                 if tool_calls:
                     message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
-                    finish = "tool_calls"
+                    finish = parsed_finish
             choices.append(
                 Choice(
                     index=i,
@@ -294,10 +441,11 @@ class ManagedServer:
 
     async def completion(self, **kwargs: Any) -> Completion:
         """Text completion through the tokens/logprobs backend; nodes are recorded."""
+        ticket = self._take_ticket()
         prompt = kwargs.pop("prompt", None)
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("completion needs a non-empty string prompt")
-        _, texts, finishes = await self._generate(prompt, kwargs)
+        _, texts, finishes = await self._generate(prompt, kwargs, ticket)
         return Completion(
             id=f"cmpl-{uuid.uuid4().hex}",
             object="text_completion",
@@ -314,7 +462,17 @@ class ManagedServer:
         )
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
-        """Prompt top-k logprobs for ``messages``, ``prompt`` or ``input_ids`` (not recorded)."""
+        """Prompt top-k logprobs for ``messages``, ``prompt`` or ``input_ids`` (not recorded).
+
+        A prompt is encoded as a new sequence's prompt is. NotImplementedError naming the
+        server's type when the server has no ``get_logprobs``.
+        """
+        fetch = getattr(self.server, "get_logprobs", None)
+        if not callable(fetch):
+            raise NotImplementedError(
+                f"{type(self.server).__name__} has no get_logprobs, so ManagedServer cannot "
+                "return prompt logprobs through it"
+            )
         messages = kwargs.pop("messages", None)
         if messages is not None:
             kwargs["prompt"] = await self._arender(messages, kwargs.pop("tools", None))
@@ -322,7 +480,7 @@ class ManagedServer:
             if not kwargs.get("prompt"):
                 raise ValueError("get_logprobs needs messages, prompt or input_ids")
             kwargs["input_ids"] = await self._aencode(kwargs["prompt"])
-        return await self.server.get_logprobs(**kwargs)
+        return await fetch(**kwargs)
 
     # ----------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
@@ -334,6 +492,7 @@ class ManagedServer:
     def reset(self) -> None:
         """Forget every tracked node."""
         self.current_nodes.clear()
+        self._tickets.clear()
         self.sequences.clear()
         self._parents.clear()
 
@@ -344,78 +503,167 @@ _FINISH = ("stop", "length", "tool_calls", "content_filter", "function_call")
 class DummyManagedServer:
     """``ManagedServer`` stand-in for OpenAI-only endpoints (no token access).
 
-    Completions are real; nodes hold placeholder tokens ``0..127`` (the first one
-    masked as the "prompt") and logprobs -0.5. Useful to run an env end to end against
-    a hosted API; useless for training.
+    Completions are real; nodes hold the placeholder tokens ``0..127``
+    (``DUMMY_TOKENS``), the first one masked (``DUMMY_MASKED_TOKENS``), and logprobs
+    -0.5 (``DUMMY_LOGPROBS``). Useful to run an env end to end against a hosted API;
+    useless for training.
     """
 
-    PLACEHOLDER_TOKENS = list(range(128))
+    DUMMY_TOKENS = list(range(128))
+    DUMMY_MASKED_TOKENS = [PROMPT_MASK] + DUMMY_TOKENS[1:]
+    DUMMY_LOGPROBS = [-0.5] * 128
 
-    def __init__(self, server: Any, tokenizer: Any = None, **_: Any):
+    def __init__(self, server: Any, tokenizer: Any = None, track_tree: bool = False, **_: Any):
         self.server = server
         self.tokenizer = tokenizer
+        self.track_tree = track_tree
         self.current_nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
 
-    def _placeholder(self, text: str, finish: str | None) -> SequenceNode:
-        toks = list(self.PLACEHOLDER_TOKENS)
+    def _messages_to_text(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text of ``messages``: the tokenizer's chat template when there is
+        one, else ``role: content`` lines."""
+        apply = getattr(self.tokenizer, "apply_chat_template", None)
+        if callable(apply) and getattr(self.tokenizer, "chat_template", None):
+            return apply(list(messages), tokenize=False, add_generation_prompt=True)
+        return "\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in messages)
+
+    def _create_dummy_node(self, full_text: str, finish_reason: str = "stop") -> SequenceNode:
+        """A placeholder node for ``full_text`` (prompt and completion)."""
         return SequenceNode(
-            full_text=text,
-            tokens=toks,
-            masked_tokens=[PROMPT_MASK] + toks[1:],
-            logprobs=[PROMPT_LOGPROB] + [-0.5] * (len(toks) - 1),
-            metadata={"finish_reason": finish, "placeholder": True},
+            full_text=full_text,
+            tokens=list(self.DUMMY_TOKENS),
+            masked_tokens=list(self.DUMMY_MASKED_TOKENS),
+            logprobs=list(self.DUMMY_LOGPROBS),
+            metadata={"finish_reason": finish_reason, "placeholder": True},
         )
+
+    def _record(self, node: SequenceNode) -> None:
+        if self.track_tree:
+            self.sequences[node.full_text] = node
+        else:
+            self.current_nodes.append(node)
 
     async def chat_completion(self, **kwargs: Any) -> Any:
         """Forward to the server and record placeholder nodes."""
+        prompt = self._messages_to_text(kwargs.get("messages") or [])
         completion = await self.server.chat_completion(**kwargs)
         for choice in completion.choices:
-            self.current_nodes.append(
-                self._placeholder(choice.message.content or "", choice.finish_reason)
-            )
+            text = prompt + (choice.message.content or "")
+            self._record(self._create_dummy_node(text, choice.finish_reason or "stop"))
         return completion
 
     async def completion(self, **kwargs: Any) -> Any:
         """Forward to the server and record placeholder nodes."""
+        prompt = str(kwargs.get("prompt") or "")
         completion = await self.server.completion(**kwargs)
         for choice in completion.choices:
-            self.current_nodes.append(self._placeholder(choice.text, choice.finish_reason))
+            self._record(
+                self._create_dummy_node(prompt + choice.text, choice.finish_reason or "stop")
+            )
         return completion
 
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        """The server's prompt logprobs when it has ``get_logprobs``; NotImplementedError
+        naming the server's type otherwise."""
+        fetch = getattr(self.server, "get_logprobs", None)
+        if not callable(fetch):
+            raise NotImplementedError(f"{type(self.server).__name__} has no get_logprobs")
+        messages = kwargs.pop("messages", None)
+        if messages is not None:
+            kwargs["prompt"] = self._messages_to_text(messages)
+        return await fetch(**kwargs)
+
     def get_state(self) -> dict[str, Any]:
-        """``{"nodes": [...]}`` with placeholder nodes."""
+        """``{"nodes": [...]}`` with placeholder nodes (``{"sequences": ...}`` in tree mode)."""
+        if self.track_tree:
+            return {"sequences": dict(self.sequences)}
         return {"nodes": list(self.current_nodes)}
 
     def reset(self) -> None:
         """Forget every node."""
         self.current_nodes.clear()
-
-
-class _Create:
-    def __init__(self, fn: Any):
-        self.create = fn
-
-
-class _Chat:
-    def __init__(self, fn: Any):
-        self.completions = _Create(fn)
+        self.sequences.clear()
 
 
 class ManagedServerAdapter:
     """Duck-types ``openai.AsyncOpenAI`` over a ``ManagedServer``.
 
-    ``adapter.chat.completions.create(...)`` and ``adapter.completions.create(...)``
-    go through the managed server (and are recorded); ``base_url`` is informative.
+    ``adapter.chat.completions.create(...)``, ``adapter.completions.create(...)`` and
+    ``adapter.post("/chat/completions", body=..., cast_to=ChatCompletion)`` go through the
+    managed server (and are recorded); ``base_url`` is informative.
     """
+
+    class _ChatNamespace:
+        """``adapter.chat``."""
+
+        def __init__(self, managed: Any):
+            self.completions = ManagedServerAdapter._ChatCompletionsNamespace(managed)
+
+    class _ChatCompletionsNamespace:
+        """``adapter.chat.completions``."""
+
+        def __init__(self, managed: Any):
+            self._managed = managed
+
+        async def create(self, **kwargs: Any) -> Any:
+            """A chat completion through the managed server."""
+            return await self._managed.chat_completion(**_openai_kwargs(kwargs))
+
+    class _CompletionsNamespace:
+        """``adapter.completions``."""
+
+        def __init__(self, managed: Any):
+            self._managed = managed
+
+        async def create(self, **kwargs: Any) -> Any:
+            """A completion through the managed server."""
+            return await self._managed.completion(**_openai_kwargs(kwargs))
 
     def __init__(self, managed_server: Any, base_url: str = "http://managed-server/v1"):
         self.managed_server = managed_server
         self.base_url = base_url
-        self.chat = _Chat(self._chat_create)
-        self.completions = _Create(self._completion_create)
+        self.chat = self._ChatNamespace(managed_server)
+        self.completions = self._CompletionsNamespace(managed_server)
 
-    async def _chat_create(self, **kwargs: Any) -> Any:
-        return await self.managed_server.chat_completion(**kwargs)
+    async def post(self, path: str, body: dict[str, Any], cast_to: type) -> Any:
+        """``AsyncOpenAI.post`` for the chat and completion routes: ``/chat/completions``
+        and ``/completions`` (relative to ``base_url``) go through the managed server and
+        the answer is returned as is when it is already a ``cast_to``, else validated as
+        one. Any other path is a ValueError naming it."""
+        route = "/" + path.strip("/").split("?", 1)[0]
+        if route.endswith("/chat/completions"):
+            result = await self.chat.completions.create(**dict(body or {}))
+        elif route.endswith("/completions"):
+            result = await self.completions.create(**dict(body or {}))
+        else:
+            raise ValueError(
+                f"ManagedServerAdapter serves /chat/completions and /completions, not {path!r}"
+            )
+        if cast_to is None or isinstance(result, cast_to):
+            return result
+        validate = getattr(cast_to, "model_validate", None)
+        data = result.model_dump() if hasattr(result, "model_dump") else result
+        return validate(data) if callable(validate) else cast_to(data)
 
-    async def _completion_create(self, **kwargs: Any) -> Any:
-        return await self.managed_server.completion(**kwargs)
+    def copy(self, **kwargs: Any) -> ManagedServerAdapter:
+        """A new adapter over the same managed server (``AsyncOpenAI.copy``; only
+        ``base_url`` is taken from ``kwargs``, other client options do not apply)."""
+        return ManagedServerAdapter(
+            self.managed_server, str(kwargs.get("base_url") or self.base_url)
+        )
+
+    with_options = copy
+
+
+def _openai_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI client kwargs without the client-only options (headers, timeout, ...), with
+    ``extra_body`` merged in as the server would see it."""
+    out = {k: v for k, v in kwargs.items() if k not in _CLIENT_ONLY}
+    extra = out.pop("extra_body", None)
+    if isinstance(extra, dict):
+        out = {**extra, **out}
+    return out
+
+
+_CLIENT_ONLY = frozenset({"extra_headers", "extra_query", "timeout"})

@@ -22,7 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, AsyncIterator, Callable, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 ServerType = Literal["openai", "trl", "sglang", "vllm"]
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+VALID_REASONING_EFFORTS = set(REASONING_EFFORTS)
+"""The accepted reasoning efforts, as a set (the original's name)."""
 EFFORT_TO_MAX_TOKENS: dict[str, int] = {
     "none": 1024,
     "minimal": 3200,
@@ -131,6 +133,9 @@ class ReasoningConfig(BaseModel):
         None, ge=1, description="Token budget for reasoning (used when effort is not set)."
     )
 
+    EFFORT_TO_MAX_TOKENS: ClassVar[dict[str, int]] = EFFORT_TO_MAX_TOKENS
+    """Token budget per effort, used by ``build_extra_body(use_max_tokens=True)``."""
+
     @model_validator(mode="after")
     def _auto_enable(self) -> ReasoningConfig:
         if self.effort is not None and self.effort not in REASONING_EFFORTS:
@@ -141,13 +146,13 @@ class ReasoningConfig(BaseModel):
         return self
 
     @classmethod
-    def from_env_config(cls, config: Any) -> ReasoningConfig:
+    def from_env_config(cls, env_config: Any) -> ReasoningConfig:
         """The reasoning settings of an env config (``thinking_mode``, ``reasoning_effort``,
         ``max_reasoning_tokens``); fields the config lacks count as unset."""
         return cls(
-            enabled=bool(getattr(config, "thinking_mode", False)),
-            effort=getattr(config, "reasoning_effort", None),
-            max_tokens=getattr(config, "max_reasoning_tokens", None),
+            enabled=bool(getattr(env_config, "thinking_mode", False)),
+            effort=getattr(env_config, "reasoning_effort", None),
+            max_tokens=getattr(env_config, "max_reasoning_tokens", None),
         )
 
     def is_reasoning_kwargs_active(self) -> bool:
@@ -169,7 +174,7 @@ class ReasoningConfig(BaseModel):
             return {"reasoning_effort": self.effort or "medium"}
         reasoning: dict[str, Any] = {"enabled": True}
         if self.effort is not None and use_max_tokens:
-            reasoning["max_tokens"] = EFFORT_TO_MAX_TOKENS[self.effort]
+            reasoning["max_tokens"] = self.EFFORT_TO_MAX_TOKENS[self.effort]
         elif self.effort is not None:
             reasoning["effort"] = self.effort
         elif self.max_tokens is not None:
@@ -321,6 +326,18 @@ _WRAPPERS = {
     "tokens": "_tokens_and_logprobs_completion_wrapper",
     "logprobs": "_get_logprobs_wrapper",
 }
+# The original's per-kind entry points (training, eval): one request with its retries.
+# Every request goes through them, so a subclass that overrides one changes every caller.
+_ENTRIES = {
+    ("chat", True): "_chat_comp",
+    ("chat", False): "_chat_eval",
+    ("completion", True): "_comp",
+    ("completion", False): "_comp_eval",
+    ("tokens", True): "_tokens_and_logprobs_comp",
+    ("tokens", False): "_tokens_and_logprobs_comp_eval",
+    ("logprobs", True): "_logprobs",
+    ("logprobs", False): "_logprobs_eval",
+}
 
 
 class APIServer(ABC):
@@ -462,8 +479,8 @@ class APIServer(ABC):
             self.check_task = None
 
     # ----------------------------------------------------------------- weights and metrics
-    def update_weight(self, weight: float) -> None:
-        """Scale both semaphores' usable capacity by ``weight``."""
+    async def update_weight(self, weight: float) -> None:
+        """Scale both semaphores' usable capacity by ``weight`` (a coroutine, as the original's)."""
         self.sem.update_weight(weight)
         self.eval_sem.update_weight(weight)
 
@@ -496,10 +513,12 @@ class APIServer(ABC):
         skip_reasoning = bool(kwargs.pop("skip_reasoning", False))
         kwargs["model"] = config_value(self.config, "model_name")
         if kind == "chat" and self.reasoning_config is not None and not skip_reasoning:
-            kwargs = self._inject_reasoning(kwargs)
+            kwargs = self._inject_reasoning_kwargs(kwargs)
         return kwargs, is_train
 
-    def _inject_reasoning(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _inject_reasoning_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` with the reasoning ``extra_body`` merged in (official OpenAI also gets
+        temperature 1.0 and ``max_completion_tokens``); unchanged when reasoning is off."""
         base_url = getattr(self.config, "base_url", None)
         extra = self.reasoning_config.build_extra_body(base_url) if self.reasoning_config else None
         if not extra:
@@ -531,11 +550,20 @@ class APIServer(ABC):
         waiting for this server to come back (the caller will try another server).
         """
         kwargs, is_train = self.prepare_kwargs(kind, kwargs)
-        return await self._run_prepared(kind, kwargs, is_train, slot_held, fail_fast)
+        stat_dict = {"attempts": 0, "slot_held": slot_held, "fail_fast": fail_fast}
+        return await getattr(self, _ENTRIES[kind, is_train])(stat_dict, **kwargs)
 
     async def _run_prepared(
-        self, kind: str, kwargs: dict[str, Any], is_train: bool, slot_held: bool, fail_fast: bool
+        self, kind: str, kwargs: dict[str, Any], is_train: bool, stat_dict: dict[str, Any]
     ) -> Any:
+        """Run prepared ``kwargs`` against the backend with retries.
+
+        ``stat_dict`` is the original's per-request record: ``start`` (first attempt's
+        ``time.time()``) and ``attempts`` are filled in; ``slot_held`` and ``fail_fast``
+        (see :meth:`run_request`) are read from it.
+        """
+        slot_held = bool(stat_dict.get("slot_held", False))
+        fail_fast = bool(stat_dict.get("fail_fast", False))
         if self._health_enabled and self.check_task is None:
             self.start_health_check()
         self.initialized = True
@@ -545,6 +573,7 @@ class APIServer(ABC):
         attempts = 0
         while True:
             attempts += 1
+            stat_dict["attempts"] = int(stat_dict.get("attempts") or 0) + 1
             if not slot_held:
                 if not self._server_healthy:
                     if fail_fast:
@@ -554,6 +583,7 @@ class APIServer(ABC):
             try:
                 if started is None:
                     started = time.monotonic()
+                    stat_dict.setdefault("start", time.time())
                 if self.transport_has_timeout:
                     result = await wrapper(**kwargs)
                 else:
@@ -580,6 +610,40 @@ class APIServer(ABC):
                 if not slot_held:
                     sem.release()
             await asyncio.sleep(self._backoff(attempts))
+
+    # The original's entry points: ``stat_dict`` as in :meth:`_run_prepared`, ``kwargs``
+    # already prepared (model set, reasoning injected, ``split`` removed).
+    async def _chat_comp(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One training chat completion, with retries, on the training semaphore."""
+        return await self._run_prepared("chat", kwargs, True, stat_dict)
+
+    async def _chat_eval(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One eval chat completion, with retries, on the eval semaphore."""
+        return await self._run_prepared("chat", kwargs, False, stat_dict)
+
+    async def _comp(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One training completion, with retries."""
+        return await self._run_prepared("completion", kwargs, True, stat_dict)
+
+    async def _comp_eval(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One eval completion, with retries."""
+        return await self._run_prepared("completion", kwargs, False, stat_dict)
+
+    async def _tokens_and_logprobs_comp(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One training tokens-and-logprobs completion, with retries."""
+        return await self._run_prepared("tokens", kwargs, True, stat_dict)
+
+    async def _tokens_and_logprobs_comp_eval(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One eval tokens-and-logprobs completion, with retries."""
+        return await self._run_prepared("tokens", kwargs, False, stat_dict)
+
+    async def _logprobs(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One training prompt-logprobs request, with retries."""
+        return await self._run_prepared("logprobs", kwargs, True, stat_dict)
+
+    async def _logprobs_eval(self, stat_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """One eval prompt-logprobs request, with retries."""
+        return await self._run_prepared("logprobs", kwargs, False, stat_dict)
 
     def _record(self, is_train: bool, elapsed: float, attempts: int) -> None:
         if is_train:

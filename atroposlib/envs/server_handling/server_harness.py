@@ -75,6 +75,17 @@ def create_completion(
     )
 
 
+def _positional(args: tuple[Any, ...], name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a lone positional argument taken as ``name``."""
+    if not args:
+        return kwargs
+    if len(args) > 1 or name in kwargs:
+        raise TypeError(
+            f"ServerHarness takes {name} once: as the one positional argument or by name"
+        )
+    return {**kwargs, name: args[0]}
+
+
 class ServerHarness(APIServer):
     """A mock inference server answering from maps set by the test."""
 
@@ -98,10 +109,10 @@ class ServerHarness(APIServer):
         return "\n".join(lines)
 
     def set_desired_response(
-        self, input_message: Sequence[dict[str, Any]], completion: ChatCompletion
+        self, input_message: Sequence[dict[str, Any]], desired_response: ChatCompletion
     ) -> None:
-        """Answer ``completion`` to a chat request with these messages."""
-        self.response_map[self.conv_to_dictkey(input_message)] = completion
+        """Answer ``desired_response`` to a chat request with these messages."""
+        self.response_map[self.conv_to_dictkey(input_message)] = desired_response
 
     def set_desired_completion(self, input_message: str, completion: Completion) -> None:
         """Answer ``completion`` to a completion request with this prompt."""
@@ -142,6 +153,16 @@ class ServerHarness(APIServer):
         """Answer a ``get_logprobs`` call for ``prompt``."""
         key = prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)
         self.logprobs_map[key] = response
+
+    async def chat_completion(self, *args: Any, **kwargs: Any) -> ChatCompletion:
+        """The canned answer for ``messages`` (which may also come as the one positional
+        argument)."""
+        return await super().chat_completion(**_positional(args, "messages", kwargs))
+
+    async def completion(self, *args: Any, **kwargs: Any) -> Completion:
+        """The canned answer for ``prompt`` (which may also come as the one positional
+        argument)."""
+        return await super().completion(**_positional(args, "prompt", kwargs))
 
     async def _chat_completion_wrapper(self, **kwargs: Any) -> ChatCompletion:
         key = self.conv_to_dictkey(kwargs.get("messages") or [])

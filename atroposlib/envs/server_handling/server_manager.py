@@ -526,8 +526,45 @@ class ServerManager:
         return await self._call("tokens", kwargs)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
-        """Top-k prompt logprobs from one server (``prompt`` or ``input_ids``, ``top_k``)."""
-        return await self._call("logprobs", kwargs)
+        """Top-k prompt logprobs from the most available server (``prompt`` or ``input_ids``,
+        ``top_k``).
+
+        Servers that are not ``APIServer`` subclasses work too when they have
+        ``get_logprobs`` and the semaphores (``sem``, ``eval_sem``): the request then holds a
+        slot of the chosen server's semaphore around its ``get_logprobs``.
+        """
+        if all(isinstance(s, APIServer) for s in self.servers):
+            return await self._call("logprobs", kwargs)
+        return await self._call_plain("get_logprobs", kwargs)
+
+    async def _call_plain(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """Call ``method`` on the healthy server with the most free slots, holding one of
+        its slots (for duck-typed servers without ``run_request``)."""
+        is_train = kwargs.get("split", "train") != "eval"
+        candidates = [
+            s
+            for s in self.servers
+            if getattr(s, "server_healthy", True) and callable(getattr(s, method, None))
+        ]
+        if not candidates:
+            raise NotImplementedError(
+                f"no healthy server implements {method}: "
+                + ", ".join(type(s).__name__ for s in self.servers)
+            )
+
+        def free(server: Any) -> float:
+            sem = getattr(server, "sem" if is_train else "eval_sem", None)
+            available = getattr(sem, "available", None)
+            if callable(available):
+                return float(available())
+            return float(getattr(sem, "_value", 0))
+
+        server = max(candidates, key=free)  # max keeps the first of equals: lowest index
+        sem = getattr(server, "sem" if is_train else "eval_sem", None)
+        if sem is None:
+            return await getattr(server, method)(**kwargs)
+        async with sem:
+            return await getattr(server, method)(**kwargs)
 
     @asynccontextmanager
     async def dedicated_server(self) -> AsyncIterator[APIServer]:
@@ -607,10 +644,20 @@ class ServerManager:
             if callable(note):
                 note(version)
 
-    def update_weight(self, weight: float) -> None:
+    async def update_weight(self, weight: float) -> None:
         """Scale every server's usable capacity by ``weight`` (the env's weight from the API)."""
         for server in self.servers:
-            server.update_weight(weight)
+            pending = server.update_weight(weight)
+            if inspect.isawaitable(pending):
+                await pending
+
+    def _get_server_base_url(self, server_idx: int = 0) -> str | None:
+        """The ``base_url`` of server ``server_idx`` (None when it has none or there is no
+        such server)."""
+        if not 0 <= server_idx < len(self.servers):
+            return None
+        config = getattr(self.servers[server_idx], "config", None)
+        return getattr(config, "base_url", None) or None
 
     async def wandb_metrics(
         self, metrics_dict: dict[str, Any] | None = None, server_name: str | None = None

@@ -17,7 +17,10 @@ from atroposlib.envs.server_handling._common import (
     generate_sampling_kwargs,
     root_url,
 )
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.openai_server import (  # noqa: F401 - original import path
+    OpenAIServer,
+    resolve_openai_configs,
+)
 from atroposlib.envs.server_handling.policy_version import TokensResult
 
 

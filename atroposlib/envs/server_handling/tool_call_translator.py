@@ -20,6 +20,8 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
+from openai.types.chat import ChatCompletionMessageToolCall
+
 from atroposlib.utils.tool_call_parser import extract_tool_calls
 
 SUPPORTED_PARSERS = ("hermes", "qwen", "qwen2_5", "qwen3")
@@ -57,10 +59,21 @@ def _openai_call(name: str, arguments: str, call_id: str | None = None) -> dict[
 class ToolCallTranslator:
     """Parse tool-call blocks in model output into OpenAI tool calls and back.
 
-    ``tokenizer`` is needed only by vLLM parsers (they are built with it).
+    ``tokenizer`` decodes token ids (:meth:`decode_with_tool_awareness`) and builds vLLM
+    parsers. For code written against earlier versions of this class, a string in the
+    first position is taken as the parser name (a tokenizer is never a string).
+
+    Example::
+
+        translator = ToolCallTranslator(tokenizer, "hermes")
+        content, tool_calls, finish = translator.parse_model_output(raw_text)
     """
 
-    def __init__(self, parser_name: str = "hermes", tokenizer: Any = None):
+    def __init__(self, tokenizer: Any = None, parser_name: str = "hermes", **kwargs: Any):
+        if isinstance(tokenizer, str):
+            tokenizer, parser_name = kwargs.pop("tokenizer", None), tokenizer
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
         self.parser_name = parser_name
         self.tokenizer = tokenizer
         self._vllm_parser: Any = None
@@ -79,17 +92,31 @@ class ToolCallTranslator:
         self._vllm_parser = parser_cls(tokenizer)
 
     def parse_model_output(
-        self, raw_text: str, tools: list[dict[str, Any]] | None = None
-    ) -> tuple[str | None, list[dict[str, Any]]]:
-        """``(content or None, tool_calls)`` with tool calls in OpenAI's dict shape.
+        self,
+        raw_text: str,
+        tool_choice: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[str | None, list[ChatCompletionMessageToolCall] | None, str]:
+        """``(content, tool_calls, finish_reason)`` for ``raw_text``.
 
-        Without tool calls the content is ``raw_text`` unchanged.
+        Without tool calls (or with ``tool_choice="none"``) the content is ``raw_text``
+        unchanged, ``tool_calls`` is None and the finish reason ``"stop"``; otherwise the
+        content is the text around the calls (None when empty), the calls are OpenAI
+        ``ChatCompletionMessageToolCall`` objects and the finish reason ``"tool_calls"``.
         """
+        if isinstance(tool_choice, list):  # the earlier (raw_text, tools) order
+            tool_choice, tools = None, tool_choice
+        if tool_choice == "none":
+            return raw_text, None, "stop"
         if self._vllm_parser is not None:
-            return self._parse_with_vllm(raw_text, tools)
-        content, calls = extract_tool_calls(raw_text)
-        tool_calls = [_openai_call(c["name"], json.dumps(c["arguments"])) for c in calls]
-        return (content or None) if tool_calls else raw_text, tool_calls
+            content, calls = self._parse_with_vllm(raw_text, tools)
+        else:
+            content, found = extract_tool_calls(raw_text)
+            calls = [_openai_call(c["name"], json.dumps(c["arguments"])) for c in found]
+            content = (content or None) if calls else raw_text
+        if not calls:
+            return raw_text, None, "stop"
+        return content, [ChatCompletionMessageToolCall(**c) for c in calls], "tool_calls"
 
     def _parse_with_vllm(
         self, raw_text: str, tools: list[dict[str, Any]] | None
@@ -104,6 +131,31 @@ class ToolCallTranslator:
             arguments = fn.arguments if isinstance(fn.arguments, str) else json.dumps(fn.arguments)
             tool_calls.append(_openai_call(fn.name, arguments, getattr(call, "id", None)))
         return (info.content or None), tool_calls
+
+    def reconstruct_raw_text_from_tool_calls(self, tool_calls: list[dict[str, Any]]) -> str:
+        """The Hermes text a model writes for ``tool_calls`` (OpenAI dicts or objects):
+        one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block per call."""
+        blocks = []
+        for call in tool_calls:
+            if not isinstance(call, dict):
+                call = call.model_dump() if hasattr(call, "model_dump") else dict(vars(call))
+            fn = call.get("function") or call
+            arguments: Any = fn.get("arguments", {})
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    pass  # kept as the string the caller gave
+            payload = json.dumps({"name": fn.get("name"), "arguments": arguments})
+            blocks.append(f"<tool_call>\n{payload}\n</tool_call>")
+        return "\n".join(blocks)
+
+    def decode_with_tool_awareness(self, token_ids: list[int], has_tools: bool = False) -> str:
+        """Decode ``token_ids``; with tools, special tokens are kept, since some models'
+        tool-call tags are special tokens that plain decoding would drop."""
+        if self.tokenizer is None:
+            raise ValueError("ToolCallTranslator needs a tokenizer to decode token ids")
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=not has_tools)
 
     @staticmethod
     def convert_messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

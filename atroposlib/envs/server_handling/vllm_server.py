@@ -21,7 +21,10 @@ from atroposlib.envs.server_handling._common import (
     generate_sampling_kwargs,
     root_url,
 )
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atroposlib.envs.server_handling.openai_server import (  # noqa: F401 - original import path
+    OpenAIServer,
+    resolve_openai_configs,
+)
 from atroposlib.envs.server_handling.policy_version import TokensResult
 
 logger = logging.getLogger(__name__)
@@ -90,6 +93,14 @@ class VLLMServer(LazyTokenizerMixin, OpenAIServer):
     The tokenizer (``tokenizer_name``, or ``model_name`` when that is "none") is loaded
     only when needed: to tokenize a text ``prompt`` and to drop a duplicated leading BOS.
     """
+
+    @staticmethod
+    def _normalize_topk_entry(token_logprobs_entry: Any) -> tuple[list[int], list[float]]:
+        """One position of vLLM's prompt or sample logprobs (``{id: lp}``, ``{id: {"logprob":
+        lp}}``, or a list of such dicts; ids as str or int) as ``(ids, logprobs)``, best
+        first; ``([], [])`` for None."""
+        items = sorted(_entry_items(token_logprobs_entry), key=lambda it: -it[1])
+        return [i for i, _ in items], [lp for _, lp in items]
 
     async def _probe_health(self) -> bool:
         status = await self.probe_status(
