@@ -6,10 +6,19 @@ redirects, tracing, middleware). This client does one thing: send a request with
 ``Content-Length`` body over a pooled keep-alive connection and read one response
 (``Content-Length``, chunked, or read-to-close bodies). Every call has a deadline.
 
+The answer is parsed as it arrives, each byte looked at once: the header search resumes
+where the last read stopped and chunked bodies are decoded by a state machine, so an
+upstream that trickles headers or one-byte chunks costs time linear in what it sends.
+Headers are bounded (:data:`MAX_HEADER_BYTES`) and so is the body (``max_answer_bytes``,
+default :data:`DEFAULT_MAX_ANSWER_BYTES`): a declared ``Content-Length`` above the bound
+is refused before its body is read, and a chunked or read-to-close body is dropped as soon
+as it passes the bound (:class:`AnswerTooLarge`).
+
 Failures raise ``ConnectionError`` subclasses or ``asyncio.TimeoutError``, which the
-server layer treats as "server unavailable". A request whose reused keep-alive
-connection turns out to be closed before any answer byte arrived is resent once on a
-fresh connection (the server never saw it).
+server layer treats as "server unavailable"; an answer that is too large or malformed
+raises :class:`AnswerTooLarge` / :class:`MalformedAnswer` (the server answered, wrongly).
+A request whose reused keep-alive connection turns out to be closed before any answer
+byte arrived is resent once on a fresh connection (the server never saw it).
 """
 
 from __future__ import annotations
@@ -17,32 +26,74 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any
+import os
+import socket
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
 MAX_IDLE_PER_HOST = 512
+
+MAX_HEADER_BYTES = 64 * 1024
+"""Largest status line plus headers accepted (the same order as common servers' limits)."""
+
+MAX_CHUNK_LINE = 4096
+"""Largest chunk-size line (size and extensions) or trailer line accepted."""
+
+DEFAULT_MAX_ANSWER_BYTES = int(
+    float(os.environ.get("ATROPOS_MAX_UPSTREAM_ANSWER_MB", "256")) * 1024 * 1024
+)
+"""Largest answer body read from an inference server (``ATROPOS_MAX_UPSTREAM_ANSWER_MB``)."""
+
+PeerCheck = Callable[[str, str], bool]
+"""``check(host, address)``: whether connecting to ``address`` (resolved from ``host``) is
+allowed. Given to :class:`RawHttpClient`, it is applied to the address actually connected to."""
 
 
 class StaleConnection(ConnectionResetError):
     """The connection closed before any byte of the answer arrived."""
 
 
+class AnswerTooLarge(RuntimeError):
+    """The server's answer exceeds the client's bound (declared or streamed)."""
+
+
+class MalformedAnswer(RuntimeError):
+    """The server's answer is not valid HTTP/1.1 (bad status line, chunk size, headers)."""
+
+
+class PeerRefused(PermissionError):
+    """Every address the host name resolves to is refused by the client's peer check."""
+
+
+_SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
+
+
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; at most one request in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.max_answer_bytes = max_answer_bytes
         self.waiter: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
+        self.keep_alive = True
+        self.closed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.head = bytearray()  # status line and headers until the blank line
+        self.scanned = 0  # how far ``head`` has been searched for the blank line
+        self.body = bytearray()
+        self.pending = bytearray()  # chunked framing not yet complete (a size line, a CRLF)
         self.status = 0
         self.headers: dict[str, str] = {}
         self.header_done = False
         self.body_length: int | None = None
         self.chunked = False
-        self.keep_alive = True
+        self.chunk_state = _SIZE
+        self.chunk_left = 0
+        self.trailer_bytes = 0
         self.got_bytes = False
-        self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -52,7 +103,7 @@ class _Conn(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             if self.header_done and self.body_length is None and not self.chunked:
-                waiter.set_result((self.status, self.headers, bytes(self.buffer)))  # read-to-close
+                waiter.set_result((self.status, self.headers, bytes(self.body)))  # read-to-close
             elif not self.got_bytes:
                 waiter.set_exception(StaleConnection("connection closed before the answer"))
             else:
@@ -61,84 +112,162 @@ class _Conn(asyncio.Protocol):
     def send(self, data: bytes) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
         loop = asyncio.get_running_loop()
         self.waiter = loop.create_future()
-        self.buffer.clear()
-        self.status, self.headers, self.header_done = 0, {}, False
-        self.body_length, self.chunked, self.got_bytes = None, False, False
+        self._reset()
         assert self.transport is not None
         self.transport.write(data)
         return self.waiter
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():
+            self.close()  # bytes nobody asked for: the connection cannot be reused
+            return
         self.got_bytes = True
-        self.buffer += data
         try:
-            self._parse()
-        except ValueError as e:
-            self._fail(ConnectionResetError(f"malformed HTTP answer: {e}"))
+            self._feed(data)
+        except (AnswerTooLarge, MalformedAnswer) as e:
+            self._fail(e)
+        except ValueError as e:  # int() of a bad status or length
+            self._fail(MalformedAnswer(f"malformed HTTP answer: {e}"))
 
     def _fail(self, exc: BaseException) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
         self.close()
 
-    def _parse(self) -> None:
-        if not self.header_done:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            lines = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
-            version, _, rest = lines[0].partition(" ")
-            self.status = int(rest[:3])
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            self.headers = headers
-            del self.buffer[: end + 4]
-            self.header_done = True
-            if "content-length" in headers:
-                self.body_length = int(headers["content-length"])
-            elif "chunked" in headers.get("transfer-encoding", "").lower():
-                self.chunked = True
-            elif self.status in (204, 304) or 100 <= self.status < 200:
-                self.body_length = 0
-            conn = headers.get("connection", "").lower()
-            self.keep_alive = conn != "close" and (version != "HTTP/1.0" or conn == "keep-alive")
-            if self.body_length is None and not self.chunked:
-                self.keep_alive = False  # body ends when the server closes
-        if self.chunked:
-            body = self._dechunk()
-            if body is None:
-                return
-        elif self.body_length is not None:
-            if len(self.buffer) < self.body_length:
-                return
-            body = bytes(self.buffer[: self.body_length])
-        else:
-            return
+    def _finish(self) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.status, self.headers, body))
+            waiter.set_result((self.status, self.headers, bytes(self.body)))
 
-    def _dechunk(self) -> bytes | None:
-        out = bytearray()
-        pos = 0
-        buf = self.buffer
-        while True:
-            line_end = buf.find(b"\r\n", pos)
-            if line_end < 0:
-                return None
-            size = int(bytes(buf[pos:line_end]).split(b";")[0].strip() or b"0", 16)
-            start = line_end + 2
-            if size == 0:
-                trailer_end = buf.find(b"\r\n\r\n", line_end)
-                if trailer_end < 0 and buf[start : start + 2] != b"\r\n":
-                    return None
-                return bytes(out)
-            if len(buf) < start + size + 2:
-                return None
-            out += buf[start : start + size]
-            pos = start + size + 2
+    def _feed(self, data: bytes) -> None:
+        if not self.header_done:
+            self.head += data
+            # Resume the search where the last one stopped (a terminator may straddle reads).
+            end = self.head.find(b"\r\n\r\n", max(0, self.scanned - 3))
+            if end < 0:
+                self.scanned = len(self.head)
+                if len(self.head) > MAX_HEADER_BYTES:
+                    raise MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes")
+                return
+            if end > MAX_HEADER_BYTES:
+                raise MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes")
+            rest = bytes(self.head[end + 4 :])
+            self._parse_head(bytes(self.head[:end]))
+            self.head = bytearray()
+            data = rest
+            if self.body_length == 0:
+                self._finish()
+                return
+        if self.chunked:
+            self._feed_chunked(data)
+        elif self.body_length is not None:
+            self.body += data[: self.body_length - len(self.body)]
+            if len(self.body) >= self.body_length:
+                self._finish()
+        else:
+            if len(self.body) + len(data) > self.max_answer_bytes:
+                raise self._too_large()
+            self.body += data
+
+    def _too_large(self, declared: int | None = None) -> AnswerTooLarge:
+        what = f"declares {declared} bytes" if declared is not None else "exceeds"
+        limit_mb = self.max_answer_bytes / (1024 * 1024)
+        return AnswerTooLarge(
+            f"the server's answer {what}, more than the limit of {limit_mb:g} MB "
+            f"({self.max_answer_bytes} bytes)"
+        )
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            raise MalformedAnswer(f"malformed HTTP status line {lines[0][:100]!r}")
+        self.status = int(rest[:3])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.headers = headers
+        self.header_done = True
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self.chunked = True  # chunked framing wins over a Content-Length (RFC 9112 6.3)
+        elif "content-length" in headers:
+            declared = headers["content-length"]
+            if not declared.isascii() or not declared.isdigit() or len(declared) > 20:
+                raise MalformedAnswer(f"malformed Content-Length {declared[:30]!r}")
+            self.body_length = int(declared)
+            if self.body_length > self.max_answer_bytes:
+                raise self._too_large(self.body_length)
+        elif self.status in (204, 304) or 100 <= self.status < 200:
+            self.body_length = 0
+        conn = headers.get("connection", "").lower()
+        self.keep_alive = conn != "close" and (version != "HTTP/1.0" or conn == "keep-alive")
+        if self.body_length is None and not self.chunked:
+            self.keep_alive = False  # body ends when the server closes
+
+    def _line(self, data: bytes, pos: int) -> tuple[bytes | None, int]:
+        """The next CRLF-terminated line from ``pending`` + ``data[pos:]``, and the new pos."""
+        if self.pending.endswith(b"\r") and data[pos : pos + 1] == b"\n":
+            line = bytes(self.pending[:-1])  # the CRLF straddled two reads
+            self.pending.clear()
+            return line, pos + 1
+        end = data.find(b"\r\n", pos)
+        if end < 0:
+            self.pending += data[pos:]
+            if len(self.pending) > MAX_CHUNK_LINE:
+                raise MalformedAnswer(f"chunk framing line exceeds {MAX_CHUNK_LINE} bytes")
+            return None, len(data)
+        line = bytes(self.pending) + data[pos:end] if self.pending else data[pos:end]
+        self.pending.clear()
+        if len(line) > MAX_CHUNK_LINE:
+            raise MalformedAnswer(f"chunk framing line exceeds {MAX_CHUNK_LINE} bytes")
+        return line, end + 2
+
+    def _feed_chunked(self, data: bytes) -> None:
+        pos, n = 0, len(data)
+        while pos < n or self.chunk_state == _DONE:
+            state = self.chunk_state
+            if state == _DATA:
+                take = min(self.chunk_left, n - pos)
+                if len(self.body) + take > self.max_answer_bytes:
+                    raise self._too_large()
+                self.body += data[pos : pos + take]
+                pos += take
+                self.chunk_left -= take
+                if self.chunk_left == 0:
+                    self.chunk_state = _DATA_END
+                continue
+            if state == _DONE:
+                self._finish()
+                return
+            line, pos = self._line(data, pos)
+            if line is None:
+                return
+            if state == _SIZE:
+                size_text = line.split(b";", 1)[0].strip()
+                if not size_text or len(size_text) > 16:
+                    raise MalformedAnswer(f"malformed chunk size {line[:40]!r}")
+                size = int(size_text, 16)
+                if size < 0:
+                    raise MalformedAnswer(f"malformed chunk size {line[:40]!r}")
+                if size == 0:
+                    self.chunk_state = _TRAILER
+                elif len(self.body) + size > self.max_answer_bytes:
+                    raise self._too_large()
+                else:
+                    self.chunk_left, self.chunk_state = size, _DATA
+            elif state == _DATA_END:
+                if line:
+                    raise MalformedAnswer("chunk data longer than its declared size")
+                self.chunk_state = _SIZE
+            elif not line:
+                self.chunk_state = _DONE
+            else:
+                self.trailer_bytes += len(line)
+                if self.trailer_bytes > MAX_HEADER_BYTES:
+                    raise MalformedAnswer(f"answer trailers exceed {MAX_HEADER_BYTES} bytes")
+        if self.chunk_state == _DONE:
+            self._finish()
 
     def close(self) -> None:
         self.closed = True
@@ -146,22 +275,56 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
+def _host_header(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class RawHttpClient:
     """Pooled keep-alive HTTP/1.1 connections to plain-``http`` hosts (one event loop).
 
     ``await client.request("POST", "127.0.0.1", 8000, "/generate", headers, body, timeout)``
-    → ``(status, headers, body)``.
+    → ``(status, headers, body)``. ``host`` is a name or an address (IPv6 without
+    brackets). ``max_answer_bytes`` bounds each answer body; ``peer_check(host, address)``,
+    when given, is asked about every address the host resolves to, and only allowed
+    addresses are connected to (the check holds for the address actually used, not for a
+    name resolved earlier).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        peer_check: PeerCheck | None = None,
+    ) -> None:
         self._idle: dict[tuple[str, int], collections.deque[_Conn]] = collections.defaultdict(
             collections.deque
         )
         self.loop = asyncio.get_running_loop()
+        self.max_answer_bytes = int(max_answer_bytes)
+        self.peer_check = peer_check
+
+    def _protocol(self) -> _Conn:
+        return _Conn(self.max_answer_bytes)
 
     async def _connect(self, host: str, port: int) -> _Conn:
-        _, proto = await self.loop.create_connection(_Conn, host, port)
-        return proto
+        if self.peer_check is None:
+            _, proto = await self.loop.create_connection(self._protocol, host, port)
+            return proto
+        infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        allowed = [info for info in infos if self.peer_check(host, str(info[4][0]))]
+        if not allowed:
+            addresses = sorted({str(info[4][0]) for info in infos})
+            raise PeerRefused(f"{host} resolves to {', '.join(addresses)}: not an allowed upstream")
+        last: OSError | None = None
+        for family, _, proto_num, _, address in allowed:
+            try:
+                _, proto = await self.loop.create_connection(
+                    self._protocol, address[0], address[1], family=family, proto=proto_num
+                )
+                return proto
+            except OSError as e:  # try the next allowed address
+                last = e
+        assert last is not None
+        raise last
 
     def _checkout(self, key: tuple[str, int]) -> _Conn | None:
         idle = self._idle.get(key)
@@ -183,7 +346,8 @@ class RawHttpClient:
     ) -> tuple[int, dict[str, str], bytes]:
         """Send one request; the answer's status, lower-cased headers and body."""
         head = [
-            f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body)}\r\n"
+            f"{method} {target} HTTP/1.1\r\nHost: {_host_header(host, port)}\r\n"
+            f"Content-Length: {len(body)}\r\n"
         ]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n")

@@ -12,7 +12,10 @@ Errors keep the shapes the retry logic expects: transport failures surface as
 ``aiohttp.ClientConnectionError`` / ``asyncio.TimeoutError`` (both "unavailable" for
 :func:`~atroposlib.envs.server_handling.errors.is_transport_error`), and HTTP error
 answers raise :class:`HttpStatus` carrying the status, headers and body so a backend
-can turn them into the exception type its callers know.
+can turn them into the exception type its callers know. Redirects are not followed: a
+3xx answer raises :class:`HttpStatus` too (a POST to an inference server that moved is a
+configuration error, and following it would take requests to a host nobody allowed).
+Answers are bounded by ``max_answer_bytes`` (:class:`~._rawhttp.AnswerTooLarge` above it).
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from atroposlib.envs.server_handling._rawhttp import RawHttpClient
+from atroposlib.envs.server_handling._rawhttp import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    PeerCheck,
+    PeerRefused,
+    RawHttpClient,
+)
 
 try:
     import orjson
@@ -47,7 +56,7 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 
 
 class HttpStatus(Exception):
-    """An HTTP answer with status >= 400 (``body`` is the raw response body)."""
+    """An HTTP answer with status >= 400 or a redirect (``body`` is the raw response body)."""
 
     def __init__(self, method: str, url: str, status: int, headers: dict[str, str], body: bytes):
         self.method = method
@@ -72,7 +81,10 @@ class JsonTransport:
     """Owns one ``aiohttp.ClientSession`` per event loop, created on first use.
 
     ``headers`` are sent with every request (e.g. ``Authorization: Bearer ...``);
-    ``timeout`` bounds each call (connect, send, wait and read together).
+    ``timeout`` bounds each call (connect, send, wait and read together). The attributes
+    ``max_answer_bytes`` (largest answer body read) and ``peer_check`` (``check(host,
+    address)``: whether an address a host name resolves to may be connected to) can be
+    set before the first request, e.g. by a proxy that lets clients name upstreams.
 
         transport = JsonTransport({"Authorization": "Bearer k"}, timeout=30)
         data = await transport.post_json("http://127.0.0.1:8000/generate", {"prompt": ...})
@@ -86,16 +98,23 @@ class JsonTransport:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._raw: RawHttpClient | None = None
         self._targets: dict[str, tuple[str, int, str] | None] = {}
+        self.max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
+        self.peer_check: PeerCheck | None = None
 
     def _plain_target(self, url: str) -> tuple[str, int, str] | None:
-        """``(host, port, path?query)`` for a plain-``http`` URL, None for anything else."""
+        """``(host, port, path?query)`` for a plain-``http`` URL, None for anything else.
+
+        ``host`` is a name or an address (an IPv6 literal without its brackets, as sockets
+        take it); an explicit port is kept as given, 0 included (it fails to connect rather
+        than silently reaching port 80).
+        """
         target = self._targets.get(url, False)
         if target is False:
             parts = urlsplit(url)
             if parts.scheme == "http" and parts.hostname:
                 path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-                host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-                target = (host, parts.port or 80, path)
+                port = parts.port
+                target = (parts.hostname, 80 if port is None else port, path)
             else:
                 target = None
             if len(self._targets) < 1024:
@@ -106,15 +125,16 @@ class JsonTransport:
         """The keep-alive client of the running loop (recreated when the loop changed)."""
         loop = asyncio.get_running_loop()
         if self._raw is None or self._raw.loop is not loop:
-            self._raw = RawHttpClient()
+            self._raw = RawHttpClient(self.max_answer_bytes, self.peer_check)
         return self._raw
 
     def session(self) -> aiohttp.ClientSession:
         """The shared session of the running loop (recreated when the loop changed)."""
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
+            resolver = _CheckedResolver(self.peer_check) if self.peer_check else None
             connector = aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=60, enable_cleanup_closed=False
+                limit=0, keepalive_timeout=60, enable_cleanup_closed=False, resolver=resolver
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -163,20 +183,35 @@ class JsonTransport:
                 payload,
                 self.timeout if timeout is None else timeout,
             )
-            if status >= 400:
+            if status >= 300:
                 raise HttpStatus("POST", url, status, resp_headers, raw)
             return _loads(raw), resp_headers
-        kwargs: dict[str, Any] = {"data": payload}
+        kwargs: dict[str, Any] = {"data": payload, "allow_redirects": False}
         if headers:
             kwargs["headers"] = headers
         if timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, connect=min(10.0, timeout))
         async with self.session().post(url, **kwargs) as response:
-            raw = await response.read()
+            raw = await self._read_bounded(response)
             resp_headers = {k.lower(): v for k, v in response.headers.items()}
-            if response.status >= 400:
-                raise HttpStatus("POST", url, response.status, dict(response.headers), raw)
+            if response.status >= 300:
+                raise HttpStatus("POST", url, response.status, resp_headers, raw)
         return _loads(raw), resp_headers
+
+    async def _read_bounded(self, response: aiohttp.ClientResponse) -> bytes:
+        """The body of ``response``, refused once it passes ``max_answer_bytes``."""
+        limit = self.max_answer_bytes
+        declared = response.content_length
+        if declared is not None and declared > limit:
+            raise AnswerTooLarge(
+                f"the server's answer declares {declared} bytes, more than {limit}"
+            )
+        out = bytearray()
+        async for chunk in response.content.iter_chunked(1 << 16):
+            if len(out) + len(chunk) > limit:
+                raise AnswerTooLarge(f"the server's answer exceeds the limit of {limit} bytes")
+            out += chunk
+        return bytes(out)
 
     async def get_status(self, url: str, timeout: float | None = None) -> int:
         """GET ``url`` and return the status code (the body is read and dropped)."""
@@ -189,8 +224,10 @@ class JsonTransport:
             )
             return status
         client_timeout = aiohttp.ClientTimeout(total=t, connect=min(10.0, t))
-        async with self.session().get(url, timeout=client_timeout) as response:
-            await response.read()
+        async with self.session().get(
+            url, timeout=client_timeout, allow_redirects=False
+        ) as response:
+            await self._read_bounded(response)
             return response.status
 
     async def close(self) -> None:
@@ -208,3 +245,23 @@ class JsonTransport:
         if running is self._loop:
             await session.close()
         self._loop = None
+
+
+class _CheckedResolver(aiohttp.abc.AbstractResolver):
+    """aiohttp's resolver keeping only the addresses ``peer_check`` allows (so the check
+    holds for the address connected to, whatever the name resolved to earlier)."""
+
+    def __init__(self, peer_check: PeerCheck):
+        self._inner = aiohttp.ThreadedResolver()
+        self._check = peer_check
+
+    async def resolve(self, host: str, port: int = 0, family: Any = 0) -> list[Any]:
+        results = await self._inner.resolve(host, port, family)
+        allowed = [r for r in results if self._check(host, str(r["host"]))]
+        if not allowed:
+            found = ", ".join(sorted({str(r["host"]) for r in results}))
+            raise PeerRefused(f"{host} resolves to {found}: not an allowed upstream")
+        return allowed
+
+    async def close(self) -> None:
+        await self._inner.close()

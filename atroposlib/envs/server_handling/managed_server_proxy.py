@@ -8,9 +8,19 @@ Endpoints: ``POST /sessions/create``, ``POST /{uuid}/v1/chat/completions``,
 ``POST /{uuid}/v1/chat/completions/render``, ``POST /{uuid}/v1/completions``,
 ``GET /{uuid}/v1/models``, ``GET /{uuid}/nodes``, ``POST /{uuid}/reset``, ``DELETE /{uuid}``,
 ``GET /sessions``, ``GET /servers``, ``POST /setup``, ``GET /v1/models``, ``GET /health``.
-Errors use OpenAI's format ``{"error": {"message", "type", "param", "code"}}``; a client's
-mistake (bad field, bad template input, an inference server's 4xx) is a 4xx, a failing
-inference server a 502, no healthy server a 503.
+Errors use OpenAI's format ``{"error": {"message", "type", "param", "code"}}``. Status
+classes: the client's mistake (a bad field, bad template input) is a 400 naming the field;
+the inference server's fault (its 5xx, an answer that is not what the protocol says, too
+large, a redirect, output that cannot be encoded) is a 502 of type ``upstream_error``; an
+inference server's own 4xx keeps its status with type ``upstream_error``, except 401/403/407
+and 404, which say the proxy's configuration is wrong (502), so they never look like the
+proxy's own authentication errors; no healthy server is a 503, a timeout a 504.
+
+Bounds (``SessionLimits``): at most ``--max-sessions`` sessions (429 when full), evicted
+after ``--session-idle-s`` unused (counted in ``/health``), ``--max-session-nodes`` nodes
+per session (429), ``--max-stored-tokens`` tokens over all sessions (503), inference server
+answers of at most ``--max-upstream-mb`` (502 above). ``extra_body`` is merged into the
+request before it is checked, so the bounds hold for what is sent upstream.
 
 Security (SPEC D18): with an API key (``--api-key``, ``--api-key-file`` or
 ``ATROPOS_API_KEY``) every path but ``/health`` needs ``Authorization: Bearer KEY``
@@ -32,23 +42,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import logging
+import math
 import time
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Sequence, Union
-from urllib.parse import urlsplit
+from typing import Any, AsyncIterator, List, Sequence, Union
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
+from atroposlib.envs.server_handling._proxy_state import (
+    ProxyError,
+    SessionLimits,
+    SessionState,
+    SessionStore,
+    UpstreamPolicy,
+)
+from atroposlib.envs.server_handling._rawhttp import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.envs.server_handling.errors import NoHealthyServerError
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
@@ -66,31 +85,38 @@ logger = logging.getLogger(__name__)
 OPEN_PATHS = ("/", "/health")
 """Paths reachable without the API key (health probes)."""
 
+DEFAULT_TOOL_PARSER = "hermes"
+"""The tool-call parser of a session that names none (the proxy's ``--tool-parser`` wins)."""
 
-class ProxyError(Exception):
-    """An error answered to the client in OpenAI's error format."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        err_type: str = "invalid_request_error",
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.param = param
+__all__ = [
+    "ChatCompletionProxyRequest",
+    "ChatMessage",
+    "ProxyError",
+    "RenderResponse",
+    "SessionCreateRequest",
+    "SessionCreateResponse",
+    "SessionLimits",
+    "SessionState",
+    "UpstreamPolicy",
+    "create_app",
+    "main",
+    "openai_error",
+]
 
 
 def openai_error(
-    status: int, message: str, err_type: str = "invalid_request_error", param: str | None = None
+    status_code: int,
+    message: str,
+    error_type: str = "invalid_request_error",
+    param: str | None = None,
 ) -> JSONResponse:
-    """A JSON response in OpenAI's error format."""
+    """A JSON response in OpenAI's error format:
+    ``{"error": {"message", "type", "param", "code"}}`` with ``code`` the status."""
     return JSONResponse(
-        status_code=status,
-        content={"error": {"message": message, "type": err_type, "param": param, "code": status}},
+        status_code=status_code,
+        content={
+            "error": {"message": message, "type": error_type, "param": param, "code": status_code}
+        },
     )
 
 
@@ -102,14 +128,45 @@ class SetupRequest(BaseModel):
     tool_parser: str | None = Field(None, description="Tool-call parser, e.g. 'hermes'.")
 
 
-class CreateSessionRequest(BaseModel):
-    """Body of ``POST /sessions/create`` (all optional)."""
+class SessionCreateRequest(BaseModel):
+    """Body of ``POST /sessions/create`` (all optional).
+
+    ``tool_parser`` defaults to "hermes" (or the proxy's ``--tool-parser``); null turns
+    tool-call parsing off for the session.
+    """
 
     model_config = ConfigDict(extra="forbid")
-    base_url: str | None = Field(None, description="Pin the session to this server.")
-    tool_parser: str | None = Field(None, description="Override the proxy's tool parser.")
-    preserve_think_blocks: bool = Field(False, description="Do not shield <think> blocks.")
+    tool_parser: str | None = Field(
+        DEFAULT_TOOL_PARSER, description="Tool-call parser of the session (null: none)."
+    )
     track_tree: bool = Field(False, description="Keep every node keyed by its text (tree mode).")
+    base_url: str | None = Field(None, description="Pin the session to this server.")
+    preserve_think_blocks: bool = Field(False, description="Do not shield <think> blocks.")
+
+
+CreateSessionRequest = SessionCreateRequest
+"""Older name of :class:`SessionCreateRequest`."""
+
+
+class SessionCreateResponse(BaseModel):
+    """Answer of ``POST /sessions/create``: ``base_url`` is the session's OpenAI base URL
+    (give it to any OpenAI client), ``server`` the inference server it is pinned to."""
+
+    uuid: str
+    model_name: str
+    tool_parser: str | None
+    base_url: str | None = None
+    created_at: float
+    server: str | None = None
+
+
+class RenderResponse(BaseModel):
+    """Answer of ``POST /{uuid}/v1/chat/completions/render``: the prompt the session would
+    send and its token ids."""
+
+    prompt_text: str
+    token_ids: List[int]
+    num_tokens: int
 
 
 class _SamplingFields(BaseModel):
@@ -127,22 +184,44 @@ class _SamplingFields(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One chat message: a ``role`` is required (templates cannot render without one)."""
+    """One chat message: a ``role`` is required (templates cannot render without one);
+    other fields (``reasoning_content``, ...) pass through to the chat template."""
 
     model_config = ConfigDict(extra="allow")
     role: str
-    content: Any = None
+    content: Any | None = None
+    tool_calls: List[dict] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
-class ChatRequest(_SamplingFields):
-    """The parts of an OpenAI chat request the proxy checks; the rest passes through."""
+class ChatCompletionProxyRequest(_SamplingFields):
+    """An OpenAI chat request to a session: the fields the proxy checks (with the
+    original's defaults: ``max_tokens`` 1024, ``temperature`` 1.0); others pass through."""
 
-    messages: list[ChatMessage] = Field(..., min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: List[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(1024, ge=1)
+    temperature: float | None = Field(1.0, ge=0, le=100)
+    n: int = Field(1, ge=1, le=128)
+    stop: Union[str, List[str], None] = None
+    tools: List[dict] | None = None
+    tool_choice: Any | None = None
 
     def message_dicts(self) -> list[dict[str, Any]]:
         """The messages as the client sent them (no fields added)."""
         return [m.model_dump(exclude_unset=True) for m in self.messages]
+
+    def upstream_kwargs(self) -> dict[str, Any]:
+        """The sampling fields to send: ``max_tokens`` is left out when the client gave only
+        ``max_completion_tokens`` (its default must not override the client's bound)."""
+        kwargs = _passthrough(self)
+        if "max_tokens" not in self.model_fields_set and self.max_completion_tokens is not None:
+            kwargs.pop("max_tokens", None)
+        return kwargs
+
+
+ChatRequest = ChatCompletionProxyRequest
+"""Older name of :class:`ChatCompletionProxyRequest`."""
 
 
 class CompletionRequest(_SamplingFields):
@@ -151,54 +230,17 @@ class CompletionRequest(_SamplingFields):
     prompt: str = Field(..., min_length=1)
 
 
-@dataclass
-class Session:
-    """One ManagedServer session."""
-
-    id: str
-    managed: ManagedServer
-    server_url: str
-    created: float = field(default_factory=time.time)
-    requests: int = 0
-
-
 _PASSTHROUGH_DROP = ("model", "stream", "stream_options", "user", "logprobs", "top_logprobs")
 
 
-class UpstreamPolicy:
-    """Which inference-server URLs ``POST /setup`` may point the proxy at.
-
-    Entries are host names or addresses (``gpu-node-3``, ``10.0.0.5``), optionally with a port
-    (``gpu-node-3:9001``) or a leading ``*.`` for subdomains (``*.cluster.local``); ``*``
-    allows any host. Loopback hosts are always allowed. Only ``http``/``https`` URLs pass.
-    """
-
-    def __init__(self, allowed: Iterable[str] = ()):
-        self.entries = [a.strip().lower() for a in allowed if a and a.strip()]
-
-    def allows(self, url: str | None) -> bool:
-        """Whether ``url`` is an allowed upstream."""
-        try:
-            parts = urlsplit(url or "")
-            host = (parts.hostname or "").lower()
-            port = parts.port
-        except ValueError:
-            return False
-        if parts.scheme not in ("http", "https") or not host:
-            return False
-        if is_loopback_host(host):
-            return True
-        for entry in self.entries:
-            if entry == "*":
-                return True
-            name, _, entry_port = (
-                entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
-            )
-            if entry_port and str(port) != entry_port:
-                continue
-            if name == host or (name.startswith("*.") and host.endswith(name[1:])):
-                return True
-        return False
+def _passthrough(body: BaseModel) -> dict[str, Any]:
+    """The request's fields to send upstream: set or defaulted values, and extras as given."""
+    extra = body.model_extra or {}
+    return {
+        k: v
+        for k, v in body.model_dump().items()
+        if k not in _PASSTHROUGH_DROP and k != "messages" and (v is not None or k in extra)
+    }
 
 
 class ProxyState:
@@ -210,12 +252,13 @@ class ProxyState:
         tokenizer: Any = None,
         tool_parser: str | None = None,
         model_name: str = "unknown",
+        limits: SessionLimits | None = None,
     ):
         self.manager = manager
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
         self.model_name = model_name
-        self.sessions: dict[str, Session] = {}
+        self.sessions = SessionStore(limits)
         self._tokenizers: dict[str, Any] = {}
 
     def require_manager(self) -> ServerManager:
@@ -263,10 +306,9 @@ class ProxyState:
             )
         return self._tokenizers[name]
 
-    def session(self, session_id: str) -> Session:
-        if session_id not in self.sessions:
-            raise ProxyError(404, f"unknown session {session_id!r}", "not_found_error", "uuid")
-        return self.sessions[session_id]
+    def session(self, session_id: str) -> SessionState:
+        """The session (404 when unknown, deleted or evicted)."""
+        return self.sessions.get(session_id)
 
 
 def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
@@ -279,23 +321,155 @@ def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[
     return "; ".join(parts), first
 
 
-def _upstream_status(exc: BaseException) -> tuple[int, str] | None:
-    """The status and message of an inference server's HTTP error answer, if ``exc`` is one."""
+def _upstream_status(exc: BaseException) -> tuple[int, str, str | None] | None:
+    """The status, message and ``Location`` of an inference server's HTTP error answer (or
+    redirect), if ``exc`` is one."""
     response = getattr(exc, "response", None)
     status = getattr(exc, "status_code", None) or getattr(response, "status_code", None)
     if not isinstance(status, int):
-        return None
+        status = getattr(exc, "status", None)  # the lean transport's HttpStatus
+        if not isinstance(status, int):
+            return None
     try:
         text = response.text if response is not None else str(exc)
     except Exception:  # noqa: BLE001 - a streamed body cannot be read here; the summary will do
         text = str(exc)
-    return status, text[:1000]
+    headers = getattr(response, "headers", None) or getattr(exc, "headers", None) or {}
+    return status, text[:1000], headers.get("location")
+
+
+def _upstream_http_error(status: int, text: str, location: str | None) -> ProxyError:
+    """The proxy's answer to an inference server's HTTP error or redirect.
+
+    A 4xx keeps its status (the request was refused) unless it says the proxy itself is
+    misconfigured: 401/403/407 (the proxy's credentials) and 404 (its URL or model name)
+    are 502s, so an OpenAI client never takes them for the proxy's own auth or routing
+    errors. Every one is typed ``upstream_error``.
+    """
+    if 300 <= status < 400:
+        where = f" to {location[:200]!r}" if location else ""
+        return ProxyError(
+            502,
+            f"inference server answered a redirect (HTTP {status}{where}); redirects are not "
+            "followed: configure the server's final URL",
+            "upstream_error",
+        )
+    if status in (401, 403, 407):
+        return ProxyError(
+            502,
+            f"inference server refused the proxy's credentials (HTTP {status}): {text}; check "
+            "the api_key of the proxy's server config",
+            "upstream_error",
+        )
+    if status == 404:
+        return ProxyError(
+            502,
+            f"inference server answered 404 (wrong base_url or model_name in the proxy's "
+            f"server config?): {text}",
+            "upstream_error",
+        )
+    if 400 <= status < 500:
+        return ProxyError(status, f"inference server refused the request: {text}", "upstream_error")
+    return ProxyError(502, f"inference server error (HTTP {status}): {text}", "upstream_error")
 
 
 def _client_error_types() -> tuple[type[BaseException], ...]:
     import jinja2
 
-    return (ValueError, KeyError, TypeError, jinja2.TemplateError)
+    # RecursionError: a message nested too deeply for the template (the client's input).
+    return (ValueError, KeyError, TypeError, RecursionError, jinja2.TemplateError)
+
+
+_UPSTREAM_REACHED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "proxy_upstream_reached", default=None
+)
+"""Per request: set once the session's backend has been called, so a failure after that
+point is the inference server's (its answer could not be used), not the client's."""
+
+
+class _UpstreamTap:
+    """Stands in for a backend inside a session's ``ManagedServer`` and marks the request
+    as having reached the inference server; everything else is the backend's own."""
+
+    def __init__(self, server: Any):
+        object.__setattr__(self, "_server", server)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._server, name, value)
+
+    @staticmethod
+    def _mark() -> None:
+        reached = _UPSTREAM_REACHED.get()
+        if reached is not None:
+            reached[0] = True
+
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
+        """The backend's call, marked as reaching the inference server."""
+        self._mark()
+        return await self._server.tokens_and_logprobs_completion(**kwargs)
+
+    async def get_logprobs(self, **kwargs: Any) -> Any:
+        """The backend's call, marked as reaching the inference server."""
+        self._mark()
+        return await self._server.get_logprobs(**kwargs)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _strict_tool_arguments(payload: dict[str, Any]) -> None:
+    """Make every tool call's ``arguments`` strict JSON, in place.
+
+    Python's parser accepts ``NaN`` and ``Infinity`` where the model wrote them; passed on,
+    an OpenAI client's ``json.loads`` may accept them but other parsers refuse the call.
+    They become ``null``, as ``JSON.stringify`` writes them.
+    """
+    for choice in payload.get("choices") or ():
+        for call in (choice.get("message") or {}).get("tool_calls") or ():
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            if not isinstance(arguments, str) or not any(
+                word in arguments for word in ("NaN", "Infinity")
+            ):
+                continue
+            try:
+                parsed = json.loads(arguments)
+                json.dumps(parsed, allow_nan=False)
+                continue  # the words were inside strings
+            except (ValueError, RecursionError):
+                pass
+            try:
+                function["arguments"] = json.dumps(_finite(json.loads(arguments)))
+            except (ValueError, RecursionError):
+                continue  # not JSON at all: the client sees what the parser gave
+            logger.warning(
+                "tool call %r: non-finite numbers in arguments sent as null", function.get("name")
+            )
+
+
+def _json_answer(payload: dict[str, Any]) -> Response:
+    """``payload`` as a JSON response; an inference server's output that cannot be encoded
+    (a lone surrogate the model spelled out in a tool call) is a 502, not a bare 500."""
+    try:
+        body = orjson.dumps(payload)
+    except (TypeError, orjson.JSONEncodeError) as e:
+        raise ProxyError(
+            502,
+            f"the inference server's output cannot be sent as JSON: {e}",
+            "upstream_error",
+        ) from e
+    return Response(body, media_type="application/json")
 
 
 def create_app(
@@ -309,6 +483,8 @@ def create_app(
     allow_upstream: Sequence[str] = (),
     allowed_origins: Sequence[str] = (),
     max_request_mb: float = 64.0,
+    limits: SessionLimits | None = None,
+    max_upstream_mb: float | None = None,
 ) -> FastAPI:
     """Build the proxy app over ``server_manager`` (None: configure it later with ``/setup``).
 
@@ -317,28 +493,57 @@ def create_app(
     ``api_key`` turns on bearer auth (and enables ``/setup``); ``bind_host`` is the address
     the app will listen on (a loopback one turns on the ``Host`` check); ``allow_upstream``
     lists the non-loopback hosts ``/setup`` may use; ``allowed_origins`` the browser origins
-    that may call the proxy; bodies above ``max_request_mb`` get a 413.
+    that may call the proxy; bodies above ``max_request_mb`` get a 413. ``limits`` bounds the
+    sessions (:class:`SessionLimits`), ``max_upstream_mb`` each inference server answer
+    (default ``ATROPOS_MAX_UPSTREAM_ANSWER_MB`` or 256).
     """
-    state = ProxyState(server_manager, tokenizer, tool_parser, model_name)
+    state = ProxyState(server_manager, tokenizer, tool_parser, model_name, limits)
     upstreams = UpstreamPolicy(allow_upstream)
+    max_answer = (
+        DEFAULT_MAX_ANSWER_BYTES if max_upstream_mb is None else int(max_upstream_mb * 1024**2)
+    )
+
+    def _bound_transports(manager: ServerManager | None, check_peers: bool) -> None:
+        """Bound the answers the manager's servers read; with ``check_peers`` (servers set up
+        through ``/setup``) connect only to addresses the upstream policy allows."""
+        for server in manager.servers if manager is not None else ():
+            make = getattr(server, "transport", None)
+            if not callable(make):
+                continue
+            transport = make()
+            transport.max_answer_bytes = max_answer
+            if check_peers:
+                transport.peer_check = upstreams.peer_allowed
+
+    _bound_transports(server_manager, check_peers=False)
     client_errors = _client_error_types()
     max_bytes = int(max_request_mb * 1024 * 1024)
 
     async def _read_body(request: Request) -> bytes:
-        """The request body, refused with 413 as soon as it exceeds ``max_request_mb``."""
+        """The request body: 413 once it exceeds ``max_request_mb``, 408 when it stalls.
+
+        A declared length reserves nothing (only bytes that arrive are held), and a body
+        that receives nothing for ``BODY_TIMEOUT`` seconds is dropped, so clients that
+        declare a huge body and go idle keep neither memory nor a request slot.
+        """
+        from atroposlib.utils.http_body import BODY_TIMEOUT, BodyTimeout, BodyTooLarge, read_stream
+
         too_big = ProxyError(
             413, f"request body exceeds the proxy's limit of {max_request_mb:g} MB", param="body"
         )
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             raise too_big
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise too_big
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_stream(request.stream(), max_bytes, BODY_TIMEOUT)
+        except BodyTooLarge:
+            raise too_big from None
+        except BodyTimeout:
+            raise ProxyError(
+                408,
+                f"request body incomplete: nothing received for {BODY_TIMEOUT:g} seconds",
+                param="body",
+            ) from None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -372,8 +577,14 @@ def create_app(
         err_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return openai_error(exc.status_code, str(exc.detail), err_type)
 
-    async def _body(request: Request, model: type[BaseModel], allow_empty: bool = False) -> Any:
+    async def _body(
+        request: Request,
+        model: type[BaseModel],
+        allow_empty: bool = False,
+        merge_extra_body: bool = False,
+    ) -> Any:
         raw = await _read_body(request)
+        request.state.body_size = len(raw)  # bounds a prompt's tokens (see SessionStore.admit)
         if not raw and allow_empty:
             data: Any = {}
         else:
@@ -385,6 +596,13 @@ def create_app(
                 raise ProxyError(400, f"body is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise ProxyError(400, "body must be a JSON object")
+        if merge_extra_body and "extra_body" in data:
+            # The backends merge extra_body over the request when they send it: merge it
+            # first, so every bound is checked on what the inference server receives.
+            extra = data.pop("extra_body")
+            if extra is not None and not isinstance(extra, dict):
+                raise ProxyError(400, "extra_body must be a JSON object", param="extra_body")
+            data.update(extra or {})
         problem = json_value_problem(data)  # what the upstream client could not send on
         if problem is not None:
             raise ProxyError(400, f"'{problem[0]}' {problem[1]}", param=problem[0])
@@ -395,7 +613,11 @@ def create_app(
             raise ProxyError(400, message, param=param) from e
 
     async def _run(coro: Any) -> Any:
-        """Await a ManagedServer call, mapping failures to the right status class."""
+        """Await a ManagedServer call, mapping failures to their status class: before the
+        inference server was called the fault is the client's input (400), from then on
+        the inference server's (its HTTP answer's class, else 502)."""
+        reached = [False]
+        token = _UPSTREAM_REACHED.set(reached)
         try:
             return await coro
         except ProxyError:
@@ -404,21 +626,22 @@ def create_app(
             raise ProxyError(501, str(e), "not_implemented") from e
         except NoHealthyServerError as e:
             raise ProxyError(503, str(e), "server_error") from e
-        except client_errors as e:
-            raise ProxyError(400, f"{type(e).__name__}: {e}") from e
-        except Exception as e:  # the inference server failed: report it, never a bare 500
+        except Exception as e:  # never a bare 500
             upstream = _upstream_status(e)
-            if upstream is not None and 400 <= upstream[0] < 500:
-                status, text = upstream
-                raise ProxyError(
-                    status if status != 404 else 400, f"inference server refused: {text}"
-                ) from e
+            if upstream is not None and upstream[0] >= 300:
+                raise _upstream_http_error(*upstream) from e
             if isinstance(e, asyncio.TimeoutError):
-                raise ProxyError(504, "inference server timed out", "server_error") from e
-            logger.exception("proxy request failed")
+                raise ProxyError(504, "inference server timed out", "upstream_error") from e
+            if not reached[0] and isinstance(e, client_errors):
+                raise ProxyError(400, f"{type(e).__name__}: {e}") from e
+            logger.warning("inference server fault: %s: %s", type(e).__name__, e)
             raise ProxyError(
-                502, f"inference server error: {type(e).__name__}: {e}", "server_error"
+                502,
+                f"inference server error: its answer could not be used: {type(e).__name__}: {e}",
+                "upstream_error",
             ) from e
+        finally:
+            _UPSTREAM_REACHED.reset(token)
 
     def _models_payload() -> dict[str, Any]:
         created = int(time.time())
@@ -432,7 +655,16 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": state.model_name, "sessions": len(state.sessions)}
+        servers = list(state.manager.servers) if state.manager is not None else []
+        state.sessions.expire()
+        return {
+            "status": "ok",
+            "model": state.model_name,
+            "sessions": len(state.sessions),
+            "servers": len(servers),
+            "healthy_servers": sum(bool(getattr(s, "server_healthy", True)) for s in servers),
+            **state.sessions.counters(),
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -467,11 +699,12 @@ def create_app(
             )
         body: SetupRequest = await _body(request, SetupRequest)
         for i, server in enumerate(body.servers):
-            if not upstreams.allows(server.base_url):
+            # Resolving a name blocks (and may take seconds): off the event loop.
+            problem = await asyncio.to_thread(upstreams.setup_problem, server.base_url)
+            if problem is not None:
                 raise ProxyError(
                     403,
-                    f"upstream {server.base_url!r} is not allowed: only loopback servers and "
-                    "the hosts given with --allow-upstream may be set up",
+                    f"upstream {server.base_url!r} is not allowed: {problem}",
                     "permission_error",
                     f"servers.{i}.base_url",
                 )
@@ -485,16 +718,18 @@ def create_app(
         if state.manager is not None:
             await state.manager.close()
         state.manager = ServerManager(body.servers)
+        _bound_transports(state.manager, check_peers=True)
         if tok is not None:
             state.tokenizer = tok
         if body.tool_parser is not None:
             state.tool_parser = body.tool_parser
-        return {"status": "ok", "servers": len(body.servers)}
+        return {"status": "ok", "servers": len(body.servers), "model_name": state.model_names()[0]}
 
     @app.post("/sessions/create")
     async def create_session(request: Request) -> dict[str, Any]:
-        body: CreateSessionRequest = await _body(request, CreateSessionRequest, allow_empty=True)
+        body: SessionCreateRequest = await _body(request, SessionCreateRequest, allow_empty=True)
         manager = state.require_manager()
+        state.sessions.check_room()  # 429 before loading a tokenizer for nothing
         try:
             server = manager._server_for_managed(body.base_url)
         except ValueError as e:
@@ -507,47 +742,72 @@ def create_app(
             )
         # Loading a tokenizer named by a config can take a minute (hub retries): off the loop.
         tokenizer = await asyncio.to_thread(state.tokenizer_for, server)
+        if "tool_parser" in body.model_fields_set:
+            tool_parser = body.tool_parser or None
+        else:
+            tool_parser = state.tool_parser or DEFAULT_TOOL_PARSER
         try:
             managed = ManagedServer(
-                server,
+                _UpstreamTap(server),
                 tokenizer,
                 track_tree=body.track_tree,
-                tool_parser=body.tool_parser or state.tool_parser,
+                tool_parser=tool_parser,
                 preserve_think_blocks=body.preserve_think_blocks,
             )
         except ValueError as e:
             raise ProxyError(400, str(e), param="tool_parser") from e
         sid = str(uuid.uuid4())
-        session = Session(sid, managed, str(getattr(server, "name", "")))
-        state.sessions[sid] = session
-        return {
-            "uuid": sid,
-            "model_name": _session_model(session),
-            "base_url": f"{str(request.base_url).rstrip('/')}/{sid}/v1",
-            "created_at": session.created,
-            "server": session.server_url,
-        }
+        session = SessionState(
+            uuid=sid,
+            managed_server=managed,
+            translator=getattr(managed, "translator", None),
+            model_name=_server_model(server),
+            base_url=str(getattr(server, "name", "")) or None,
+        )
+        state.sessions.add(session)
+        return SessionCreateResponse(
+            uuid=sid,
+            model_name=session.model_name,
+            tool_parser=tool_parser,
+            base_url=f"{str(request.base_url).rstrip('/')}/{sid}/v1",
+            created_at=session.created_at,
+            server=session.base_url,
+        ).model_dump()
 
-    def _session_model(session: Session) -> str:
+    def _server_model(server: Any) -> str:
         if state.model_name != "unknown":
             return state.model_name
-        return str(config_value(getattr(session.managed.server, "config", None), "model_name"))
+        return str(config_value(getattr(server, "config", None), "model_name"))
 
     @app.get("/sessions")
     async def list_sessions() -> dict[str, Any]:
-        out = []
-        for s in state.sessions.values():
-            num_nodes = len(s.managed.current_nodes) + len(s.managed.sequences)
-            out.append(
-                {
-                    "uuid": s.id,
-                    "server": s.server_url,
-                    "created_at": s.created,
-                    "requests": s.requests,
-                    "num_nodes": num_nodes,
-                }
-            )
+        state.sessions.expire()
+        out = [
+            {
+                "uuid": s.uuid,
+                "server": s.base_url,
+                "model_name": s.model_name,
+                "created_at": s.created_at,
+                "last_accessed": s.last_accessed,
+                "requests": s.requests,
+                "num_nodes": s.num_nodes,
+                "stored_tokens": s.stored_tokens,
+            }
+            for s in state.sessions.values()
+        ]
         return {"sessions": out}
+
+    async def _generate(session: SessionState, call: Any, body: Any, raw_size: int) -> Any:
+        """Run one generation of ``session`` within the bounds; nodes are recounted after."""
+        max_new = body.max_tokens or body.max_completion_tokens or 0
+        state.sessions.admit(session, body.n, max_new, raw_size)
+        session.requests += 1
+        session.in_flight += 1
+        try:
+            return await _run(call)
+        finally:
+            session.in_flight -= 1
+            state.sessions.account(session)
 
     @app.get("/{session_id}/v1/models")
     async def session_models(session_id: str) -> dict[str, Any]:
@@ -555,54 +815,50 @@ def create_app(
         return _models_payload()
 
     @app.post("/{session_id}/v1/chat/completions")
-    async def chat(session_id: str, request: Request) -> JSONResponse:
+    async def chat_completions(session_id: str, request: Request) -> Response:
         session = state.session(session_id)
-        body: ChatRequest = await _body(request, ChatRequest)
+        body: ChatCompletionProxyRequest = await _body(
+            request, ChatCompletionProxyRequest, merge_extra_body=True
+        )
         if body.model_extra and body.model_extra.get("stream"):
             raise ProxyError(400, "streaming is not supported by the proxy", param="stream")
-        kwargs = {
-            k: v
-            for k, v in body.model_dump().items()
-            if k not in _PASSTHROUGH_DROP and (v is not None or k in (body.model_extra or {}))
-        }
+        kwargs = body.upstream_kwargs()
         kwargs["messages"] = body.message_dicts()
-        session.requests += 1
-        completion = await _run(session.managed.chat_completion(**kwargs))
+        call = session.managed_server.chat_completion(**kwargs)
+        completion = await _generate(session, call, body, request.state.body_size)
         if state.model_name != "unknown":
             completion.model = state.model_name
-        return JSONResponse(completion.model_dump(exclude_none=True))
+        payload = completion.model_dump(exclude_none=True)
+        _strict_tool_arguments(payload)
+        return _json_answer(payload)
 
     @app.post("/{session_id}/v1/chat/completions/render")
-    async def render(session_id: str, request: Request) -> dict[str, Any]:
+    async def render_prompt(session_id: str, request: Request) -> dict[str, Any]:
         session = state.session(session_id)
-        body: ChatRequest = await _body(request, ChatRequest)
-        prompt = await _run(session.managed._arender(body.message_dicts(), body.tools))
-        token_ids = await session.managed._aencode(prompt)
-        return {
-            "prompt": prompt,
-            "input_ids": token_ids,
-            "num_tokens": len(token_ids),
-        }
+        body: ChatCompletionProxyRequest = await _body(
+            request, ChatCompletionProxyRequest, merge_extra_body=True
+        )
+        managed = session.managed_server
+        prompt = await _run(managed._arender(body.message_dicts(), body.tools))
+        token_ids = await _run(managed._aencode(prompt))
+        return RenderResponse(
+            prompt_text=prompt, token_ids=token_ids, num_tokens=len(token_ids)
+        ).model_dump()
 
     @app.post("/{session_id}/v1/completions")
-    async def completions(session_id: str, request: Request) -> JSONResponse:
+    async def completions(session_id: str, request: Request) -> Response:
         session = state.session(session_id)
-        body: CompletionRequest = await _body(request, CompletionRequest)
-        kwargs = {
-            k: v
-            for k, v in body.model_dump().items()
-            if k not in _PASSTHROUGH_DROP and (v is not None or k in (body.model_extra or {}))
-        }
-        session.requests += 1
-        completion = await _run(session.managed.completion(**kwargs))
+        body: CompletionRequest = await _body(request, CompletionRequest, merge_extra_body=True)
+        call = session.managed_server.completion(**_passthrough(body))
+        completion = await _generate(session, call, body, request.state.body_size)
         if state.model_name != "unknown":
             completion.model = state.model_name
-        return JSONResponse(completion.model_dump(exclude_none=True))
+        return _json_answer(completion.model_dump(exclude_none=True))
 
     @app.get("/{session_id}/nodes")
-    async def nodes(session_id: str) -> dict[str, Any]:
+    async def get_nodes(session_id: str) -> dict[str, Any]:
         session = state.session(session_id)
-        st = session.managed.get_state()
+        st = session.managed_server.get_state()
         if "nodes" in st:
             return {"uuid": session_id, "nodes": [n.model_dump() for n in st["nodes"]]}
         return {
@@ -613,13 +869,14 @@ def create_app(
 
     @app.post("/{session_id}/reset")
     async def reset(session_id: str) -> dict[str, Any]:
-        state.session(session_id).managed.reset()
+        session = state.session(session_id)
+        session.managed_server.reset()
+        state.sessions.account(session)
         return {"status": "reset", "uuid": session_id}
 
     @app.delete("/{session_id}")
-    async def delete(session_id: str) -> dict[str, Any]:
-        state.session(session_id)
-        del state.sessions[session_id]
+    async def delete_session(session_id: str) -> dict[str, Any]:
+        state.sessions.remove(session_id)
         return {"status": "deleted", "uuid": session_id}
 
     return app
@@ -674,6 +931,38 @@ def main(argv: list[str] | None = None) -> None:
         default=64.0,
         help="Largest request body accepted (413 above it).",
     )
+    defaults = SessionLimits()
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=defaults.max_sessions,
+        help="Sessions held at once (creating one more is a 429).",
+    )
+    parser.add_argument(
+        "--session-idle-s",
+        type=float,
+        default=defaults.session_idle_s,
+        help="Evict a session unused for this many seconds (0: never); evictions are counted "
+        "in /health.",
+    )
+    parser.add_argument(
+        "--max-session-nodes",
+        type=int,
+        default=defaults.max_session_nodes,
+        help="Nodes one session may hold (a request that could pass it is a 429).",
+    )
+    parser.add_argument(
+        "--max-stored-tokens",
+        type=int,
+        default=defaults.max_stored_tokens,
+        help="Tokens all sessions may hold together (a request that could pass it is a 503).",
+    )
+    parser.add_argument(
+        "--max-upstream-mb",
+        type=float,
+        default=DEFAULT_MAX_ANSWER_BYTES / 1024**2,
+        help="Largest inference server answer read (a larger one is a 502).",
+    )
     parser.add_argument(
         "--cors-origin",
         action="append",
@@ -718,6 +1007,13 @@ def main(argv: list[str] | None = None) -> None:
         allow_upstream=args.allow_upstream,
         allowed_origins=args.cors_origin,
         max_request_mb=args.max_request_mb,
+        limits=SessionLimits(
+            max_sessions=args.max_sessions,
+            session_idle_s=args.session_idle_s,
+            max_session_nodes=args.max_session_nodes,
+            max_stored_tokens=args.max_stored_tokens,
+        ),
+        max_upstream_mb=args.max_upstream_mb,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

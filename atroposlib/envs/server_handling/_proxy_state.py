@@ -1,0 +1,335 @@
+"""The managed-server proxy's state: bounded sessions, the upstream policy, and the errors
+it answers with.
+
+Every session holds a ``ManagedServer`` whose nodes (token ids, masks, logprobs, text)
+live in the proxy's memory until the environment reads them and deletes the session. Left
+unbounded, a client that opens sessions and never deletes them, or one that asks for a
+long prompt many times over, grows the proxy until it dies. :class:`SessionStore` bounds
+that: a number of sessions (429 when full), an idle time after which a session is
+evicted (counted), a number of nodes per session (429) and the tokens held by all
+sessions together (503). Time comes from an injected clock, so tests never sleep.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+from urllib.parse import urlsplit
+
+from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.utils.http_security import is_loopback_host
+
+logger = logging.getLogger(__name__)
+
+
+class ProxyError(Exception):
+    """An error answered to the client in OpenAI's error format."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        err_type: str = "invalid_request_error",
+        param: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+
+@dataclass
+class SessionState:
+    """One proxy session: its ``ManagedServer`` and when it was made and last used.
+
+    ``base_url`` is the inference server the session is pinned to; ``created_at`` and
+    ``last_accessed`` are wall-clock times (``time.time()``) for display, while idle
+    expiry uses the store's monotonic clock.
+    """
+
+    uuid: str
+    managed_server: ManagedServer
+    translator: ToolCallTranslator | None
+    model_name: str
+    base_url: str | None = None
+    created_at: float = field(default_factory=time.time)
+    last_accessed: float = field(default_factory=time.time)
+    requests: int = 0
+    in_flight: int = 0
+    num_nodes: int = 0
+    stored_tokens: int = 0
+    touched: float = 0.0
+
+
+@dataclass
+class SessionLimits:
+    """Bounds on what sessions may hold (see the module docstring)."""
+
+    max_sessions: int = 4096
+    """Sessions held at once; creating one more is a 429."""
+    session_idle_s: float = 3600.0
+    """A session unused for this long (no request in flight) is evicted; 0 disables."""
+    max_session_nodes: int = 1024
+    """Nodes one session may hold; a request that could pass it is a 429."""
+    max_stored_tokens: int = 16_000_000
+    """Tokens all sessions' nodes may hold together; a request that could pass it is a 503."""
+
+
+class SessionStore:
+    """The proxy's sessions, least recently used first, with :class:`SessionLimits`.
+
+    Counters (``evicted_idle``, ``refused_sessions``, ``refused_nodes``,
+    ``refused_tokens``) report what the bounds did; ``/health`` shows them.
+    """
+
+    def __init__(
+        self, limits: SessionLimits | None = None, clock: Callable[[], float] = time.monotonic
+    ):
+        self.limits = limits or SessionLimits()
+        self.clock = clock
+        self._sessions: collections.OrderedDict[str, SessionState] = collections.OrderedDict()
+        self.stored_tokens = 0
+        self.evicted_idle = 0
+        self.refused_sessions = 0
+        self.refused_nodes = 0
+        self.refused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def values(self) -> Iterator[SessionState]:
+        """The sessions, least recently used first."""
+        return iter(list(self._sessions.values()))
+
+    def counters(self) -> dict[str, int]:
+        """What the bounds did so far, and the tokens held now."""
+        return {
+            "sessions_evicted": self.evicted_idle,
+            "sessions_refused": self.refused_sessions,
+            "requests_refused_nodes": self.refused_nodes,
+            "requests_refused_tokens": self.refused_tokens,
+            "stored_tokens": self.stored_tokens,
+        }
+
+    def expire(self) -> int:
+        """Evict the sessions idle for longer than ``session_idle_s``; how many were."""
+        idle_s = self.limits.session_idle_s
+        if idle_s <= 0:
+            return 0
+        cutoff = self.clock() - idle_s
+        expired = [s for s in self._sessions.values() if s.touched <= cutoff and s.in_flight == 0]
+        for session in expired:
+            self._drop(session.uuid)
+            logger.warning(
+                "evicted proxy session %s after %.0fs idle (%d nodes, %d tokens dropped)",
+                session.uuid,
+                idle_s,
+                session.num_nodes,
+                session.stored_tokens,
+            )
+        self.evicted_idle += len(expired)
+        return len(expired)
+
+    def check_room(self) -> None:
+        """:class:`ProxyError` 429 when ``max_sessions`` are held (after evicting idle ones)."""
+        self.expire()
+        if len(self._sessions) >= self.limits.max_sessions:
+            self.refused_sessions += 1
+            raise ProxyError(
+                429,
+                f"the proxy holds {len(self._sessions)} sessions, its limit "
+                f"(--max-sessions {self.limits.max_sessions}): DELETE finished sessions "
+                "(idle ones are evicted after --session-idle-s) and retry",
+                "rate_limit_error",
+            )
+
+    def add(self, session: SessionState) -> None:
+        """Hold ``session``; :class:`ProxyError` 429 when ``max_sessions`` are held."""
+        self.check_room()
+        session.touched = self.clock()
+        self._sessions[session.uuid] = session
+
+    def get(self, session_id: str) -> SessionState:
+        """The session (marked as used now); 404 when unknown, deleted or evicted."""
+        self.expire()
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise ProxyError(
+                404,
+                f"unknown session {session_id!r} (never created, deleted, or evicted after "
+                f"{self.limits.session_idle_s:g}s idle)",
+                "not_found_error",
+                "uuid",
+            )
+        self._touch(session)
+        return session
+
+    def _touch(self, session: SessionState) -> None:
+        session.touched = self.clock()
+        session.last_accessed = time.time()
+        self._sessions.move_to_end(session.uuid)
+
+    def remove(self, session_id: str) -> SessionState:
+        """Forget a session (404 when unknown)."""
+        session = self.get(session_id)
+        self._drop(session_id)
+        return session
+
+    def _drop(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self.stored_tokens -= session.stored_tokens
+
+    def admit(self, session: SessionState, n: int, max_new_tokens: int, prompt_bound: int) -> None:
+        """Refuse a generation that could pass a bound, before anything is sent.
+
+        ``n`` nodes may be added, each holding at most ``prompt_bound + max_new_tokens``
+        tokens (``prompt_bound``: the request's size in bytes, never fewer than its prompt's
+        tokens).
+        """
+        limits = self.limits
+        if session.num_nodes + n > limits.max_session_nodes:
+            self.refused_nodes += 1
+            raise ProxyError(
+                429,
+                f"session {session.uuid} holds {session.num_nodes} nodes and this request may "
+                f"add {n}, above the limit of {limits.max_session_nodes} per session "
+                "(--max-session-nodes): read the nodes, then POST /{uuid}/reset or DELETE the "
+                "session",
+                "rate_limit_error",
+                "n",
+            )
+        estimate = n * (prompt_bound + max_new_tokens)
+        if estimate > limits.max_stored_tokens:
+            self.refused_tokens += 1
+            raise ProxyError(
+                400,
+                f"this request may store up to {estimate} tokens (n={n} x (prompt of up to "
+                f"{prompt_bound} + max_tokens {max_new_tokens})), more than the proxy holds "
+                f"for all sessions (--max-stored-tokens {limits.max_stored_tokens}): lower n, "
+                "max_tokens or the prompt",
+                param="n",
+            )
+        if self.stored_tokens + estimate > limits.max_stored_tokens:
+            self.refused_tokens += 1
+            raise ProxyError(
+                503,
+                f"the proxy's sessions hold {self.stored_tokens} tokens and this request may "
+                f"add up to {estimate}, above --max-stored-tokens {limits.max_stored_tokens}: "
+                "read and DELETE finished sessions, then retry",
+                "server_error",
+            )
+
+    def account(self, session: SessionState) -> None:
+        """Recount the nodes and tokens ``session`` holds (after a request, reset or error)."""
+        managed = session.managed_server
+        nodes = list(getattr(managed, "current_nodes", ())) + list(
+            getattr(managed, "sequences", {}).values()
+        )
+        tokens = sum(len(node.tokens) for node in nodes)
+        if session.uuid in self._sessions:
+            self.stored_tokens += tokens - session.stored_tokens
+        session.num_nodes, session.stored_tokens = len(nodes), tokens
+
+
+AddressInfo = Callable[[str, int], Iterable[Any]]
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether ``address`` (an IP literal, IPv6 with or without a zone) is loopback.
+
+    An IPv4-mapped IPv6 address counts as the IPv4 address it maps."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+class UpstreamPolicy:
+    """Which inference-server URLs ``POST /setup`` may point the proxy at.
+
+    Entries are host names or addresses (``gpu-node-3``, ``10.0.0.5``), optionally with a port
+    (``gpu-node-3:9001``) or a leading ``*.`` for subdomains (``*.cluster.local``); ``*``
+    allows any host. Loopback hosts are always allowed — a host allowed only for being
+    loopback must resolve to loopback addresses only (:meth:`setup_problem`), and the
+    proxy connects to it only at loopback addresses (:meth:`peer_allowed`), so a name that
+    later resolves elsewhere (DNS rebinding) reaches nothing. Only ``http``/``https`` pass.
+    """
+
+    def __init__(
+        self, allowed: Iterable[str] = (), resolve: Callable[[str, int], list[str]] = _resolve
+    ):
+        self.entries = [a.strip().lower() for a in allowed if a and a.strip()]
+        self.resolve = resolve
+
+    def _listed(self, host: str, port: int | None) -> bool:
+        for entry in self.entries:
+            if entry == "*":
+                return True
+            name, _, entry_port = (
+                entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+            )
+            if entry_port and port is not None and str(port) != entry_port:
+                continue
+            if name == host or (name.startswith("*.") and host.endswith(name[1:])):
+                return True
+        return False
+
+    def allows(self, url: str | None) -> bool:
+        """Whether ``url`` is an allowed upstream by its form (names are not resolved)."""
+        try:
+            parts = urlsplit(url or "")
+            host = (parts.hostname or "").lower()
+            port = parts.port
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or not host:
+            return False
+        if is_loopback_host(host):
+            return True
+        return self._listed(host, port if port is not None else -1)
+
+    def setup_problem(self, url: str | None) -> str | None:
+        """Why ``url`` may not be set up, or None. Blocking (resolves names): run it in a
+        thread. A host that is not listed must be a loopback address, or a name every
+        address of which is loopback."""
+        if not self.allows(url):
+            return "only loopback servers and the hosts given with --allow-upstream may be set up"
+        parts = urlsplit(url or "")
+        host = (parts.hostname or "").lower()
+        port = parts.port
+        if self._listed(host, port if port is not None else -1):
+            return None
+        try:
+            addresses = self.resolve(host, port or 80)
+        except (OSError, UnicodeError) as e:
+            return f"host {host!r} does not resolve ({e})"
+        foreign = [a for a in addresses if not is_loopback_address(a)]
+        if not addresses or foreign:
+            return (
+                f"host {host!r} resolves to {', '.join(foreign) or 'nothing'}, not loopback; "
+                "name non-loopback hosts with --allow-upstream"
+            )
+        return None
+
+    def peer_allowed(self, host: str, address: str) -> bool:
+        """Whether the proxy may connect to ``address``, resolved from ``host``: a listed
+        host at any address, any other host only at a loopback address."""
+        return self._listed(host.lower(), None) or is_loopback_address(address)
