@@ -1,4 +1,4 @@
-"""Pure-ASGI middleware of the rollout API: body size limit, in-flight bound, gzip request bodies.
+"""Pure-ASGI middleware of the rollout API: body size limit, in-flight bound, body timeout, gzip.
 
 Bearer auth and the browser guard live in :mod:`atroposlib.utils.http_security` (one
 implementation for every server); ``BearerAuthMiddleware`` is re-exported here for old imports.
@@ -11,6 +11,14 @@ import logging
 import zlib
 from typing import Any, Awaitable, Callable, Iterable, MutableMapping
 
+from atroposlib.utils.http_body import (
+    BODY_TIMEOUT,
+    BodyBusy,
+    BodyError,
+    BodyReader,
+    BodyTooLarge,
+    replayed,
+)
 from atroposlib.utils.http_security import BearerAuthMiddleware, send_response
 
 logger = logging.getLogger(__name__)
@@ -36,42 +44,37 @@ async def _send_error(
     await send_response(send, status, body, [(b"content-type", content_type), *headers])
 
 
-class _BodyTooLarge(Exception):
-    def __init__(self, reserved: int) -> None:
-        super().__init__()
-        self.reserved = reserved
-
-
-class _Busy(Exception):
-    def __init__(self, reserved: int) -> None:
-        super().__init__()
-        self.reserved = reserved
-
-
 class RequestBodyMiddleware:
-    """Reject bodies above ``max_bytes`` (413) and inflate ``Content-Encoding: gzip`` bodies (bad gzip → 400).
+    """Read request bodies under the size bound, the in-flight budget and the body timeout.
 
-    With ``max_inflight_bytes``, the bodies of all requests being received or
-    processed at once are bounded: a request whose body would take the total
-    beyond it gets 503 with ``Retry-After`` (unless nothing else is in flight,
-    so a single body up to ``max_bytes`` is always served). A gzipped body
-    counts with its inflated size once inflated.
+    Bodies above ``max_bytes`` get 413 (declared ones before anything is read);
+    ``Content-Encoding: gzip`` bodies are inflated (bad gzip → 400). With
+    ``max_inflight_bytes``, the bodies of all requests being received or
+    processed at once are bounded, counting the bytes actually received: a
+    request whose next bytes would take the total beyond it gets 503 with
+    ``Retry-After`` (unless it is the only one holding any, so a single body
+    up to ``max_bytes`` is always served). A declared ``Content-Length`` costs
+    nothing until its bytes arrive, and a body that receives nothing for
+    ``body_timeout`` seconds is dropped with 408, freeing its share. A gzipped
+    body counts with its inflated size once inflated.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_inflight_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_inflight_bytes: int | None = None,
+        body_timeout: float | None = BODY_TIMEOUT,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_inflight_bytes = max_inflight_bytes
-        self.inflight_bytes = 0
+        self.reader = BodyReader(max_bytes, max_inflight_bytes, body_timeout)
 
-    def _reserve(self, size: int) -> bool:
-        limit = self.max_inflight_bytes
-        if size <= 0:
-            return True  # a request without a body is never refused for the bodies of others
-        if limit is not None and self.inflight_bytes and self.inflight_bytes + size > limit:
-            return False
-        self.inflight_bytes += size
-        return True
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of request bodies received and not yet released."""
+        return self.reader.inflight_bytes
 
     async def _busy(self, send: Send) -> None:
         logger.info("refused a request body: %d bytes already in flight", self.inflight_bytes)
@@ -85,12 +88,24 @@ class RequestBodyMiddleware:
             headers=[(b"retry-after", b"1")],
         )
 
+    async def _timed_out(self, send: Send) -> None:
+        logger.info("dropped a request body that received nothing for %ss", self.reader.timeout)
+        await _send_error(
+            send,
+            408,
+            {
+                "detail": f"request body incomplete: nothing received for {self.reader.timeout:g} "
+                "seconds (run-api --body-timeout)"
+            },
+            headers=[_CLOSE],
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         length: int | None = None
-        gzipped = False
+        gzipped = chunked = False
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -100,23 +115,34 @@ class RequestBodyMiddleware:
                     return
             elif name == b"content-encoding" and b"gzip" in value.lower():
                 gzipped = True
+            elif name == b"transfer-encoding":
+                chunked = True
         if length is not None and length > self.max_bytes:
             await self._too_large(send, length)
             return
-        if not length and not gzipped and length is not None:
+        if not length and not chunked:
+            # No body (HTTP/1.1 has one only with a length or chunked encoding): nothing to read.
             await self.app(scope, receive, send)
             return
-        reserved = length or 0
-        if not self._reserve(reserved):
-            await self._busy(send)
-            return
+        held = 0
         try:
-            if length is not None and not gzipped:
-                await self.app(scope, receive, send)
+            body, held = await self.reader.read(receive)
+            if body is None:
+                return
+            if gzipped or length is None:
+                held = await self._inflated(scope, receive, send, body, gzipped, held)
+                return
+            await self.app(scope, replayed(body, receive), send)
+        except BodyError as e:
+            held = e.held
+            if isinstance(e, BodyTooLarge):
+                await self._too_large(send, self.max_bytes + 1)
+            elif isinstance(e, BodyBusy):
+                await self._busy(send)
             else:
-                reserved = await self._buffered(scope, receive, send, gzipped, reserved)
+                await self._timed_out(send)
         finally:
-            self.inflight_bytes -= reserved
+            self.reader.release(held)
 
     async def _too_large(self, send: Send, size: int) -> None:
         await _send_error(
@@ -128,45 +154,14 @@ class RequestBodyMiddleware:
             },
         )
 
-    async def _read_all(self, receive: Receive, reserved: int) -> tuple[bytes | None, int]:
-        """The whole body (None when the client left) and the bytes now reserved for it."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None, reserved
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise _BodyTooLarge(reserved)
-            if size > reserved:
-                if not self._reserve(size - reserved):
-                    raise _Busy(reserved)
-                reserved = size
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks), reserved
-
-    async def _buffered(
-        self, scope: Scope, receive: Receive, send: Send, inflate: bool, reserved: int
+    async def _inflated(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, inflate: bool, held: int
     ) -> int:
-        """Read the whole (bounded) body, inflate it if gzipped, and replay it to the app.
-
-        Returns the bytes reserved in the in-flight budget, for the caller to release.
-        """
-        try:
-            body, reserved = await self._read_all(receive, reserved)
-        except _BodyTooLarge as e:
-            await self._too_large(send, self.max_bytes + 1)
-            return e.reserved
-        except _Busy as e:
-            await self._busy(send)
-            return e.reserved
-        if body is None:
-            return reserved
+        """Inflate a gzipped body and pass it on with its real length; returns the share held."""
         headers = [
-            (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
+            (k, v)
+            for k, v in scope["headers"]
+            if k not in (b"content-encoding", b"content-length", b"transfer-encoding")
         ]
         if inflate:
             inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
@@ -175,30 +170,23 @@ class RequestBodyMiddleware:
                 body = inflater.decompress(raw, self.max_bytes + 1)
                 if len(body) > self.max_bytes or inflater.unconsumed_tail:
                     await self._too_large(send, self.max_bytes + 1)
-                    return reserved
+                    return held
                 if not inflater.eof:
                     raise zlib.error("truncated gzip stream")
             except zlib.error as e:
                 logger.info("rejected a request with a bad gzip body: %s", e)
                 await _send_error(send, 400, "Invalid gzip payload", text=True)
-                return reserved
+                return held
             del raw
-            if len(body) > reserved:
-                if not self._reserve(len(body) - reserved):
+            if len(body) > held:
+                if not self.reader.reserve(len(body) - held, held):
                     await self._busy(send)
-                    return reserved
-                reserved = len(body)
+                    return held
+                held = len(body)
         headers.append((b"content-length", str(len(body)).encode()))
-        sent = False
+        await self.app({**scope, "headers": headers}, replayed(body, receive), send)
+        return held
 
-        async def replay() -> Message:
-            nonlocal sent, body
-            if sent:
-                return await receive()
-            sent = True
-            message = {"type": "http.request", "body": body, "more_body": False}
-            body = b""  # the app holds the only reference from here on
-            return message
 
-        await self.app({**scope, "headers": headers}, replay, send)
-        return reserved
+_CLOSE = (b"connection", b"close")
+"""A stalled body is never read to its end: its connection cannot carry another request."""

@@ -123,6 +123,7 @@ class RolloutAPI(FastAPI):
             app,
             max_bytes=settings.max_request_bytes,
             max_inflight_bytes=settings.max_inflight_bytes,
+            body_timeout=settings.body_timeout,
         )
         api_key = settings.api_key or load_api_key(None, settings.api_key_file, component="run-api")
         if api_key:

@@ -59,8 +59,15 @@ class APISettings(BaseSettings):
     max_inflight_mb: float = Field(
         512,
         gt=0,
-        description="Bound on the request bodies being received or processed at once, in MiB; "
-        "beyond it requests get 503 with Retry-After.",
+        description="Bound on the request bodies being received or processed at once, in MiB, "
+        "counting the bytes actually received (not declared lengths); beyond it requests get "
+        "503 with Retry-After.",
+    )
+    body_timeout: float = Field(
+        30,
+        ge=0,
+        description="Seconds a request body may go without receiving a byte; a stalled body is "
+        "dropped with 408 and its share of --max-inflight-mb freed; 0 never.",
     )
     max_queue_mb: float = Field(
         1024,

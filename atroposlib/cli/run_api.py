@@ -34,6 +34,7 @@ _NUMBERS = (
     ("--max-buffer-mb", "max_buffer_mb", float, "N"),
     ("--env-timeout", "env_timeout", float, "S"),
     ("--max-inflight-mb", "max_inflight_mb", float, "N"),
+    ("--body-timeout", "body_timeout", float, "S"),
     ("--max-queue-mb", "max_queue_mb", float, "N"),
     ("--max-request-mb", "max_request_mb", float, "N"),
     ("--pack-above-mb", "pack_above_mb", float, "N"),

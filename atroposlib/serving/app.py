@@ -181,7 +181,11 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
     install_error_handlers(app)
     pause_gate = PauseGate()
     app.add_middleware(PauseMiddleware, gate=pause_gate)  # innermost: after auth and guard
-    app.add_middleware(RequestSizeLimit, max_bytes=int(config.max_request_mb * 2**20))
+    app.add_middleware(
+        RequestSizeLimit,
+        max_bytes=int(config.max_request_mb * 2**20),
+        body_timeout=config.body_timeout,
+    )
     # Outermost last: OpenAI-shaped refusals <- browser guard <- CORS <- bearer auth <- routes
     # (CORS outside the key check: a browser's preflight carries no Authorization header).
     if config.api_key:

@@ -99,6 +99,12 @@ class ServeModelConfig(BaseModel):
         description="Largest request body in MiB (413 above it): a body is held in memory "
         "whole, and parsed JSON takes several times its size.",
     )
+    body_timeout: float = Field(
+        30.0,
+        ge=0.0,
+        description="Seconds a request body may go without receiving a byte before it is "
+        "dropped with 408; 0 never.",
+    )
     cpu_threads: int | None = Field(
         None,
         ge=1,

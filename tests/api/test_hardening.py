@@ -8,7 +8,6 @@ import logging
 import os
 import random
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -362,32 +361,7 @@ def test_damaged_database_exits_without_a_traceback(crashed: Path, tmp_path):
 
 
 # ------------------------------------------------------------ 12. in-flight bodies
-
-
-def test_in_flight_bodies_are_bounded_with_503_and_retry_after(tmp_path):
-    ctx, url = start_api(tmp_path, "--max-inflight-mb", "1", "--max-request-mb", "4")
-    port = int(url.rsplit(":", 1)[1])
-    with ctx:
-        api = Api(url)
-        api.start_trainer(batch_size=4)
-        slow = socket.create_connection(("127.0.0.1", port))
-        body = json.dumps(
-            group(4, seq_len=40_000)
-        ).encode()  # ~2.5 MiB, above the bound, sent slowly
-        slow.sendall(
-            b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000]
-        )
-        time.sleep(0.3)
-        r = api.client.post("/scored_data", json=group(4, seq_len=10_000, base=2))
-        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
-        assert "max-inflight-mb" in r.json()["detail"]
-        assert api.client.get("/status").status_code == 200  # requests without a body pass
-        slow.sendall(body[1000:])
-        assert b"200 OK" in slow.recv(4096)
-        slow.close()
-        assert api.client.post("/scored_data", json=group(4, base=3)).status_code == 200
-        api.client.close()
+# (tests/api/test_body_budget.py)
 
 
 # ------------------------------------------------------------ 13. API key

@@ -1,0 +1,246 @@
+"""Reading request bodies under a size bound, an in-flight budget and a stall timeout.
+
+A server that reserves memory for a body from its declared ``Content-Length``
+can be starved by clients that declare a huge length, send one byte and go
+idle; one that waits forever for the rest of a body keeps such clients (and
+what they did send) for as long as they like. :class:`BodyReader` reads a body
+the way every server we ship should:
+
+* the in-flight budget is charged with the bytes actually received, chunk by
+  chunk, and given back when the request ends;
+* a body over ``max_bytes`` is refused (:class:`BodyTooLarge`) as soon as it
+  passes the bound (declared or not);
+* a body that makes no progress for ``timeout`` seconds is dropped
+  (:class:`BodyTimeout`, answered 408), which frees its share.
+
+The stall check costs no timer per request: one sweep every ``timeout / 4``
+seconds looks at the reads in progress and cancels those that received
+nothing during the last ``timeout`` (so a stalled body is dropped between
+``timeout`` and 1.25 x ``timeout`` after its last byte).
+
+Example::
+
+    reader = BodyReader(max_bytes=2**20, max_inflight_bytes=64 * 2**20, timeout=30)
+    try:
+        body, held = await reader.read(receive)
+        ...
+    except BodyTimeout:
+        ...  # answer 408 with Connection: close
+    finally:
+        reader.release(held)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BODY_TIMEOUT",
+    "BodyBusy",
+    "BodyError",
+    "BodyReader",
+    "BodyTimeout",
+    "BodyTooLarge",
+    "read_stream",
+    "replayed",
+]
+
+
+def _body_timeout() -> float:
+    text = os.environ.get("ATROPOS_BODY_TIMEOUT", "").strip()
+    try:
+        value = float(text) if text else 30.0
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses NaN
+        logger.warning("ATROPOS_BODY_TIMEOUT=%r is not a number of seconds; using 30", text)
+        value = 30.0
+    return value
+
+
+BODY_TIMEOUT = _body_timeout()
+"""Seconds a request body may go without receiving a byte before it is dropped (408): 30, or
+``ATROPOS_BODY_TIMEOUT`` (the variable that also sets ``run-api --body-timeout``)."""
+
+_SWEEPS = 4
+"""Sweeps per timeout: a stall is caught within ``timeout * (1 + 1/_SWEEPS)``."""
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class BodyError(Exception):
+    """A body that cannot be taken; ``held`` is the budget share it had, to give back."""
+
+    def __init__(self, held: int = 0) -> None:
+        super().__init__()
+        self.held = held
+
+
+class BodyTooLarge(BodyError):
+    """The body passed ``max_bytes`` (answer 413)."""
+
+
+class BodyBusy(BodyError):
+    """The in-flight budget cannot take the body's next bytes (answer 503 with Retry-After)."""
+
+
+class BodyTimeout(BodyError):
+    """The body received nothing for ``timeout`` seconds (answer 408 and close)."""
+
+
+class _Read:
+    __slots__ = ("task", "seen", "mark", "idle", "expired")
+
+    def __init__(self, task: asyncio.Task | None) -> None:
+        self.task = task
+        self.seen = 0
+        self.mark = -1
+        self.idle = 0
+        self.expired = False
+
+
+class BodyReader:
+    """Reads ASGI request bodies under a size bound, a shared in-flight budget and a stall timeout.
+
+    ``max_inflight_bytes`` (None: no budget) bounds the bytes of all bodies
+    being read or held at once: a chunk that would take the total beyond it
+    raises :class:`BodyBusy`, unless the request reading it is the only one
+    holding anything (so one body up to ``max_bytes`` is always served).
+    ``timeout`` (None or 0: none) is the longest a body may go without a byte.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        max_inflight_bytes: int | None = None,
+        timeout: float | None = BODY_TIMEOUT,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_inflight_bytes = max_inflight_bytes
+        self.timeout = timeout or None
+        self.inflight_bytes = 0
+        self.timed_out = 0
+        self._reads: set[_Read] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ budget
+    def reserve(self, size: int, held: int = 0) -> bool:
+        """Charge ``size`` more bytes to a request already holding ``held``; False when refused."""
+        limit = self.max_inflight_bytes
+        if limit is not None and self.inflight_bytes > held and self.inflight_bytes + size > limit:
+            return False
+        self.inflight_bytes += size
+        return True
+
+    def release(self, held: int) -> None:
+        """Give back a request's share of the budget."""
+        self.inflight_bytes -= held
+
+    # ------------------------------------------------------------ stall sweep
+    def _watch(self) -> _Read:
+        read = _Read(asyncio.current_task())
+        if self.timeout is not None:
+            self._reads.add(read)
+            if self._sweeper is None:
+                loop = asyncio.get_running_loop()
+                self._sweeper = loop.call_later(self.timeout / _SWEEPS, self._sweep)
+        return read
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        for read in list(self._reads):
+            if read.seen != read.mark:
+                read.mark, read.idle = read.seen, 0
+                continue
+            read.idle += 1
+            if read.idle >= _SWEEPS + 1 and not read.expired and read.task is not None:
+                read.expired = True
+                read.task.cancel()
+        if self._reads and self.timeout is not None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.timeout / _SWEEPS, self._sweep)
+
+    # ------------------------------------------------------------ reading
+    async def read(self, receive: Receive, held: int = 0) -> tuple[bytes | None, int]:
+        """The whole body (None when the client left) and the budget share it now holds.
+
+        Raises :class:`BodyTooLarge`, :class:`BodyBusy` or :class:`BodyTimeout`
+        (each carrying the share held, for :meth:`release`).
+        """
+        read = self._watch()
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while True:
+                try:
+                    message = await receive()
+                except asyncio.CancelledError:
+                    if not read.expired:
+                        raise
+                    if read.task is not None:
+                        read.task.uncancel()
+                    self.timed_out += 1
+                    raise BodyTimeout(held) from None
+                if message["type"] == "http.disconnect":
+                    return None, held
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    read.seen = size
+                    if size > self.max_bytes:
+                        raise BodyTooLarge(held)
+                    if not self.reserve(len(chunk), held):
+                        raise BodyBusy(held)
+                    held += len(chunk)
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), held
+        finally:
+            self._reads.discard(read)
+
+
+async def read_stream(
+    chunks: AsyncIterator[bytes], max_bytes: int, timeout: float | None = BODY_TIMEOUT
+) -> bytes:
+    """Join an async stream of body chunks, at most ``max_bytes``, each within ``timeout`` seconds.
+
+    For servers that read bodies through a framework's stream (Starlette's
+    ``request.stream()``) rather than ASGI ``receive``; raises
+    :class:`BodyTooLarge` or :class:`BodyTimeout`.
+    """
+    parts: list[bytes] = []
+    size = 0
+    iterator = chunks.__aiter__()
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                chunk = await iterator.__anext__()
+        except StopAsyncIteration:
+            return b"".join(parts)
+        except TimeoutError:
+            raise BodyTimeout() from None
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyTooLarge()
+        parts.append(chunk)
+
+
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """An ASGI ``receive`` that returns ``body`` whole once, then defers to ``receive``."""
+    sent = False
+
+    async def replay() -> MutableMapping[str, Any]:
+        nonlocal sent, body
+        if sent:
+            return await receive()
+        sent = True
+        message = {"type": "http.request", "body": body, "more_body": False}
+        body = b""  # the app holds the only reference from here on
+        return message
+
+    return replay
