@@ -23,14 +23,15 @@ GZIP_MIN_BYTES = 1024
 DEFAULT_TIMEOUT_S = 30.0
 
 
-def encode_body(payload: Any) -> tuple[bytes, Dict[str, str]]:
-    """Serialize ``payload`` to JSON; gzip it when >= 1 KiB and compression helps.
+def encode_body(payload: Any, minimum_size: int = GZIP_MIN_BYTES) -> tuple[bytes, Dict[str, str]]:
+    """Serialize ``payload`` to JSON; gzip it when >= ``minimum_size`` bytes (1 KiB) and
+    compression helps.
 
     Returns the body and the headers that describe it.
     """
     raw = json.dumps(payload, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json"}
-    if len(raw) >= GZIP_MIN_BYTES:
+    if len(raw) >= minimum_size:
         packed = gzip.compress(raw, compresslevel=1)
         if len(packed) < len(raw):
             headers["Content-Encoding"] = "gzip"

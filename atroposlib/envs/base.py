@@ -51,6 +51,7 @@ from atroposlib.envs.server_handling.server_baseline import (
 from atroposlib.envs.validation import InvalidGroupError, normalize_group
 from atroposlib.envs.workers import WorkerPool
 from atroposlib.type_definitions import Item
+from atroposlib.utils.io import auth_headers
 
 __all__ = [
     "APIServerConfig",
@@ -96,7 +97,7 @@ class BaseEnv(ABC):
         self.curr_step = 0
         self.max_token_len = -1
         self.status_dict: Dict[str, Any] = {}
-        self.derived_batch_size = -1
+        self._derived_batch_size = -1
         self.env_id: int | None = None
         self.wandb_prepend: str | None = None
         self.wandb_project: str | None = None
@@ -318,6 +319,12 @@ class BaseEnv(ABC):
         metrics["train/items_sent_to_api"] = self.items_sent_total
         metrics.update(wl.rejected_metrics(self.all_rejections()))
         return metrics
+
+    def perf_stats(self, metrics_dict: Dict[str, Any]) -> Dict[str, Any]:
+        """Add the performance metrics (:meth:`perf_metrics`) to ``metrics_dict`` and
+        return it."""
+        metrics_dict.update(self.perf_metrics())
+        return metrics_dict
 
     def all_rejections(self) -> Counter:
         """Every dropped group or item so far, counted per reason."""
@@ -599,6 +606,60 @@ class BaseEnv(ABC):
 
     # ------------------------------------------------------------ serve mode
 
+    @property
+    def derived_batch_size(self) -> int:
+        """This env's share of the trainer's batch, from the API's status (``-1`` before
+        the first status poll); ``min_batch_allocation`` raises it."""
+        return self._derived_batch_size
+
+    @derived_batch_size.setter
+    def derived_batch_size(self, value: int) -> None:
+        self._derived_batch_size = int(value)
+
+    async def _register_env(self) -> Dict[str, Any]:
+        """One ``POST /register-env`` attempt (no waiting for the trainer): the API's answer.
+
+        :meth:`register_env` repeats it until the trainer has registered.
+        """
+        api = self._api or RolloutAPIClient(self.config.rollout_server_url)
+        try:
+            return await api.register_env(serve.registration_payload(self))
+        finally:
+            if api is not self._api:
+                await api.aclose()
+
+    async def _send_scored_data_to_api(self, scored_data: Any) -> None:
+        """POST one group (a dict) or several (a list) to the API now, bypassing the outbox;
+        raises ``RuntimeError`` naming the status when the API does not accept it."""
+        api = self._api or RolloutAPIClient(self.config.rollout_server_url)
+        try:
+            result = await api.post_scored(scored_data)
+        finally:
+            if api is not self._api:
+                await api.aclose()
+        if not result.ok:
+            raise RuntimeError(
+                f"the rollout API did not accept the scored data: status {result.status} "
+                f"{result.detail}"
+            )
+
+    def _post_json_with_compression(
+        self, session: Any, url: str, payload: Any, *, minimum_size: int = 1024
+    ) -> Any:
+        """``session.post(url, ...)`` with ``payload`` as JSON, gzipped (``Content-Encoding:
+        gzip``) when the body is at least ``minimum_size`` bytes and compression helps.
+
+        Works with an ``aiohttp.ClientSession`` (returns its request context manager) and an
+        ``httpx.AsyncClient`` (returns the request coroutine).
+        """
+        from atroposlib.envs.api_client import encode_body
+
+        body, headers = encode_body(payload, minimum_size=minimum_size)
+        headers.update(auth_headers())
+        if hasattr(session, "build_request"):  # httpx
+            return session.post(url, content=body, headers=headers)
+        return session.post(url, data=body, headers=headers)
+
     async def setup_wandb(self) -> None:
         """Join the trainer's W&B project and group (waits until the trainer registered)."""
         await serve.setup_wandb(self)
@@ -675,6 +736,32 @@ class BaseEnv(ABC):
         from atroposlib.envs.offline import run_evaluate
 
         await run_evaluate(self)
+
+    async def _run_evaluate(self) -> None:
+        """The original's name of :meth:`run_evaluate` (what ``evaluate`` mode runs)."""
+        await self.run_evaluate()
+
+    @classmethod
+    def get_cli_serve_config_cls(cls) -> type:
+        """The settings class of ``serve`` (``--env.*``, ``--openai.*``, ...); an instance's
+        ``cli_cmd()`` runs serve mode with its values. Override to add flags."""
+        from atroposlib.envs.cli import mode_config_cls
+
+        return mode_config_cls(cls, "serve")
+
+    @classmethod
+    def get_cli_process_config_cls(cls) -> type:
+        """The settings class of ``process`` (see :meth:`get_cli_serve_config_cls`)."""
+        from atroposlib.envs.cli import mode_config_cls
+
+        return mode_config_cls(cls, "process")
+
+    @classmethod
+    def get_cli_evaluate_config_cls(cls) -> type:
+        """The settings class of ``evaluate`` (see :meth:`get_cli_serve_config_cls`)."""
+        from atroposlib.envs.cli import mode_config_cls
+
+        return mode_config_cls(cls, "evaluate")
 
     @classmethod
     def cli(cls) -> None:

@@ -142,9 +142,12 @@ def _mode_model(
         ),
     }
     for namespace in _extra_namespaces(env_cls, mode):
+        ns_model = adjust_model_defaults(
+            APIServerConfig, _server_defaults(_namespace_default(env_cls, namespace))
+        )
         fields[namespace] = (
-            APIServerConfig,
-            Field(default_factory=APIServerConfig, description=f"{namespace} server settings."),
+            ns_model,
+            Field(default_factory=ns_model, description=f"{namespace} server settings."),
         )
     fields["slurm"] = (bool, Field(False, description="Discover inference servers from SLURM."))
     fields["testing"] = (
@@ -168,6 +171,50 @@ def _mode_model(
     return create_model(f"{mode.capitalize()}Cli", **fields)
 
 
+def mode_config_cls(env_cls: Type[BaseEnv], mode: str) -> Type[BaseModel]:
+    """The settings class of one mode of ``env_cls``'s command line (``BaseEnv.get_cli_<mode>
+    _config_cls`` returns it): one field per namespace (``env``, ``openai``, extra server
+    namespaces such as ``teacher``) and the manager flags. An instance's ``cli_cmd()`` (also
+    ``run()``) runs that mode with the values set on it, layered over ``config_init()`` and
+    the YAML ``--config`` exactly as the command line is.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+    env_default, server_default = env_cls.config_init()
+
+    def cli_cmd(self: BaseModel) -> None:
+        """Run this mode with the values set on this instance."""
+        prog = Path(sys.argv[0]).name
+        values = _none_literals(self.model_dump(exclude_unset=True))
+        try:
+            parsed = parsed_from_values(env_cls, mode, values)
+        except CliError as err:
+            sys.stderr.write(f"{prog}: error: {err}\n")
+            raise SystemExit(2) from None
+        run_parsed(env_cls, parsed, prog)
+
+    base = type(
+        f"{mode.capitalize()}CliBase",
+        (BaseModel,),
+        {"cli_cmd": cli_cmd, "run": cli_cmd, "__doc__": _MODE_HELP[mode]},
+    )
+    model = _mode_model(env_cls, mode, env_default, server_default)
+    return create_model(f"{mode.capitalize()}Cli", __base__=(model, base))
+
+
+def _mode_cls(env_cls: Type[BaseEnv], mode: str) -> Type[BaseModel]:
+    """The class the env's ``get_cli_<mode>_config_cls`` returns (a subclass may override it)."""
+    getter = getattr(env_cls, f"get_cli_{mode}_config_cls", None)
+    return getter() if callable(getter) else mode_config_cls(env_cls, mode)
+
+
+def _namespace_default(env_cls: Type[BaseEnv], namespace: str) -> Any:
+    """The default config(s) of an extra server namespace: ``<namespace>_config_init()``
+    of the env (``teacher_config_init``), or None."""
+    init = getattr(env_cls, f"{namespace}_config_init", None)
+    return init() if callable(init) else None
+
+
 def _extra_namespaces(env_cls: Type[BaseEnv], mode: str) -> Tuple[str, ...]:
     if mode != "serve":
         return ()
@@ -175,10 +222,9 @@ def _extra_namespaces(env_cls: Type[BaseEnv], mode: str) -> Tuple[str, ...]:
 
 
 def _root_model(env_cls: Type[BaseEnv], prog: str) -> Type[BaseSettings]:
-    env_default, server_default = env_cls.config_init()
     subcommands = {
         mode: (
-            CliSubCommand[_mode_model(env_cls, mode, env_default, server_default)],  # type: ignore[misc]
+            CliSubCommand[_mode_cls(env_cls, mode)],  # type: ignore[misc]
             Field(description=_MODE_HELP[mode]),
         )
         for mode in MODES
@@ -386,6 +432,12 @@ def parse_cli(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str | None = No
     """Parse ``argv`` into a :class:`ParsedCli`; raises :class:`CliError` or exits 2 on bad flags."""
     prog = prog or Path(sys.argv[0]).name
     mode, cli = _parse_args(env_cls, argv, prog)
+    return parsed_from_values(env_cls, mode, cli)
+
+
+def parsed_from_values(env_cls: Type[BaseEnv], mode: str, cli: Dict[str, Any]) -> ParsedCli:
+    """A :class:`ParsedCli` for ``mode`` from command-line values (``{"env": {...},
+    "openai": {...}, "config": path, ...}``), layered over ``config_init()`` and YAML."""
     yaml_cfg = _load_yaml(cli.get("config"))
     env_default, server_default = env_cls.config_init()
 
@@ -405,7 +457,20 @@ def parse_cli(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str | None = No
     servers = _resolve_servers(server_default, yaml_cfg, cli.get(OPENAI_NAMESPACE) or {})
     extra: Dict[str, Any] = {}
     for namespace in _extra_namespaces(env_cls, mode):
-        extra[namespace] = _resolve_extra(namespace, yaml_cfg, cli.get(namespace) or {})
+        resolver = getattr(env_cls, f"_resolve_{namespace}_server_configs", None)
+        if resolver is None:
+            extra[namespace] = _resolve_extra(namespace, yaml_cfg, cli.get(namespace) or {})
+            continue
+        try:
+            extra[namespace] = resolver(
+                _namespace_default(env_cls, namespace),
+                yaml_cfg,
+                _flat(namespace, cli.get(namespace) or {}),
+            )
+        except ValidationError as err:
+            raise CliError(_explain(err, namespace)) from err
+        except ValueError as err:
+            raise CliError(str(err)) from err
     manager = _manager_options(yaml_cfg, cli)
     slurm = _validate_bool("slurm", yaml_cfg.get("slurm"), cli.get("slurm"))
     testing = _validate_bool("testing", yaml_cfg.get("testing"), cli.get("testing"))
@@ -547,6 +612,12 @@ def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
     except CliError as err:
         sys.stderr.write(f"{prog}: error: {err}\n")
         raise SystemExit(2) from None
+    run_parsed(env_cls, parsed, prog)
+
+
+def run_parsed(env_cls: Type[BaseEnv], parsed: ParsedCli, prog: str) -> None:
+    """Build the environment for ``parsed``, check its servers and run its mode (errors
+    reported as ``prog: error: ...`` with exit 2 for bad setups, 1 for failed runs)."""
     env = build_env(env_cls, parsed)
     try:
         check_servers(env, parsed)
@@ -581,7 +652,10 @@ __all__ = [
     "build_env",
     "check_servers",
     "env_config_class",
+    "mode_config_cls",
     "parse_cli",
+    "parsed_from_values",
     "run_cli",
+    "run_parsed",
     "write_evaluate_config",
 ]

@@ -85,15 +85,20 @@ async def setup_wandb(env: BaseEnv) -> None:
     )
 
 
-async def register_env(env: BaseEnv) -> None:
-    """Register with the rollout API, waiting until the trainer has started."""
-    payload = {
+def registration_payload(env: BaseEnv) -> dict[str, Any]:
+    """The ``/register-env`` body of ``env``."""
+    return {
         "max_token_length": env.config.max_token_length,
         "desired_name": env.config.wandb_name or env.name or type(env).__name__,
         "weight": env.config.inference_weight,
         "min_batch_allocation": env.config.min_batch_allocation,
         "group_size": env.config.group_size,
     }
+
+
+async def register_env(env: BaseEnv) -> None:
+    """Register with the rollout API, waiting until the trainer has started."""
+    payload = registration_payload(env)
     failures = 0
     trainer_notice = _Notice()
     while True:

@@ -209,6 +209,8 @@ def resolve_openai_configs(
     yaml_config: dict[str, Any],
     cli_passed_flags: dict[str, Any],
     logger: logging.Logger | None = None,
+    *,
+    namespace: str = "openai",
 ) -> Union[ServerBaseline, list[APIServerConfig]]:
     """Combine the env's default server configs with YAML and ``--openai.*`` CLI values.
 
@@ -219,17 +221,20 @@ def resolve_openai_configs(
       (SLURM or the local default servers).
     - Otherwise one ``APIServerConfig`` built from ``openai_config_dict`` (the merge of
       defaults, YAML and CLI, in that order of increasing precedence).
+
+    ``namespace`` resolves another server namespace the same way (``teacher``: the YAML
+    ``teacher:`` key and ``--teacher.*`` flags).
     """
     log = logger or logging.getLogger(__name__)
-    prefix = "openai."
+    prefix = f"{namespace}."
     cli_openai = {k: v for k, v in (cli_passed_flags or {}).items() if k.startswith(prefix)}
-    yaml_openai = (yaml_config or {}).get("openai")
+    yaml_openai = (yaml_config or {}).get(namespace)
     multi_yaml = isinstance(yaml_openai, list) and len(yaml_openai) >= 2
     multi_default = isinstance(default_server_configs, list) and len(default_server_configs) >= 2
     if (multi_yaml or (multi_default and not yaml_openai)) and cli_openai:
         raise ValueError(
-            "--openai.* overrides are not supported when several servers are configured; "
-            "edit the YAML server list instead"
+            f"--{namespace}.* overrides are not supported when several servers are "
+            "configured; edit the YAML server list instead"
         )
     if multi_yaml:
         log.info("using %d servers from the YAML config", len(yaml_openai))
