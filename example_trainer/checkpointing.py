@@ -3,7 +3,8 @@
 A checkpoint directory holds the model (``save_pretrained``; only the adapter for
 LoRA runs), the tokenizer, ``optimizer.pt`` (optimizer state keyed by parameter
 name, so a checkpoint written by N processes resumes on M) and ``trainer_state.pt``
-with the scheduler state, the step, the RNG state and the ``batch_id`` of the last
+with the scheduler state, the step, the CPU RNG state, ``extra`` (the CUDA RNG states,
+the fp16 grad scaler's state, the count of skipped steps) and the ``batch_id`` of the last
 batch trained on (a resumed trainer skips that batch if the rollout API serves it
 again, see ``atroposlib/api/README.md`` "Delivery"). It is written to a temporary
 directory and renamed into place, so a crash never leaves a half-written
@@ -38,6 +39,7 @@ class TrainerState:
     scheduler: dict | None
     rng: Any | None = None
     last_batch_id: str | None = None
+    extra: dict | None = None
 
 
 def _save_pretrained(model: Any, out: Path, state_dict: dict | None) -> None:
@@ -80,11 +82,13 @@ def save_checkpoint(
     optimizer_state: dict | None = None,
     world_size: int = 1,
     last_batch_id: str | None = None,
+    extra: dict | None = None,
 ) -> Path:
     """Write a resumable checkpoint ``save_path/step_{step}`` (or ``name``) and return its path.
 
     ``model_state``/``optimizer_state`` are the full (gathered) state dicts of a
-    sharded run; by default the model's and optimizer's own are saved.
+    sharded run; by default the model's and optimizer's own are saved. ``extra`` is
+    any further state to restore (the CUDA RNG, the fp16 grad scaler, counters).
     """
     out = Path(save_path) / (name or f"step_{step}")
     tmp = out.with_name(out.name + ".tmp")
@@ -105,6 +109,7 @@ def save_checkpoint(
             "rng": torch.get_rng_state(),
             "world_size": world_size,
             "last_batch_id": last_batch_id,
+            "extra": extra,
         },
         tmp / STATE_FILE,
     )
@@ -147,4 +152,5 @@ def load_trainer_state(checkpoint_dir: str | Path, with_optimizer: bool = True) 
         scheduler=data.get("scheduler"),
         rng=data.get("rng"),
         last_batch_id=data.get("last_batch_id"),
+        extra=data.get("extra"),
     )

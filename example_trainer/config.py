@@ -116,6 +116,87 @@ class TrainingConfig(BaseModel):
     off_policy_clip_low: float = Field(
         0.5, ge=0, description="icepop: the lower bound of kept ratios."
     )
+    loss_type: Literal["token-mean", "grpo", "dr_grpo", "seq-mean-token-sum"] = Field(
+        "token-mean",
+        description=(
+            "How per-token losses become the step's loss (N label tokens, B sequences of the "
+            "optimizer step): token-mean sum/N (TRL dapo, verl token-mean; as the original) | "
+            "grpo mean over sequences of each sequence's token mean | dr_grpo sum/(B*seq_len) | "
+            "seq-mean-token-sum mean over sequences of each sequence's token sum (verl)."
+        ),
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description=(
+            "Advantage = score - group mean, divided by: group (the group's sample std + 1e-4, as TRL) | "
+            "batch (the std of all the batch's scores + 1e-4) | none (not divided: Dr. GRPO)."
+        ),
+    )
+    clip_eps_high: float | None = Field(
+        None,
+        ge=0,
+        description="Upper clip range (ratio <= 1 + this; DAPO clip-higher); default: --clip-eps.",
+    )
+    clip_ratio_c: float | None = Field(
+        None,
+        gt=1,
+        description="Dual-clip PPO: cap the loss of a token with A < 0 at -c*A (no gradient once the ratio exceeds c; verl uses 3); default off.",
+    )
+    ppo_epochs: int = Field(
+        1,
+        ge=1,
+        description="Passes over each API batch (each pass takes --mini-batches optimizer steps).",
+    )
+    mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per pass over an API batch (its sequences split in this many parts).",
+    )
+    mask_truncated: bool = Field(
+        False,
+        description=(
+            "Sequences that hit the length limit get no loss: cut at --seq-len here, or reported "
+            "with finish_reason 'length' in the group's overrides."
+        ),
+    )
+    entropy_coef: float = Field(
+        0.0,
+        description="Entropy bonus: subtract this times the policy's token entropy from the loss (0 = off).",
+    )
+    log_entropy: bool = Field(
+        True, description="Log the policy's mean token entropy (train/entropy) every step."
+    )
+    disable_dropout: bool = Field(
+        False,
+        description="Set every dropout probability of the policy to 0 (as TRL's disable_dropout).",
+    )
+    weight_decay: float | None = Field(
+        None,
+        ge=0,
+        description="Weight decay (default: the optimizer's own, 0.01 for AdamW, 0 for Adafactor).",
+    )
+    decay_norms_and_embeddings: bool = Field(
+        False,
+        description="Apply weight decay to biases, norm weights and embeddings too (default: to matrices only).",
+    )
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate after --warmup-steps: constant | linear or cosine decay to --min-lr-ratio * lr at --training-steps.",
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="linear/cosine: the final learning rate as a fraction of --lr."
+    )
+    max_consecutive_skipped_steps: int = Field(
+        5,
+        ge=0,
+        description=(
+            "An optimizer step whose gradient is not finite is skipped (weights kept, counted in "
+            "train/skipped_steps); stop the run after this many in a row (0 = never stop)."
+        ),
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     gradient_checkpointing: bool = Field(
         False, description="Enable gradient checkpointing (saves memory on big models, costs time)."
@@ -358,6 +439,13 @@ class TrainingConfig(BaseModel):
     def metrics_dir(self) -> str:
         """Where ``metrics.jsonl`` is written."""
         return self.log_dir or self.save_path
+
+    @property
+    def resolved_weight_decay(self) -> float:
+        """``weight_decay``, or the optimizer's default (AdamW 0.01, Adafactor 0)."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return 0.0 if self.optimizer == "adafactor" else 0.01
 
     @property
     def uses_lora(self) -> bool:

@@ -4,14 +4,26 @@ Pure functions of their inputs. Conventions (SPEC §3.2, §6.1-6.2):
 
 - inputs are ``tokens[:-1]``, labels are ``masks[1:]`` (−100 = no loss), padded with
   −100; the causal shift is done here, so the model never sees the last token as input;
-- advantages come from the group's ``scores``, normalised per group:
-  ``(s − mean) / max(std, 1e-8)`` when the group has more than one sequence;
-  ``overrides[i]["set_advantage_to_zero"]`` forces 0; an env-supplied per-token
-  ``advantages`` field wins over the scores (shifted like the labels);
+- advantages come from the group's ``scores``, centred per group and scaled by
+  ``scale_rewards``: ``group`` divides by the group's sample standard deviation plus
+  ``1e-4`` (as TRL), ``batch`` by the standard deviation of every score of the batch
+  plus ``1e-4``, ``none`` not at all (Dr. GRPO); a group of one sequence keeps its raw
+  score (as the original); ``overrides[i]["set_advantage_to_zero"]`` forces 0; an
+  env-supplied per-token ``advantages`` field wins over the scores (shifted like the
+  labels);
 - sampling temperature per sequence: ``overrides[i].temperature`` >
-  ``generation_params.temperature`` > ``group_overrides.temperature`` > 1.0;
-- ``inference_logprobs`` are shifted by one to align with the labels and padded
-  with 1.0 (the "not generated" marker); ``ref_logprobs`` likewise.
+  ``generation_params.temperature`` > ``group_overrides.temperature`` > 1.0; a
+  temperature of 0 (greedy) is scored at 1, a negative or non-finite one rejects the
+  group (:class:`GroupError`);
+- ``inference_logprobs`` are shifted by one to align with the labels; a token without a
+  sampler log-prob (a sequence without a row, a row shorter than the sequence, or the
+  ``1.0`` "not generated" marker on a trained token) is marked as such per token
+  (``MicroBatch.inference_mask``), so the loss treats a sequence the same whichever
+  micro-batch it lands in; ``ref_logprobs`` likewise (``MicroBatch.ref_mask``);
+- a sequence longer than ``max_len`` is cut to ``max_len`` inputs here, before any token
+  is counted, and flagged (``Sample.cut``); ``mask_truncated`` removes the labels of cut
+  sequences and of those the environment reports as ``finish_reason: "length"`` (in
+  ``overrides[i]``).
 
 Unlike the original, a remainder smaller than the micro-batch size becomes a
 smaller last micro-batch instead of being dropped, and each micro-batch is
@@ -22,17 +34,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
 
 IGNORE_INDEX = -100
+ADVANTAGE_EPS = 1e-4
+"""Added to the standard deviation that scales advantages (TRL's value): a group whose
+scores differ by rounding noise gets advantages near 0, not ±1."""
+
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+class GroupError(ValueError):
+    """A group of the batch that cannot be trained on; the message names the field."""
 
 
 @dataclass
 class Sample:
-    """One sequence of a batch, shifted and ready to pad."""
+    """One sequence of a batch, shifted (and cut to the trainer's length) and ready to pad.
+
+    ``inference_logprobs``/``ref_logprobs`` hold NaN where the sequence has no value for
+    a token (the whole row when it has none).
+    """
 
     input_ids: List[int]
     labels: List[int]
@@ -41,6 +66,14 @@ class Sample:
     score: float
     inference_logprobs: List[float] | None
     ref_logprobs: List[float] | None
+    cut: bool = False
+    truncated: bool = False
+    short_logprobs: bool = False
+
+    @property
+    def num_label_tokens(self) -> int:
+        """Positions of this sequence that carry a loss."""
+        return sum(1 for x in self.labels if x != IGNORE_INDEX)
 
 
 @dataclass
@@ -54,6 +87,8 @@ class MicroBatch:
     temperatures: torch.Tensor  # [B]
     inference_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
+    inference_mask: torch.Tensor | None = None  # bool: the token has a sampler log-prob
+    ref_mask: torch.Tensor | None = None  # bool: the token has an env-supplied ref log-prob
 
     @property
     def num_label_tokens(self) -> int:
@@ -61,13 +96,47 @@ class MicroBatch:
         return int((self.labels != IGNORE_INDEX).sum())
 
 
-def group_advantages(scores: Sequence[float]) -> List[float]:
-    """Per-group normalised advantages: ``(s − mean) / max(std, 1e-8)`` for groups of 2+."""
+def group_advantages(
+    scores: Sequence[float], scale: ScaleRewards = "group", batch_std: float | None = None
+) -> List[float]:
+    """Advantages of one group's scores: ``s − mean``, divided by ``std + 1e-4``.
+
+    ``scale="group"``: the group's sample standard deviation (Bessel-corrected, as TRL
+    and verl); ``"batch"``: ``batch_std`` (the standard deviation of all the batch's
+    scores); ``"none"``: not divided (Dr. GRPO). A group of one keeps its raw score.
+
+    Example::
+
+        group_advantages([1.0, 0.0])  # [0.7070..., -0.7070...]
+    """
     arr = np.asarray(scores, dtype=np.float64)
     if arr.size > 1:
         arr = arr - arr.mean()
-        arr = arr / max(float(arr.std()), 1e-8)
+        if scale == "group":
+            arr = arr / (float(arr.std(ddof=1)) + ADVANTAGE_EPS)
+        elif scale == "batch":
+            if batch_std is None:
+                raise ValueError("scale='batch' needs batch_std")
+            arr = arr / (batch_std + ADVANTAGE_EPS)
     return arr.tolist()
+
+
+def batch_score_std(batch: Sequence[Mapping[str, Any]]) -> float:
+    """Sample standard deviation of every score of a batch (0 with fewer than two)."""
+    scores = np.asarray(batch_scores(batch), dtype=np.float64)
+    return float(scores.std(ddof=1)) if scores.size > 1 else 0.0
+
+
+def _check_temperature(value: Any, where: str) -> float:
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise GroupError(f"{where}: temperature {value!r} is not a number") from None
+    if not math.isfinite(t) or t < 0:
+        raise GroupError(f"{where}: temperature {value!r} must be a finite number >= 0")
+    # 0 means greedy decoding: the sampler took the argmax, and (as our server and the
+    # original do) the tokens are scored at temperature 1 instead of dividing by 0.
+    return t if t > 0 else 1.0
 
 
 def sequence_temperature(
@@ -76,79 +145,112 @@ def sequence_temperature(
     generation_params: Mapping[str, Any] | None,
     group_overrides: Mapping[str, Any] | None,
 ) -> float:
-    """Temperature of sequence ``index``: overrides > generation_params > group_overrides > 1.0."""
+    """Temperature of sequence ``index``: overrides > generation_params > group_overrides > 1.0.
+
+    0 (greedy) gives 1.0; a negative, non-finite or non-numeric value raises
+    :class:`GroupError` naming the field.
+    """
     if (
         overrides
         and index < len(overrides)
         and overrides[index]
         and overrides[index].get("temperature") is not None
     ):
-        return float(overrides[index]["temperature"])
+        return _check_temperature(overrides[index]["temperature"], f"overrides[{index}]")
     if generation_params and generation_params.get("temperature") is not None:
-        return float(generation_params["temperature"])
+        return _check_temperature(generation_params["temperature"], "generation_params")
     if group_overrides and group_overrides.get("temperature") is not None:
-        return float(group_overrides["temperature"])
+        return _check_temperature(group_overrides["temperature"], "group_overrides")
     return 1.0
 
 
-def _zero_advantage(index: int, overrides: Sequence[Mapping[str, Any] | None] | None) -> bool:
-    return bool(
-        overrides
-        and index < len(overrides)
-        and overrides[index]
-        and overrides[index].get("set_advantage_to_zero")
-    )
+def _override(index: int, overrides: Sequence[Mapping[str, Any] | None] | None, key: str) -> Any:
+    if overrides and index < len(overrides) and overrides[index]:
+        return overrides[index].get(key)
+    return None
 
 
-def group_to_samples(group: Mapping[str, Any]) -> List[Sample]:
-    """Shift one scored group into per-sequence :class:`Sample` records."""
+def group_to_samples(
+    group: Mapping[str, Any],
+    max_len: int | None = None,
+    scale_rewards: ScaleRewards = "group",
+    batch_std: float | None = None,
+    mask_truncated: bool = False,
+) -> List[Sample]:
+    """Shift one scored group into per-sequence :class:`Sample` records.
+
+    ``max_len`` cuts longer sequences to that many inputs (flagged ``cut``);
+    ``mask_truncated`` drops the labels of cut sequences and of those whose
+    ``overrides[i]["finish_reason"]`` is ``"length"``. Raises :class:`GroupError`
+    (a ``ValueError``) naming the field when the group is inconsistent.
+    """
     tokens: List[List[int]] = group["tokens"]
     masks: List[List[int]] = group["masks"]
     scores: List[float] = group["scores"]
     if not (len(tokens) == len(masks) == len(scores)):
-        raise ValueError(
+        raise GroupError(
             f"group has {len(tokens)} tokens, {len(masks)} masks and {len(scores)} scores; they must match"
         )
     overrides = group.get("overrides")
     token_adv = group.get("advantages")
     inf_lp = group.get("inference_logprobs")
     ref_lp = group.get("ref_logprobs")
-    seq_adv = group_advantages(scores)
+    seq_adv = group_advantages(scores, scale_rewards, batch_std)
     samples: List[Sample] = []
     for i, (toks, mask) in enumerate(zip(tokens, masks, strict=False)):
         if len(toks) != len(mask):
-            raise ValueError(f"sequence {i}: {len(toks)} tokens but {len(mask)} mask entries")
+            raise GroupError(f"sequence {i}: {len(toks)} tokens but {len(mask)} mask entries")
         if len(toks) < 2:
             continue  # nothing to predict
         n = len(toks) - 1
-        if _zero_advantage(i, overrides):
+        if _override(i, overrides, "set_advantage_to_zero"):
             adv = [0.0] * n
         elif token_adv is not None and i < len(token_adv) and token_adv[i] is not None:
             adv = [float(a) for a in token_adv[i][1:]]
             adv += [0.0] * (n - len(adv))
         else:
             adv = [seq_adv[i]] * n
+        labels = list(mask[1:])
+        inference, short = _shift(inf_lp, i, n, labels)
+        ref, _ = _shift(ref_lp, i, n, labels)
+        keep = n if max_len is None else min(n, max_len)
+        cut = keep < n
+        truncated = cut or _override(i, overrides, "finish_reason") == "length"
+        labels = labels[:keep]
+        if mask_truncated and truncated:
+            labels = [IGNORE_INDEX] * keep
         samples.append(
             Sample(
-                input_ids=list(toks[:-1]),
-                labels=list(mask[1:]),
-                advantages=adv[:n],
+                input_ids=list(toks[:keep]),
+                labels=labels,
+                advantages=adv[:keep],
                 temperature=sequence_temperature(
                     i, overrides, group.get("generation_params"), group.get("group_overrides")
                 ),
                 score=float(scores[i]),
-                inference_logprobs=_shift(inf_lp, i, n),
-                ref_logprobs=_shift(ref_lp, i, n),
+                inference_logprobs=inference[:keep] if inference is not None else None,
+                ref_logprobs=ref[:keep] if ref is not None else None,
+                cut=cut,
+                truncated=truncated,
+                short_logprobs=short,
             )
         )
     return samples
 
 
-def _shift(values: Sequence[Sequence[float]] | None, i: int, n: int) -> List[float] | None:
+def _shift(
+    values: Sequence[Sequence[float]] | None, i: int, n: int, labels: Sequence[int]
+) -> tuple[List[float] | None, bool]:
+    """Row ``i`` of a per-token field aligned with the labels, NaN where a trained token
+    has no value; and whether the row was too short for a trained token."""
     if values is None or i >= len(values) or values[i] is None:
-        return None
-    row = [float(v) for v in values[i][1:]]
-    return (row + [1.0] * (n - len(row)))[:n]
+        return None, False
+    row = [float(v) for v in values[i][1 : n + 1]]
+    short = any(lab != IGNORE_INDEX for lab in labels[len(row) :])
+    row += [math.nan] * (n - len(row))
+    # A log-prob is <= 0: the 1.0 "not generated" marker (or NaN/inf) on a trained
+    # token means the sampler gave none, not a ratio of exp(logp - 1).
+    return [v if math.isfinite(v) and v <= 0 else math.nan for v in row], short
 
 
 def _pad(
@@ -168,26 +270,38 @@ def collate(
     pad_to_multiple: int = 64,
     max_len: int | None = None,
 ) -> MicroBatch:
-    """Pad ``samples`` into one :class:`MicroBatch`."""
+    """Pad ``samples`` into one :class:`MicroBatch`.
+
+    ``inference_logprobs`` (and ``ref_logprobs``) are present when any sample has them;
+    ``inference_mask`` says which tokens do. Tokens without one hold ``1.0``.
+    """
     longest = max(len(s.input_ids) for s in samples)
     length = math.ceil(longest / pad_to_multiple) * pad_to_multiple
     if max_len is not None:
         length = min(length, max_len)
-    has_inf = all(s.inference_logprobs is not None for s in samples)
-    has_ref = all(s.ref_logprobs is not None for s in samples)
+    inference, inference_mask = _pad_optional([s.inference_logprobs for s in samples], length)
+    ref, ref_mask = _pad_optional([s.ref_logprobs for s in samples], length)
     return MicroBatch(
         input_ids=_pad([s.input_ids for s in samples], length, pad_token_id, torch.long),
         attention_mask=_pad([[1] * len(s.input_ids) for s in samples], length, 0, torch.long),
         labels=_pad([s.labels for s in samples], length, IGNORE_INDEX, torch.long),
         advantages=_pad([s.advantages for s in samples], length, 0.0, torch.float32),
         temperatures=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
-        inference_logprobs=_pad([s.inference_logprobs for s in samples], length, 1.0, torch.float32)
-        if has_inf
-        else None,
-        ref_logprobs=_pad([s.ref_logprobs for s in samples], length, 0.0, torch.float32)
-        if has_ref
-        else None,
+        inference_logprobs=inference,
+        ref_logprobs=ref,
+        inference_mask=inference_mask,
+        ref_mask=ref_mask,
     )
+
+
+def _pad_optional(
+    rows: Sequence[List[float] | None], length: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if all(r is None for r in rows):
+        return None, None
+    values = _pad([r if r is not None else [] for r in rows], length, math.nan, torch.float32)
+    present = ~torch.isnan(values)
+    return values.masked_fill(~present, 1.0), present
 
 
 def pad_data_to_good_offset(
@@ -205,7 +319,7 @@ def pad_data_to_good_offset(
     """
     samples: List[Sample] = []
     for group in batch:
-        samples.extend(group_to_samples(group))
+        samples.extend(group_to_samples(group, max_len=max_len))
     return [
         collate(samples[i : i + batch_size], pad_token_id, pad_to_multiple, max_len)
         for i in range(0, len(samples), batch_size)

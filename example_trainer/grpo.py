@@ -70,12 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     from .api import AtroposAPIError
     from .distributed import DistributedError
-    from .trainers import train
+    from .trainers import TrainingDivergedError, train
     from .weight_sync import WeightSyncError
 
     try:
         final = train(config)
-    except (AtroposAPIError, WeightSyncError, DistributedError) as exc:
+    except (AtroposAPIError, WeightSyncError, DistributedError, TrainingDivergedError) as exc:
         logging.getLogger("atropos-grpo").error("%s", exc)
         return 1
     if final is not None:  # rank 0 (or the only process)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import re
-from typing import Any, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Tuple
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -81,11 +83,43 @@ def apply_lora(model: torch.nn.Module, config: TrainingConfig) -> torch.nn.Modul
     return get_peft_model(model, lora)
 
 
+def param_groups(model: torch.nn.Module, config: TrainingConfig) -> List[Dict[str, Any]]:
+    """The trainable parameters in two optimizer groups: decayed and not decayed.
+
+    Biases, norm weights (every parameter with fewer than two dimensions) and embedding
+    tables (``nn.Embedding`` weights, and an ``lm_head`` tied to them) get no weight decay
+    unless ``decay_norms_and_embeddings``: decaying a norm's gain towards 0 or every row of
+    an embedding on each step only pulls the model away from its pretrained scale.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decay: List[torch.nn.Parameter] = []
+    no_decay: List[torch.nn.Parameter] = []
+    for p in model.parameters():  # de-duplicates tied weights
+        if not p.requires_grad:
+            continue
+        exempt = p.ndim < 2 or id(p) in embeddings
+        (no_decay if exempt and not config.decay_norms_and_embeddings else decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.resolved_weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
 def build_optimizer(
-    params: List[torch.nn.Parameter], config: TrainingConfig
+    params: List[torch.nn.Parameter] | List[Dict[str, Any]], config: TrainingConfig
 ) -> torch.optim.Optimizer:
-    """AdamW, 8-bit AdamW (bitsandbytes, GPU only; falls back to AdamW) or Adafactor."""
+    """AdamW, 8-bit AdamW (bitsandbytes, GPU only; falls back to AdamW) or Adafactor.
+
+    ``params`` is a list of parameters (all decayed by ``weight_decay``) or of groups
+    (:func:`param_groups`); betas, eps and weight decay come from ``config``.
+    """
     sharded = config.effective_world_size > 1
+    adam = {
+        "lr": config.lr,
+        "betas": (config.adam_beta1, config.adam_beta2),
+        "eps": config.adam_eps,
+        "weight_decay": config.resolved_weight_decay,
+    }
     if config.optimizer == "adamw_8bit":
         if sharded:
             logger.info("adamw_8bit does not take sharded (FSDP) parameters; using torch AdamW")
@@ -93,7 +127,7 @@ def build_optimizer(
             try:
                 import bitsandbytes as bnb
 
-                return bnb.optim.AdamW8bit(params, lr=config.lr)
+                return bnb.optim.AdamW8bit(params, **adam)
             except ImportError:
                 logger.warning("bitsandbytes not installed; using torch AdamW")
         else:
@@ -107,24 +141,76 @@ def build_optimizer(
             scale_parameter=config.adafactor_scale_parameter,
             relative_step=config.adafactor_relative_step,
             warmup_init=False,
+            weight_decay=config.resolved_weight_decay,
         )
     fused = config.device.startswith("cuda") and not sharded
     return (
-        torch.optim.AdamW(params, lr=config.lr, fused=fused)
+        torch.optim.AdamW(params, fused=fused, **adam)
         if fused
-        else torch.optim.AdamW(params, lr=config.lr)
+        else torch.optim.AdamW(params, **adam)
     )
 
 
+def lr_factor(
+    step: int,
+    warmup_steps: int,
+    kind: str = "constant",
+    total_steps: int | None = None,
+    min_lr_ratio: float = 0.0,
+) -> float:
+    """Multiplier of the peak learning rate for the ``step``-th optimizer step (0-based).
+
+    Warm-up: ``(step + 1) / warmup_steps`` for ``step < warmup_steps``. Then, with
+    ``p = (step − warmup_steps) / (total_steps − warmup_steps)``: ``constant`` 1,
+    ``linear`` ``1 − (1 − m)·p``, ``cosine`` ``m + (1 − m)·(1 + cos πp)/2``, where
+    ``m = min_lr_ratio`` (``p`` is capped at 1).
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if kind == "constant" or not total_steps:
+        return 1.0
+    p = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if kind == "linear":
+        return 1.0 - (1.0 - min_lr_ratio) * p
+    if kind == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"unknown lr scheduler {kind!r}")
+
+
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, warmup_steps: int
+    optimizer: torch.optim.Optimizer,
+    warmup_steps: int,
+    kind: str = "constant",
+    total_steps: int | None = None,
+    min_lr_ratio: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over ``warmup_steps`` then constant."""
+    """Linear warmup over ``warmup_steps``, then :func:`lr_factor`'s ``kind`` (constant by default)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        functools.partial(
+            lr_factor,
+            warmup_steps=warmup_steps,
+            kind=kind,
+            total_steps=total_steps,
+            min_lr_ratio=min_lr_ratio,
+        ),
+    )
 
-    def factor(step: int) -> float:
-        return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability of ``model`` to 0 (modules and attention); returns
+    how many were changed. The sampler runs without dropout, so a policy that drops
+    units scores different log-probs than the ones it is compared with."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p != 0:
+            module.p = 0.0
+            changed += 1
+        for attr in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, attr, None), float) and getattr(module, attr) != 0:
+                setattr(module, attr, 0.0)
+                changed += 1
+    return changed
 
 
 def setup_model(
@@ -148,5 +234,7 @@ def setup_model(
         model = load_model(load_from or config.model_name, config)
         if config.train_layer_indices:
             freeze_except_layers(model, config.train_layer_indices)
+    if config.disable_dropout:
+        disable_dropout(model)
     model.train()
     return model, tokenizer

@@ -46,7 +46,7 @@ import torch
 
 MODES = ("none", "tis", "icepop")
 
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to this before exponentiating: a token the sampler found
 astronomically unlikely must give a large but finite ratio (it is truncated or masked
 anyway)."""
@@ -79,6 +79,7 @@ def corrected_surrogate(
     mask: torch.Tensor,
     clip_eps: float,
     config: CorrectionConfig,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Dict[str, torch.Tensor]]:
     """Per-token PPO surrogate (to maximise) against the sampler under ``config``'s correction.
 
@@ -87,21 +88,21 @@ def corrected_surrogate(
     surrogate (0 off the mask and, for ``icepop``, on masked tokens), the untruncated
     ratio ``r = exp(p - b)`` (for logging; 1 off the mask) and the statistics
     ``mean_ratio``, ``clip_fraction``, ``mismatch_kl`` (0-d tensors). See the module
-    docstring for the formulas.
+    docstring for the formulas. ``clip_eps_high`` (default ``clip_eps``) is the upper
+    side of the band, ``1 + clip_eps_high``.
     """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     mode = config.mode
     mask = mask.to(trainer_logprobs.dtype)
     log_ratio = ((trainer_logprobs - inference_logprobs.to(trainer_logprobs.dtype)) * mask).clamp(
-        -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+        -MAX_LOG_RATIO, MAX_LOG_RATIO
     )
     ratio = torch.exp(log_ratio)
     r = ratio.detach()
-    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + high)
     if mode == "tis":
         # PPO's min picks the clipped (constant) branch exactly for these tokens.
-        outside = ((advantages > 0) & (r > 1.0 + clip_eps)) | (
-            (advantages < 0) & (r < 1.0 - clip_eps)
-        )
+        outside = ((advantages > 0) & (r > 1.0 + high)) | ((advantages < 0) & (r < 1.0 - clip_eps))
         # Value min(r, C), gradient min(r, C)·∇p.
         truncated = r.clamp(max=config.clip) * torch.exp(
             trainer_logprobs - trainer_logprobs.detach()

@@ -23,7 +23,9 @@ import copy
 import functools
 import json
 import logging
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
@@ -33,7 +35,16 @@ import torch
 from . import api
 from .checkpointing import find_latest_checkpoint, load_trainer_state, save_checkpoint
 from .config import TrainingConfig
-from .data import IGNORE_INDEX, MicroBatch, Sample, collate, group_to_samples, summarize_batch
+from .data import (
+    IGNORE_INDEX,
+    GroupError,
+    MicroBatch,
+    Sample,
+    batch_score_std,
+    collate,
+    group_to_samples,
+    summarize_batch,
+)
 from .distributed import (
     full_model_state_dict,
     full_optimizer_state_dict,
@@ -42,7 +53,7 @@ from .distributed import (
     shard_model,
     split_groups,
 )
-from .model import build_optimizer, build_scheduler, setup_model
+from .model import build_optimizer, build_scheduler, load_model, param_groups, setup_model
 from .off_policy import CorrectionConfig, policy_version_summary, staleness_metrics
 from .precision import LOST_UPDATE_WARNING, policy_for
 from .training import compute_grpo_loss, token_logprobs
@@ -68,6 +79,8 @@ _MEAN_KEYS = (
     "off_policy/mean_ratio",
     "off_policy/clip_fraction",
     "off_policy/mismatch_kl",
+    "train/entropy",
+    "grpo/dual_clipped_fraction",
 )
 _SUM_KEYS = ("train/num_tokens", "train/loss")
 _MAX_KEYS = ("alignment/diff_max", "train/grad_norm")
@@ -151,27 +164,99 @@ class PreparedBatch:
     summary: Dict[str, float] = field(default_factory=dict)
     fetch_time: float = 0.0
     batch_id: str | None = None
+    minis: List[MiniBatchInfo] = field(default_factory=list)
+
+
+@dataclass
+class MiniBatchInfo:
+    """One optimizer step's part of a batch, counted over every rank."""
+
+    label_tokens: int
+    num_sequences: int
+    n_micro: int
+
+
+class TrainingDivergedError(RuntimeError):
+    """Too many optimizer steps in a row had a gradient that is not finite."""
+
+
+def split_mini_batches(share: Sequence[Sample], n: int) -> List[List[Sample]]:
+    """``share`` in ``n`` contiguous parts whose sizes differ by at most one."""
+    size = len(share)
+    return [list(share[size * k // n : size * (k + 1) // n]) for k in range(n)]
 
 
 def prepare_batch(
-    batch: Sequence[Dict[str, Any]], world_size: int, micro_size: int
+    batch: Sequence[Dict[str, Any]],
+    world_size: int,
+    micro_size: int,
+    seq_len: int | None = None,
+    scale_rewards: str = "group",
+    mask_truncated: bool = False,
+    mini_batches: int = 1,
 ) -> PreparedBatch:
-    """Shift a batch into samples and split it across ranks (whole groups per rank)."""
+    """Shift a batch into samples and split it across ranks (whole groups per rank).
+
+    Sequences are cut to ``seq_len`` inputs before anything is counted. A group that
+    cannot be trained on (:class:`~example_trainer.data.GroupError`: a negative
+    temperature, inconsistent lengths) is skipped, logged naming it, and counted in
+    ``train/rejected_groups``.
+    """
+    batch_std = batch_score_std(batch) if scale_rewards == "batch" else None
     shares: List[List[Sample]] = []
+    rejected = 0
     for idx in split_groups(batch, world_size):
-        shares.append([s for i in idx for s in group_to_samples(batch[i])])
+        share: List[Sample] = []
+        for i in idx:
+            try:
+                share.extend(
+                    group_to_samples(batch[i], seq_len, scale_rewards, batch_std, mask_truncated)  # type: ignore[arg-type]
+                )
+            except GroupError as exc:
+                rejected += 1
+                logger.error(
+                    "group %d of the batch (env_id %s) skipped: %s", i, batch[i].get("env_id"), exc
+                )
+        shares.append(share)
     all_samples = [s for share in shares for s in share]
     if not all_samples:
-        raise ValueError("batch has no trainable sequences")
+        raise ValueError(
+            "batch has no trainable sequences"
+            + (f" ({rejected} groups rejected, see the log)" if rejected else "")
+        )
+    parts = [split_mini_batches(share, mini_batches) for share in shares]
+    minis = [
+        MiniBatchInfo(
+            label_tokens=sum(s.num_label_tokens for p in parts for s in p[k]),
+            num_sequences=sum(len(p[k]) for p in parts),
+            n_micro=max(-(-len(p[k]) // micro_size) for p in parts),
+        )
+        for k in range(mini_batches)
+    ]
+    cut = sum(s.cut for s in all_samples)
+    short = sum(s.short_logprobs for s in all_samples)
+    if cut:
+        logger.warning("%d sequences longer than --seq-len %s were cut to it", cut, seq_len)
+    if short:
+        logger.warning(
+            "%d sequences have inference_logprobs shorter than their tokens; the tokens past "
+            "the row are trained without a sampler log-prob (ratio 1)",
+            short,
+        )
     return PreparedBatch(
         shares=shares,
-        label_tokens=sum(sum(1 for x in s.labels if x != IGNORE_INDEX) for s in all_samples),
+        label_tokens=sum(s.num_label_tokens for s in all_samples),
         input_tokens=sum(len(s.input_ids) for s in all_samples),
         n_micro=max(-(-len(share) // micro_size) for share in shares),
         summary={
             **{f"train/{k}": v for k, v in summarize_batch(batch).items()},
             **policy_version_summary(batch),
+            "train/cut_sequences": float(cut),
+            "train/truncated_sequences": float(sum(s.truncated for s in all_samples)),
+            "train/short_inference_logprobs": float(short),
+            "train/rejected_groups": float(rejected),
         },
+        minis=minis,
     )
 
 
@@ -201,15 +286,26 @@ class GRPOTrainer:
         self.model, self.tokenizer = setup_model(
             load_config, str(resume_dir) if resume_dir else None
         )
-        self.ref_model = self._make_reference() if config.kl_coef > 0 else None
+        self.ref_model = (
+            self._make_reference(load_config, resumed=resume_dir is not None)
+            if config.kl_coef > 0
+            else None
+        )
         if self.ctx.enabled:
             shard_model(self.model, config.device, self.ctx.world_size)
             if self.ref_model is not None:
                 shard_model(self.ref_model, config.device, self.ctx.world_size)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(params, config)
-        self.scheduler = build_scheduler(self.optimizer, config.warmup_steps)
+        self.optimizer = build_optimizer(param_groups(self.model, config), config)
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            config.warmup_steps,
+            config.lr_scheduler,
+            config.training_steps,
+            config.min_lr_ratio,
+        )
         self.scaler = self.policy.make_scaler()
+        self.skipped_steps = 0  # optimizer steps refused for a non-finite gradient
+        self._skipped_in_row = 0
         if resume_dir is not None:
             self._restore(resume_dir)
         self.pad_id = self.tokenizer.pad_token_id or 0
@@ -226,6 +322,14 @@ class GRPOTrainer:
             self.scheduler.load_state_dict(state.scheduler)
         if state.rng is not None:
             torch.set_rng_state(state.rng)
+        extra = state.extra or {}
+        cuda_rng = extra.get("cuda_rng")
+        if cuda_rng and torch.cuda.is_available():
+            for index, rng in enumerate(cuda_rng[: torch.cuda.device_count()]):
+                torch.cuda.set_rng_state(rng, index)
+        if self.scaler is not None and extra.get("scaler"):
+            self.scaler.load_state_dict(extra["scaler"])
+        self.skipped_steps = int(extra.get("skipped_steps", 0))
         self.step = state.step
         self.trained_batch_id = state.last_batch_id
         logger.info("resumed from %s at step %d", resume_dir, self.step)
@@ -236,8 +340,16 @@ class GRPOTrainer:
         if self.trained_batch_id is not None:
             api.batch_client(self.config.atropos_url).last_batch_id = self.trained_batch_id
 
-    def _make_reference(self) -> torch.nn.Module:
-        ref = copy.deepcopy(self.model)
+    def _make_reference(self, load_config: TrainingConfig, resumed: bool) -> torch.nn.Module:
+        """A frozen copy of the policy the run started from (the KL anchor).
+
+        After ``--resume`` the loaded model holds the checkpoint's trained weights (or
+        adapter), so the reference is loaded again from ``model_name`` instead.
+        """
+        if resumed:
+            ref = load_model(load_config.model_name, load_config)
+        else:
+            ref = copy.deepcopy(self.model)
         ref.eval()
         for p in ref.parameters():
             p.requires_grad_(False)
@@ -276,8 +388,18 @@ class GRPOTrainer:
             return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
     def _micro_step(
-        self, item: tuple[MicroBatch, bool] | None, label_tokens: int
+        self,
+        item: tuple[MicroBatch, bool] | None,
+        info: MiniBatchInfo,
+        old_logprobs: torch.Tensor | None = None,
     ) -> Dict[str, torch.Tensor] | None:
+        """Forward/backward of one micro-batch of an optimizer step described by ``info``.
+
+        ``old_logprobs`` (when a batch is trained on in several optimizer steps) are the
+        policy's log-probs before the batch's first step: the ratio's reference for the
+        tokens without a sampler log-prob.
+        """
+        cfg = self.config
         dev = self.config.device
         if item is None:
             ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=dev)
@@ -292,28 +414,39 @@ class GRPOTrainer:
         attention_mask = self._to_device(mb.attention_mask)
         labels = self._to_device(mb.labels)
         temps = None if unit_temperature else self._to_device(mb.temperatures)
-        ref_lp = self._to_device(mb.ref_logprobs)
+        ref_lp = None
         if self.ref_model is not None:
-            with torch.no_grad():
-                ref_lp = token_logprobs(
-                    self._forward_logits(self.ref_model, input_ids, attention_mask), labels, temps
-                )
+            ref_lp = self._reference_logprobs(mb, input_ids, attention_mask, labels, temps)
+        inference = self._to_device(mb.inference_logprobs)
+        inference_mask = self._to_device(mb.inference_mask)
+        if old_logprobs is not None:
+            if inference is None:
+                inference = old_logprobs
+            else:
+                inference = torch.where(inference_mask, inference, old_logprobs)
+            inference_mask = torch.ones_like(labels, dtype=torch.bool)
         logits = self._forward_logits(self.model, input_ids, attention_mask)
         out = compute_grpo_loss(
             logits,
             labels,
             self._to_device(mb.advantages),
             temps,
-            self._to_device(mb.inference_logprobs),
-            clip_eps=self.config.clip_eps,
+            inference,
+            clip_eps=cfg.clip_eps,
             ref_logprobs=ref_lp,
-            kl_coef=self.config.kl_coef,
-            normalizer=label_tokens,
+            kl_coef=cfg.kl_coef,
+            normalizer=max(info.label_tokens, 1),
             off_policy=CorrectionConfig(
-                self.config.off_policy_correction,
-                self.config.off_policy_clip,
-                self.config.off_policy_clip_low,
+                cfg.off_policy_correction, cfg.off_policy_clip, cfg.off_policy_clip_low
             ),
+            inference_mask=inference_mask,
+            clip_eps_high=cfg.clip_eps_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            loss_type=cfg.loss_type,
+            num_sequences=max(info.num_sequences, 1),
+            max_tokens=cfg.seq_len,
+            entropy_coef=cfg.entropy_coef,
+            log_entropy=cfg.log_entropy,
         )
         # FSDP averages gradients over the ranks; the loss is already normalised by the
         # whole batch's tokens, so scale it back up to get the one-process gradient.
@@ -324,79 +457,171 @@ class GRPOTrainer:
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def _optimizer_step(self) -> torch.Tensor:
+    def _reference_logprobs(
+        self,
+        mb: MicroBatch,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        temps: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The reference's log-probs: the environment's ``ref_logprobs`` where it sent
+        them, the frozen reference model's elsewhere."""
+        env_ref = self._to_device(mb.ref_logprobs)
+        if (
+            env_ref is not None
+            and not self.ctx.enabled  # every rank must run the same forwards
+            and bool(mb.ref_mask[mb.labels != IGNORE_INDEX].all())
+        ):
+            return env_ref
+        with torch.no_grad():
+            ref_lp = token_logprobs(
+                self._forward_logits(self.ref_model, input_ids, attention_mask), labels, temps
+            )
+        if env_ref is None:
+            return ref_lp
+        return torch.where(self._to_device(mb.ref_mask), env_ref, ref_lp)
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Unscale (fp16), clip to ``max_grad_norm`` and return the global gradient norm."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
+        return grad_norm.to(self.config.device)
+
+    def _apply_update(self, finite: bool) -> None:
+        """Take the optimizer step, or refuse it when the gradient is not finite.
+
+        A refused step keeps the weights and the optimizer state (AdamW would otherwise
+        spread one NaN into every weight), is logged and counted; after
+        ``max_consecutive_skipped_steps`` refusals in a row the run stops. Under fp16 the
+        grad scaler skips such steps itself (and lowers its scale): that is its normal
+        calibration, not counted here.
+        """
+        cfg = self.config
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
+        elif finite:
             self.optimizer.step()
-        self.scheduler.step()
+            self._skipped_in_row = 0
+        else:
+            self.skipped_steps += 1
+            self._skipped_in_row += 1
+            logger.warning(
+                "step %d: the gradient norm is not finite; optimizer step skipped, weights kept "
+                "(%d in a row, %d in all)",
+                self.step + 1,
+                self._skipped_in_row,
+                self.skipped_steps,
+            )
         self.optimizer.zero_grad(set_to_none=True)
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-            grad_norm = grad_norm.full_tensor()
-        return grad_norm
+        limit = cfg.max_consecutive_skipped_steps
+        if limit and self._skipped_in_row >= limit:
+            raise TrainingDivergedError(
+                f"{self._skipped_in_row} optimizer steps in a row had a non-finite gradient "
+                f"(--max-consecutive-skipped-steps {limit}); stopping. Look for NaN/inf in the "
+                "batch (scores, advantages, inference_logprobs) or lower --lr."
+            )
 
-    def step_on(self, share: List[Sample], prepared: PreparedBatch) -> Dict[str, torch.Tensor]:
-        """Forward/backward over this rank's share and one optimizer step.
-
-        Returns the step's statistics as device tensors, already combined over the
-        ranks; nothing has been read back to the host.
-        """
+    def _old_logprobs(
+        self, minis: List[tuple[int, List[Sample]]], prepared: PreparedBatch
+    ) -> Dict[tuple[int, int], torch.Tensor]:
+        """The policy's log-probs of every micro-batch before the batch's first update,
+        keyed by (mini-batch, micro-batch)."""
+        old: Dict[tuple[int, int], torch.Tensor] = {}
         dev = self.config.device
-        acc = torch.zeros(len(_MEAN_KEYS) + len(_SUM_KEYS) + len(_MEAN_KEYS), device=dev)
+        with torch.no_grad():
+            for k, part in minis:
+                for j, item in enumerate(self._micro_batches(part, prepared.minis[k].n_micro)):
+                    if item is None:  # keeps the sharded model's collectives in step
+                        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=dev)
+                        self._forward_logits(self.model, ids, torch.ones_like(ids))
+                        continue
+                    mb, unit_temperature = item
+                    labels = self._to_device(mb.labels)
+                    logits = self._forward_logits(
+                        self.model,
+                        self._to_device(mb.input_ids),
+                        self._to_device(mb.attention_mask),
+                    )
+                    temps = None if unit_temperature else self._to_device(mb.temperatures)
+                    old[(k, j)] = token_logprobs(logits, labels, temps)
+        return old
+
+    def step_on(self, share: List[Sample], prepared: PreparedBatch) -> Dict[str, float]:
+        """Forward/backward over this rank's share and its optimizer steps (one by default;
+        ``ppo_epochs`` × ``mini_batches``).
+
+        Statistics stay device tensors, combined over the ranks, and are read back to the
+        host once, together with the gradient norm that decides whether the last update
+        may be applied (a non-finite gradient is refused, see :meth:`_apply_update`).
+        """
+        cfg = self.config
+        dev = cfg.device
+        n_mean, n_sum = len(_MEAN_KEYS), len(_SUM_KEYS)
+        acc = torch.zeros(n_mean + n_sum + n_mean, device=dev)
         peak = torch.zeros(len(_MAX_KEYS), device=dev)
-        n_mean = len(_MEAN_KEYS)
-        total = max(prepared.label_tokens, 1)
-        for mb in self._micro_batches(share, prepared.n_micro):
-            metrics = self._micro_step(mb, total)
-            if metrics is None:
-                continue
-            n_labels = metrics["train/num_tokens"]
-            weight = n_labels / total
-            for j, key in enumerate(_MEAN_KEYS):
-                if key in metrics:
-                    acc[j] += metrics[key] * weight
-                    acc[n_mean + len(_SUM_KEYS) + j] += 1.0
-            for j, key in enumerate(_SUM_KEYS):
-                acc[n_mean + j] += metrics[key]
-            if "alignment/diff_max" in metrics:
-                peak[0] = torch.maximum(peak[0], metrics["alignment/diff_max"])
-        peak[1] = self._optimizer_step().to(dev)
-        self.ctx.all_reduce(acc)
-        self.ctx.all_reduce(peak, op="max")
-        out: Dict[str, torch.Tensor] = {}
-        for j, key in enumerate(_MEAN_KEYS):
-            out[key] = acc[j]
-            out["present/" + key] = acc[n_mean + len(_SUM_KEYS) + j]
-        for j, key in enumerate(_SUM_KEYS):
-            out[key] = acc[n_mean + j]
-        out["alignment/diff_max"] = peak[0]
-        out["train/grad_norm"] = peak[1]
-        return out
+        parts = split_mini_batches(share, max(len(prepared.minis), 1))
+        minis = [
+            (k, part)
+            for k, part in enumerate(parts)
+            if not prepared.minis or prepared.minis[k].num_sequences > 0
+        ]
+        schedule = [(k, part) for _ in range(cfg.ppo_epochs) for k, part in minis]
+        # Reused samples need the pre-update policy as the ratio's reference: after the
+        # first update the current policy no longer is.
+        old = self._old_logprobs(minis, prepared) if len(schedule) > 1 else {}
+        total = max(prepared.label_tokens, 1) * cfg.ppo_epochs
+        raw: Dict[str, float] = {}
+        for u, (k, part) in enumerate(schedule):
+            info = (
+                prepared.minis[k]
+                if prepared.minis
+                else MiniBatchInfo(prepared.label_tokens, len(share), prepared.n_micro)
+            )
+            for j, item in enumerate(self._micro_batches(part, info.n_micro)):
+                metrics = self._micro_step(item, info, old.get((k, j)))
+                if metrics is None:
+                    continue
+                weight = metrics["train/num_tokens"] / total
+                for m, key in enumerate(_MEAN_KEYS):
+                    if key in metrics:
+                        acc[m] += metrics[key] * weight
+                        acc[n_mean + n_sum + m] += 1.0
+                acc[n_mean] += metrics["train/num_tokens"] / cfg.ppo_epochs
+                acc[n_mean + 1] += metrics["train/loss"] / len(schedule)
+                if "alignment/diff_max" in metrics:
+                    peak[0] = torch.maximum(peak[0], metrics["alignment/diff_max"])
+            grad_norm = self._clip_gradients()
+            peak[1] = torch.maximum(peak[1], grad_norm)
+            if u == len(schedule) - 1:
+                self.ctx.all_reduce(acc)
+                self.ctx.all_reduce(peak, op="max")
+                raw = _read_back(acc, peak, grad_norm)
+                finite = math.isfinite(raw.pop("_last_grad_norm"))
+            else:
+                finite = math.isfinite(float(grad_norm))
+            self._apply_update(finite)
+        with warnings.catch_warnings():
+            # After a refused first step torch warns that the optimizer has not stepped yet;
+            # the schedule follows the trainer's steps on purpose.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            self.scheduler.step()
+        raw["train/skipped_steps"] = float(self.skipped_steps)
+        return raw
 
     def _host_metrics(
-        self, device_metrics: Dict[str, torch.Tensor], prepared: PreparedBatch, t0: float
+        self, raw: Dict[str, float], prepared: PreparedBatch, t0: float
     ) -> Dict[str, float]:
-        """Read every statistic back at once (the step's one host sync)."""
-        keys = list(device_metrics)
-        values = torch.stack([device_metrics[k].float() for k in keys]).tolist()
-        raw = dict(zip(keys, values, strict=True))
-        agg: Dict[str, float] = {}
-        for key in _MEAN_KEYS:
-            if raw["present/" + key] > 0:
-                agg[key] = raw[key]
-        for key in _SUM_KEYS:
-            agg[key] = raw[key]
-        if raw.get("present/alignment/diff_mean", 0) > 0:
-            agg["alignment/diff_max"] = raw["alignment/diff_max"]
+        """The step's statistics (read back by :meth:`step_on`) plus timing and memory."""
+        agg = dict(raw)
         step_time = time.perf_counter() - t0
         agg.update(
             {
-                "train/grad_norm": raw["train/grad_norm"],
                 "train/lr": self.scheduler.get_last_lr()[0],
                 "train/step_time": step_time,
                 "train/tokens_per_second": prepared.input_tokens / max(step_time, 1e-9),
@@ -412,17 +637,28 @@ class GRPOTrainer:
 
     def train_on_batch(self, batch: List[Dict[str, Any]] | None) -> Dict[str, float]:
         """Train on one API batch (given on rank 0; other ranks pass None) and return its metrics."""
-        prepared = (
-            prepare_batch(batch, self.ctx.world_size, self.config.batch_size)
-            if self.ctx.is_main
-            else None
-        )
+        prepared = self.prepare(batch) if self.ctx.is_main else None
         return self._train_prepared(prepared)
+
+    def prepare(self, batch: Sequence[Dict[str, Any]]) -> PreparedBatch:
+        """:func:`prepare_batch` with this run's settings (length, reward scaling, masking)."""
+        cfg = self.config
+        return prepare_batch(
+            batch,
+            self.ctx.world_size,
+            cfg.batch_size,
+            seq_len=cfg.seq_len,
+            scale_rewards=cfg.scale_rewards,
+            mask_truncated=cfg.mask_truncated,
+            mini_batches=cfg.mini_batches,
+        )
 
     def _train_prepared(self, prepared: PreparedBatch | None) -> Dict[str, float]:
         t0 = time.perf_counter()
         share, meta = self._distribute(prepared)
-        return self._host_metrics(self.step_on(share, meta), meta, t0)
+        metrics = self._host_metrics(self.step_on(share, meta), meta, t0)
+        metrics.update(meta.summary)
+        return metrics
 
     def _distribute(self, prepared: PreparedBatch | None) -> tuple[List[Sample], PreparedBatch]:
         """Rank 0 hands every rank its share; the shared counts travel with it."""
@@ -440,7 +676,7 @@ class GRPOTrainer:
         cfg = self.config
         t = time.perf_counter()
         batch = api.wait_for_batch(cfg.atropos_url, cfg.batch_poll_interval, cfg.batch_wait_timeout)
-        prepared = prepare_batch(batch, self.ctx.world_size, cfg.batch_size)
+        prepared = self.prepare(batch)
         prepared.fetch_time = time.perf_counter() - t
         # Read here, in the one thread that fetches: the client's id moves on with prefetching.
         prepared.batch_id = api.batch_client(cfg.atropos_url).last_batch_id
@@ -463,9 +699,18 @@ class GRPOTrainer:
                 optimizer_state=optimizer_state,
                 world_size=self.ctx.world_size,
                 last_batch_id=self.trained_batch_id,
+                extra=self._extra_state(),
             ),
             "saving a checkpoint",
         )
+
+    def _extra_state(self) -> Dict[str, Any]:
+        """What a checkpoint keeps besides weights, optimizer, scheduler and CPU RNG."""
+        return {
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "skipped_steps": self.skipped_steps,
+        }
 
     def train(self) -> Path | None:
         """Register with the API, train ``training_steps`` steps, save ``final_model``.
@@ -558,6 +803,23 @@ class GRPOTrainer:
     def close(self) -> None:
         """Leave the process group (multi-process runs)."""
         self.ctx.close()
+
+
+def _read_back(acc: torch.Tensor, peak: torch.Tensor, grad_norm: torch.Tensor) -> Dict[str, float]:
+    """Every statistic of a step in one device→host transfer (the step's one host sync)."""
+    values = torch.cat([acc, peak, grad_norm.reshape(1).to(acc)]).tolist()
+    n_mean, n_sum = len(_MEAN_KEYS), len(_SUM_KEYS)
+    out: Dict[str, float] = {}
+    for m, key in enumerate(_MEAN_KEYS):
+        if values[n_mean + n_sum + m] > 0:
+            out[key] = values[m]
+    for m, key in enumerate(_SUM_KEYS):
+        out[key] = values[n_mean + m]
+    if "alignment/diff_mean" in out:
+        out["alignment/diff_max"] = values[len(acc)]
+    out["train/grad_norm"] = values[len(acc) + 1]
+    out["_last_grad_norm"] = values[-1]
+    return out
 
 
 def _result(future: concurrent.futures.Future | None) -> Any:

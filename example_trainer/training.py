@@ -2,23 +2,29 @@
 
 ``compute_grpo_loss`` is a pure function of logits and batch tensors:
 
-- per-token log-probs of the labels under ``logits / temperature``;
-- importance ratio ``r = exp(logp − old_logp)`` where ``old_logp`` is the rollout's
-  ``inference_logprobs``; when the batch carries none, the current policy's
-  detached log-probs are used (``r = 1``, the plain GRPO/REINFORCE gradient)
-  instead of failing as the original did;
-- pessimistic clipped objective per token, ``min(r·A, clip(r, 1−ε, 1+ε)·A)``
-  (for A < 0 this is the larger |loss|, i.e. the ratio is clipped only where it
-  would make the update more optimistic);
+- per-token log-probs of the labels under ``logits / temperature`` (in float32);
+- importance ratio ``r = exp(clamp(logp − old_logp, ±20))`` where ``old_logp`` is the
+  rollout's ``inference_logprobs``; a token without one (``inference_mask`` false: the
+  sequence sent none, its row was short, or it holds the 1.0 marker) uses the current
+  policy's detached log-prob (``r = 1``, the plain GRPO/REINFORCE gradient) instead of
+  failing as the original did. The clamp keeps one absurd sampler log-prob (vLLM writes
+  −9999 for some tokens) from producing an infinite ratio and NaN gradients;
+- pessimistic clipped objective per token, ``min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)``
+  (``ε_high = clip_eps_high``, default ``ε_low = clip_eps``: DAPO's clip-higher); for
+  A < 0 this is the larger |loss|; with ``clip_ratio_c = c`` (dual-clip PPO) the loss of
+  an A < 0 token is capped at ``−c·A`` (no gradient once ``r > c``);
 - optional off-policy correction (``tis``/``icepop``, :mod:`.off_policy`): the same
   clipped surrogate against the sampler, with the weight of the tokens the clip leaves
   active truncated at ``--off-policy-clip`` (``tis``) or the tokens whose ratio is out of
   band masked (``icepop``);
 - optional KL penalty (k3 estimator) towards reference log-probs, weighted by
-  ``kl_coef``;
-- token-level averaging: the sum over all label tokens divided by ``normalizer``
-  (by default the label tokens of this micro-batch; the trainer passes the count
-  over the whole optimizer step so that gradient accumulation is exact).
+  ``kl_coef``, and entropy bonus ``−entropy_coef·H`` (``H`` the entropy of the
+  tempered next-token distribution);
+- aggregation of the per-token loss ``l`` by ``loss_type`` over the optimizer step's
+  ``N`` label tokens and ``B`` sequences (the trainer passes both, so that gradient
+  accumulation is exact): ``token-mean`` ``Σl / N`` (default), ``grpo``
+  ``(1/B) Σ_i mean_t l``, ``seq-mean-token-sum`` ``(1/B) Σ_i Σ_t l``, ``dr_grpo``
+  ``Σl / (B·max_tokens)``.
 
 Nothing here reads a value back to the host: the statistics are 0-d tensors on the
 logits' device, so a GPU step runs without waiting for the host until the trainer
@@ -28,13 +34,16 @@ reads all its metrics at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Literal
 
 import torch
 import torch.nn.functional as F
 
 from .data import IGNORE_INDEX
-from .off_policy import CorrectionConfig, corrected_surrogate
+from .off_policy import MAX_LOG_RATIO, CorrectionConfig, corrected_surrogate
+
+LossType = Literal["token-mean", "grpo", "dr_grpo", "seq-mean-token-sum"]
+LOSS_TYPES = ("token-mean", "grpo", "dr_grpo", "seq-mean-token-sum")
 
 
 @dataclass
@@ -45,22 +54,42 @@ class LossOutput:
     metrics: Dict[str, torch.Tensor]
 
 
+def _tempered(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
+    # float32 before dividing: a bf16 logit divided by 0.7 loses the low bits the ratio
+    # to the sampler is made of.
+    logits = logits.float()
+    if temperatures is not None:
+        logits = logits / temperatures.to(logits.dtype).view(-1, 1, 1)
+    return logits
+
+
 def token_logprobs(
     logits: torch.Tensor, labels: torch.Tensor, temperatures: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Log-probability of each label under ``logits / temperature``; 0 where label is −100.
 
     ``logits`` is ``[B, T, V]``, ``labels`` ``[B, T]`` and ``temperatures`` ``[B]``
-    (pass None when all are 1; checking that here would wait for the device).
+    (pass None when all are 1; checking that here would wait for the device). Computed
+    in float32.
     """
-    if temperatures is not None:
-        # Callers pass None at temperature 1: the division copies the [B, T, V] logits.
-        logits = logits / temperatures.to(logits.dtype).view(-1, 1, 1)
-    logits = logits.float()
+    logits = _tempered(logits, temperatures)
     safe = labels.clamp(min=0)
     nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), safe.reshape(-1), reduction="none")
     logp = -nll.view_as(labels)
     return logp * (labels != IGNORE_INDEX)
+
+
+def token_entropy(logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy ``H = logsumexp(z) − Σ softmax(z)·z`` of each position's next-token
+    distribution, ``z = logits / temperature`` (float32), ``[B, T]``."""
+    z = _tempered(logits, temperatures)
+    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
+def sampler_mask(inference_logprobs: torch.Tensor) -> torch.Tensor:
+    """Tokens whose ``inference_logprobs`` entry is a log-prob (finite and <= 0), not the
+    1.0 "not generated" marker."""
+    return torch.isfinite(inference_logprobs) & (inference_logprobs <= 0)
 
 
 def compute_grpo_loss(
@@ -74,30 +103,62 @@ def compute_grpo_loss(
     kl_coef: float = 0.0,
     normalizer: float | None = None,
     off_policy: CorrectionConfig | None = None,
+    *,
+    inference_mask: torch.Tensor | None = None,
+    clip_eps_high: float | None = None,
+    clip_ratio_c: float | None = None,
+    loss_type: LossType = "token-mean",
+    num_sequences: int | None = None,
+    max_tokens: int | None = None,
+    entropy_coef: float = 0.0,
+    log_entropy: bool = False,
 ) -> LossOutput:
     """GRPO loss for one micro-batch. See the module docstring for the formula.
 
     ``advantages`` is per token ``[B, T]`` (or per sequence ``[B]``, broadcast).
+    ``inference_mask`` (bool ``[B, T]``) marks the tokens that have a sampler log-prob
+    (default: those whose value is a log-prob, see :func:`sampler_mask`).
     ``off_policy`` (``tis`` or ``icepop``, see :mod:`.off_policy`): with inference
     log-probs, the surrogate's ratio to the sampler is truncated (``tis``) or its
     out-of-band tokens masked (``icepop``); without, it changes nothing.
+    ``normalizer``/``num_sequences`` are the optimizer step's label tokens and
+    sequences (default: this micro-batch's); ``max_tokens`` is ``dr_grpo``'s constant
+    (default: the padded length).
     """
-    mask = (labels != IGNORE_INDEX).float()
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
+    valid = labels != IGNORE_INDEX
+    mask = valid.float()
     if advantages.dim() == 1:
         advantages = advantages.view(-1, 1).expand_as(mask)
     advantages = advantages.to(mask.dtype)
     logp = token_logprobs(logits, labels, temperatures)
+    low = clip_eps
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     has_old = inference_logprobs is not None
-    old_logp = inference_logprobs.to(logp.dtype) if has_old else logp.detach()
+    if has_old:
+        present = sampler_mask(inference_logprobs) if inference_mask is None else inference_mask
+        present = present.to(torch.bool) & valid
+        old_logp = torch.where(present, inference_logprobs.to(logp.dtype), logp.detach())
+    else:
+        present = torch.zeros_like(valid)
+        old_logp = logp.detach()
     is_stats = None
     if has_old and off_policy is not None and off_policy.active:
+        sampled = present.to(mask.dtype)
         surrogate, ratio, is_stats = corrected_surrogate(
-            logp, old_logp, advantages, mask, clip_eps, off_policy
+            logp, old_logp, advantages, sampled, low, off_policy, clip_eps_high=high
         )
+        # A token without a sampler log-prob is on-policy: value A, gradient A·∇logp.
+        on_policy = torch.exp(logp - logp.detach()) * advantages
+        surrogate = torch.where(present, surrogate, on_policy)
+        ratio = torch.where(present, ratio, torch.ones_like(ratio))
     else:
-        ratio = torch.exp((logp - old_logp) * mask)
-        surrogate = torch.min(
-            ratio * advantages, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+        ratio = torch.exp(((logp - old_logp) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - low, 1.0 + high) * advantages)
+    if clip_ratio_c is not None:
+        surrogate = torch.where(
+            advantages < 0, torch.maximum(surrogate, clip_ratio_c * advantages), surrogate
         )
     per_token = -surrogate
     kl = None
@@ -105,9 +166,15 @@ def compute_grpo_loss(
         delta = (ref_logprobs.to(logp.dtype) - logp) * mask
         kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + kl_coef * kl
+    entropy = None
+    if entropy_coef != 0:
+        entropy = token_entropy(logits, temperatures)
+        per_token = per_token - entropy_coef * entropy
+    elif log_entropy:
+        with torch.no_grad():
+            entropy = token_entropy(logits.detach(), temperatures)
     n_tokens = mask.sum()
-    denom = normalizer if normalizer is not None else n_tokens.clamp(min=1.0)
-    loss = (per_token * mask).sum() / denom
+    loss = _aggregate(per_token * mask, mask, loss_type, normalizer, num_sequences, max_tokens)
 
     with torch.no_grad():
         tok = n_tokens.clamp(min=1.0)
@@ -115,9 +182,14 @@ def compute_grpo_loss(
         seq_adv = (advantages * mask).sum(-1) / seq_len
         seq_logp = (logp * mask).sum(-1) / seq_len
         pos, neg = (seq_adv > 0).float(), (seq_adv < 0).float()
-        clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-        clipped = ((ratio - clipped_ratio).abs() > 1e-6).float() * mask
+        r = ratio.detach()
+        # Only tokens whose gradient the clip removes (as TRL counts): a ratio past the
+        # band on the side its advantage pushes towards.
+        clipped = (((advantages > 0) & (r > 1.0 + high)) | ((advantages < 0) & (r < 1.0 - low))).to(
+            mask.dtype
+        ) * mask
         mean_logp = (logp * mask).sum() / tok
+        sampled = present.to(mask.dtype)
         metrics = {
             "grpo/mean_ratio": (ratio * mask).sum() / tok,
             "grpo/clipped_fraction": clipped.sum() / tok,
@@ -127,18 +199,22 @@ def compute_grpo_loss(
             "logprobs/training_mean": mean_logp,
             "logprobs/training_std": _masked_std(logp, mask),
             "train/num_tokens": n_tokens,
-            "grpo/has_inference_logprobs": torch.tensor(
-                1.0 if has_old else 0.0, device=logp.device
-            ),
+            "grpo/has_inference_logprobs": sampled.sum() / tok,
         }
+        if clip_ratio_c is not None:
+            dual = ((advantages < 0) & (r > clip_ratio_c)).to(mask.dtype) * mask
+            metrics["grpo/dual_clipped_fraction"] = dual.sum() / tok
+        if entropy is not None:
+            metrics["train/entropy"] = (entropy.detach() * mask).sum() / tok
         if has_old:
-            diff = (logp - old_logp) * mask
+            n_old = sampled.sum().clamp(min=1.0)
+            diff = (logp - old_logp) * sampled
             metrics.update(
                 {
-                    "logprobs/inference_mean": (old_logp * mask).sum() / tok,
-                    "logprobs/inference_std": _masked_std(old_logp, mask),
-                    "alignment/diff_mean": diff.sum() / tok,
-                    "alignment/diff_abs_mean": diff.abs().sum() / tok,
+                    "logprobs/inference_mean": (old_logp * sampled).sum() / n_old,
+                    "logprobs/inference_std": _masked_std(old_logp, sampled),
+                    "alignment/diff_mean": diff.sum() / n_old,
+                    "alignment/diff_abs_mean": diff.abs().sum() / n_old,
                     "alignment/diff_max": diff.abs().amax() if diff.numel() else tok * 0,
                 }
             )
@@ -147,6 +223,27 @@ def compute_grpo_loss(
         if is_stats is not None:
             metrics.update({f"off_policy/{k}": v for k, v in is_stats.items()})
     return LossOutput(loss=loss, metrics=metrics)
+
+
+def _aggregate(
+    token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    normalizer: float | None,
+    num_sequences: int | None,
+    max_tokens: int | None,
+) -> torch.Tensor:
+    """Reduce the masked per-token loss ``[B, T]`` to the scalar of ``loss_type``."""
+    if loss_type == "token-mean":
+        denom = normalizer if normalizer is not None else mask.sum().clamp(min=1.0)
+        return token_loss.sum() / denom
+    n_seq = num_sequences if num_sequences is not None else token_loss.size(0)
+    if loss_type == "grpo":
+        return (token_loss.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / n_seq
+    if loss_type == "seq-mean-token-sum":
+        return token_loss.sum() / n_seq
+    length = max_tokens if max_tokens is not None else token_loss.size(1)
+    return token_loss.sum() / (n_seq * length)  # dr_grpo
 
 
 def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
