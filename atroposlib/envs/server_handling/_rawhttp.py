@@ -27,6 +27,7 @@ import asyncio
 import collections
 import logging
 import os
+import re
 import socket
 from typing import Any, Callable
 
@@ -67,6 +68,7 @@ class PeerRefused(PermissionError):
 
 
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
+_CHUNK_SIZE = re.compile(rb"([0-9a-fA-F]{1,16})[ \t]*(?:;[^\r\n]{0,%d})?\r\n" % MAX_CHUNK_LINE)
 
 
 class _Conn(asyncio.Protocol):
@@ -205,69 +207,77 @@ class _Conn(asyncio.Protocol):
         if self.body_length is None and not self.chunked:
             self.keep_alive = False  # body ends when the server closes
 
-    def _line(self, data: bytes, pos: int) -> tuple[bytes | None, int]:
-        """The next CRLF-terminated line from ``pending`` + ``data[pos:]``, and the new pos."""
-        if self.pending.endswith(b"\r") and data[pos : pos + 1] == b"\n":
-            line = bytes(self.pending[:-1])  # the CRLF straddled two reads
-            self.pending.clear()
-            return line, pos + 1
-        end = data.find(b"\r\n", pos)
-        if end < 0:
-            self.pending += data[pos:]
-            if len(self.pending) > MAX_CHUNK_LINE:
-                raise MalformedAnswer(f"chunk framing line exceeds {MAX_CHUNK_LINE} bytes")
-            return None, len(data)
-        line = bytes(self.pending) + data[pos:end] if self.pending else data[pos:end]
-        self.pending.clear()
-        if len(line) > MAX_CHUNK_LINE:
-            raise MalformedAnswer(f"chunk framing line exceeds {MAX_CHUNK_LINE} bytes")
-        return line, end + 2
-
     def _feed_chunked(self, data: bytes) -> None:
-        pos, n = 0, len(data)
-        while pos < n or self.chunk_state == _DONE:
-            state = self.chunk_state
-            if state == _DATA:
-                take = min(self.chunk_left, n - pos)
-                if len(self.body) + take > self.max_answer_bytes:
+        # One pass over ``pending`` (an incomplete frame, at most a framing line long) plus
+        # the new bytes: every byte is looked at once, however small the chunks are.
+        buf = bytes(self.pending) + data if self.pending else data
+        pos, n = 0, len(buf)
+        state, body, limit = self.chunk_state, self.body, self.max_answer_bytes
+        size_line = _CHUNK_SIZE.match
+        while pos < n:
+            if state == _SIZE:
+                # Fast path: whole chunks in this buffer, one regex match and one slice each.
+                while True:
+                    m = size_line(buf, pos)
+                    if m is None:
+                        break
+                    size = int(m.group(1), 16)
+                    start = m.end()
+                    end = start + size
+                    if size == 0 or end + 2 > n:
+                        break
+                    if buf[end : end + 2] != b"\r\n":
+                        raise MalformedAnswer("chunk data longer than its declared size")
+                    if len(body) + size > limit:
+                        raise self._too_large()
+                    body += buf[start:end]
+                    pos = end + 2
+                if pos >= n:
+                    break
+                m = size_line(buf, pos)
+                if m is None:
+                    if buf.find(b"\r\n", pos) >= 0 or n - pos > MAX_CHUNK_LINE:
+                        raise MalformedAnswer(f"malformed chunk size line {buf[pos : pos + 40]!r}")
+                    break  # the size line is not complete yet
+                size = int(m.group(1), 16)
+                pos = m.end()
+                if size == 0:
+                    state = _TRAILER
+                elif len(body) + size > limit:
                     raise self._too_large()
-                self.body += data[pos : pos + take]
+                else:
+                    state, self.chunk_left = _DATA, size
+            elif state == _DATA:
+                take = min(self.chunk_left, n - pos)
+                body += buf[pos : pos + take]
                 pos += take
                 self.chunk_left -= take
                 if self.chunk_left == 0:
-                    self.chunk_state = _DATA_END
-                continue
-            if state == _DONE:
-                self._finish()
-                return
-            line, pos = self._line(data, pos)
-            if line is None:
-                return
-            if state == _SIZE:
-                size_text = line.split(b";", 1)[0].strip()
-                if not size_text or len(size_text) > 16:
-                    raise MalformedAnswer(f"malformed chunk size {line[:40]!r}")
-                size = int(size_text, 16)
-                if size < 0:
-                    raise MalformedAnswer(f"malformed chunk size {line[:40]!r}")
-                if size == 0:
-                    self.chunk_state = _TRAILER
-                elif len(self.body) + size > self.max_answer_bytes:
-                    raise self._too_large()
-                else:
-                    self.chunk_left, self.chunk_state = size, _DATA
+                    state = _DATA_END
             elif state == _DATA_END:
-                if line:
+                if n - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
                     raise MalformedAnswer("chunk data longer than its declared size")
-                self.chunk_state = _SIZE
-            elif not line:
-                self.chunk_state = _DONE
-            else:
-                self.trailer_bytes += len(line)
+                pos += 2
+                state = _SIZE
+            else:  # trailers, up to an empty line
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    if n - pos > MAX_CHUNK_LINE:
+                        raise MalformedAnswer(f"chunk trailer exceeds {MAX_CHUNK_LINE} bytes")
+                    break
+                if end == pos:
+                    self.chunk_state = _DONE
+                    self.pending = bytearray()
+                    self._finish()
+                    return
+                self.trailer_bytes += end - pos
                 if self.trailer_bytes > MAX_HEADER_BYTES:
                     raise MalformedAnswer(f"answer trailers exceed {MAX_HEADER_BYTES} bytes")
-        if self.chunk_state == _DONE:
-            self._finish()
+                pos = end + 2
+        self.chunk_state = state
+        self.pending = bytearray(buf[pos:])
 
     def close(self) -> None:
         self.closed = True
