@@ -1,7 +1,9 @@
 """Standalone evaluations: a small framework for eval-only tasks.
 
 Subclass :class:`EvalBase`, implement ``setup_data`` and ``run_item``, then run it with
-:func:`eval_runner` (a CLI) or ``await MyEval(...)(server_manager)``. Results go to
+``asyncio.run(eval_runner(MyEval(...)))`` (flags ``--server-url``, ``--model-name``, as the
+original), :func:`eval_cli` (a fuller command line that builds the eval from its class) or
+``await MyEval(...)(server_manager)``. Results go to
 ``{eval_dir}/metrics.json`` and ``samples.jsonl`` through :func:`evaluate_log`, the same
 layout ``BaseEnv.evaluate_log`` writes.
 
@@ -18,7 +20,7 @@ Example::
             return {"accuracy": float(ok)}, [{"question": item["q"], "correct": ok}]
 
     if __name__ == "__main__":
-        eval_runner(Arith)
+        asyncio.run(eval_runner(Arith()))
 """
 
 from __future__ import annotations
@@ -147,11 +149,19 @@ class EvalBase(ABC):
     ) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
         """Evaluate one item: ``(metrics for the item, samples to log)``."""
 
-    async def __call__(self, server: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+    async def chat_completion(self, server: Any, messages: List[Dict[str, Any]]) -> Any:
+        """A chat completion of ``messages`` on ``server`` with this task's generation
+        parameters, on the servers' eval slots (``split="eval"``)."""
+        return await server.chat_completion(
+            messages=messages, **self.get_generation_params(), split="eval"
+        )
+
+    async def __call__(self, server_manager: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
         """Run every item (at most ``max_concurrency`` at once) and average each metric.
 
         An item whose ``run_item`` raises is logged and counted in ``failed_items``.
         """
+        server = server_manager
         sem = asyncio.Semaphore(self.max_concurrency)
 
         async def one(item: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]] | None:
@@ -228,10 +238,61 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def eval_runner(
+def _runner_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Run an evaluation against a server.")
+    parser.add_argument(
+        "--server-url", default="http://localhost:8000", help="inference server base URL"
+    )
+    parser.add_argument("--model-name", default="default", help="model name sent to the server")
+    parser.add_argument("--api-key", default="x", help="API key for the inference server")
+    parser.add_argument(
+        "--eval-dir", default=None, help="also write metrics.json and samples.jsonl here"
+    )
+    return parser
+
+
+async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> Any:
+    """The original's runner: ``asyncio.run(eval_runner(MyEval(...)))``.
+
+    Parses ``--server-url`` (default ``http://localhost:8000``) and ``--model-name`` from
+    ``argv`` (``sys.argv`` by default), builds a ``ServerManager`` on that server and
+    returns ``await eval_env(server_manager)``. With ``--eval-dir`` the results are also
+    written there by :func:`evaluate_log`.
+    """
+    from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    args = _runner_parser().parse_args(argv)
+    config = APIServerConfig(
+        model_name=args.model_name, base_url=args.server_url, api_key=args.api_key
+    )
+    server_manager = ServerManager([config])
+    start = time.time()
+    try:
+        result = await eval_env(server_manager)
+    finally:
+        await server_manager.close()
+    if args.eval_dir and isinstance(result, tuple) and len(result) == 2:
+        metrics, samples = result
+        evaluate_log(
+            metrics,
+            eval_dir=args.eval_dir,
+            task_name=eval_env.task_name,
+            model_name=args.model_name,
+            start_time=start,
+            end_time=time.time(),
+            generation_parameters=eval_env.get_generation_params(),
+            samples=samples,
+        )
+    return result
+
+
+def eval_cli(
     eval_cls: Type[EvalBase], argv: Sequence[str] | None = None, **eval_kwargs: Any
 ) -> Dict[str, float]:
-    """CLI entry point: parse flags, build a ``ServerManager``, run and log the eval."""
+    """A fuller command line: parse flags (``--base-url``, ``--server-type``, ``--eval-dir``,
+    ``--pass-at-n`` ...), build the eval from ``eval_cls`` and a ``ServerManager``, run it
+    and log the results."""
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.server_manager import ServerManager
 
@@ -256,4 +317,12 @@ def eval_runner(
     )
 
 
-__all__ = ["EvalBase", "build_eval_record", "eval_runner", "evaluate_log", "pass_at_k", "run_eval"]
+__all__ = [
+    "EvalBase",
+    "build_eval_record",
+    "eval_cli",
+    "eval_runner",
+    "evaluate_log",
+    "pass_at_k",
+    "run_eval",
+]
