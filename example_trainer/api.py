@@ -4,7 +4,8 @@
 - :func:`register_trainer` posts ``/register`` with 5 attempts and exponential
   backoff (2–30 s), checks the HTTP status and requires ``uuid`` in the answer;
 - :func:`get_batch` fetches one batch (``None`` when none is ready) and raises on
-  ``status == "error"``; :func:`wait_for_batch` polls it. Both go through a
+  ``status == "error"``; :func:`wait_for_batch` polls it (stoppable, and bounded
+  when the API stays unreachable). Both go through a
   :class:`BatchClient`, which acknowledges each batch by the next request and
   skips a batch served twice (the API's at-least-once delivery, SPEC D19).
 
@@ -28,6 +29,8 @@ from .config import TrainingConfig
 logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = 60.0
+# A batch wait gives up once the API has been unreachable this long without a break.
+UNREACHABLE_TIMEOUT = 120.0
 
 
 class AtroposAPIError(RuntimeError):
@@ -197,20 +200,34 @@ def wait_for_batch(
     poll_interval: float = 1.0,
     timeout: float = 0.0,
     should_stop: Callable[[], bool] | None = None,
+    unreachable_timeout: float = UNREACHABLE_TIMEOUT,
 ) -> List[Dict[str, Any]]:
-    """Poll ``/batch`` until a batch arrives. ``timeout`` 0 waits forever.
+    """Poll ``/batch`` until a batch arrives. ``timeout`` 0 waits forever for one.
 
-    Transient connection errors are logged and retried; an error payload raises.
-    Each call acknowledges the batch the previous call returned.
+    Bounded and stoppable: raises :class:`AtroposAPIError` when ``should_stop()``
+    turns true (checked between polls), when no batch came within ``timeout`` s, or
+    when the API could not be reached for ``unreachable_timeout`` s in a row (it is
+    gone, not merely slow). Shorter connection errors are logged and retried; an
+    error payload raises. Each call acknowledges the batch the previous call returned.
     """
     start = time.monotonic()
+    failing_since: float | None = None
     with httpx.Client() as client:
         while True:
+            if should_stop is not None and should_stop():
+                raise AtroposAPIError("stopped while waiting for a batch")
             try:
                 batch = get_batch(url, client)
+                failing_since = None
                 if batch:
                     return batch
             except httpx.HTTPError as exc:
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= unreachable_timeout:
+                    raise AtroposAPIError(
+                        f"rollout API at {url} unreachable for {now - failing_since:.0f}s ({exc})"
+                    ) from exc
                 logger.warning("GET /batch failed (%s); retrying", exc)
             if should_stop is not None and should_stop():
                 raise AtroposAPIError("stopped while waiting for a batch")

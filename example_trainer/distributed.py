@@ -32,9 +32,18 @@ from typing import Any, Callable, List, Mapping, Sequence, Tuple, TypeVar
 
 import torch
 
+from . import supervision
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+# Every collective (gloo, and NCCL with its default async error handling) fails after this
+# long instead of waiting forever for a rank that stopped answering; a rank that exits is
+# noticed at once. Long enough for rank 0's slowest solo work (a batch wait, a checkpoint
+# of a large model, a weight sync) while the other ranks wait in a collective.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 class DistributedError(RuntimeError):
@@ -143,6 +152,11 @@ class DistContext:
         """
         if not (self.enabled and torch.distributed.is_initialized()):
             return
+        if supervision.stopping():
+            # Stopped by a signal: the peers are stopping too (or stuck in a collective that
+            # will never complete); waiting for them would only delay the exit.
+            torch.distributed.destroy_process_group()
+            return
         try:
             if torch.distributed.get_backend() == "gloo":
                 torch.distributed.monitored_barrier(timeout=datetime.timedelta(seconds=60))
@@ -180,7 +194,7 @@ def init_distributed(config: Any) -> Tuple[DistContext, str]:
             init_method=config.init_method,
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(minutes=30),
+            timeout=COLLECTIVE_TIMEOUT,
         )
     logger.info("rank %d of %d on %s (%s)", rank, world, device, backend)
     return DistContext(rank=rank, world_size=world, local_rank=local), device

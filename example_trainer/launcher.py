@@ -390,5 +390,5 @@ class Launcher:
                 time.sleep(self.config.status_interval)
 
     def shutdown(self) -> None:
-        """Stop every child process."""
+        """Stop every child process and everything they started (bounded; see ProcessGroup.stop_many)."""
         self.procs.stop_all()

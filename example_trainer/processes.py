@@ -3,34 +3,39 @@
 Every child runs in its own process group (so a signal reaches its own children
 too), writes to its own log file, and is told by the kernel to exit if the
 launcher dies without cleaning up (``PR_SET_PDEATHSIG`` on Linux), so even
-``kill -9`` of the launcher leaves no orphans.
+``kill -9`` of the launcher leaves no orphans. Processes that leave their parent's
+group (``torchrun`` starts each rank in a session of its own) are found through
+``/proc`` and stopped too, and trainer ranks watch for their parent's death
+themselves (:mod:`example_trainer.supervision`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Sequence, Set
 
 import httpx
 
+from . import supervision
+
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
+# torchrun gives its ranks this long between SIGTERM and SIGKILL; the launcher waits longer
+# for the trainer, so torchrun's own shutdown is never cut short.
+TORCHRUN_GRACE = 30.0
+STOP_TIMEOUT = 10.0
+TRAINER_STOP_TIMEOUT = TORCHRUN_GRACE + 10.0
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    supervision.die_with_parent()
 
 
 @dataclass
@@ -67,7 +72,12 @@ class ProcessGroup:
         self.run_dir = run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            supervision.DIE_WITH_PARENT_ENV: "1",
+            **(env or {}),
+        }
         self.children: Dict[str, Child] = {}
 
     def start(
@@ -118,26 +128,61 @@ class ProcessGroup:
                 return child
         return None
 
-    def stop(self, name: str, timeout: float = 10.0) -> None:
-        """SIGTERM the child's process group, SIGKILL after ``timeout`` s."""
-        child = self.children.get(name)
-        if child is None or child.proc is None:
-            return
-        proc = child.proc
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in %.0fs; killing", name, timeout)
-        # The leader may be gone while members of its group linger: always sweep the group.
+    def stop(self, name: str, timeout: float | None = None) -> None:
+        """Stop one child and everything it started (see :meth:`stop_many`)."""
+        self.stop_many([name], timeout)
+
+    def stop_all(self, timeout: float | None = None) -> None:
+        """Stop every child and everything they started, all at once."""
+        self.stop_many(list(reversed(list(self.children))), timeout)
+
+    def stop_many(self, names: Sequence[str], timeout: float | None = None) -> None:
+        """SIGTERM each child's process group; SIGKILL what is left after its grace period.
+
+        Every descendant seen (also those in sessions of their own, such as torchrun's
+        ranks) must be gone before this returns: what outlives the grace period is
+        killed. The trainer's grace (:data:`TRAINER_STOP_TIMEOUT`) is longer than
+        torchrun's own; other children get :data:`STOP_TIMEOUT` (or ``timeout``).
+        """
+        start = time.monotonic()
+        procs: Dict[str, subprocess.Popen] = {}
+        tree: Dict[str, Set[int]] = {}
+        for name in names:
+            child = self.children.get(name)
+            if child is None or child.proc is None:
+                continue
+            procs[name] = child.proc
+            # Listed before signalling: a rank whose torchrun exits is no longer below it.
+            tree[name] = set(supervision.descendants(child.proc.pid))
+            if child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.proc.pid, signal.SIGTERM)
+        for name, proc in procs.items():
+            grace = timeout
+            if grace is None:
+                grace = TRAINER_STOP_TIMEOUT if name == "trainer" else STOP_TIMEOUT
+            deadline = start + grace
+            while time.monotonic() < deadline:
+                tree[name] |= set(supervision.descendants(proc.pid))
+                if proc.poll() is not None and not any(supervision.alive(p) for p in tree[name]):
+                    break
+                time.sleep(0.1)
+            else:
+                logger.warning("%s did not stop in %.0fs; killing", name, grace)
+            self._kill(name, proc, tree[name])
+
+    @staticmethod
+    def _kill(name: str, proc: subprocess.Popen, tree: Set[int]) -> None:
+        # The leader may be gone while members of its group linger: always sweep the group,
+        # then whatever descendant left it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        for pid in tree | set(supervision.descendants(proc.pid)):
+            if supervision.alive(pid):
+                logger.warning("killing pid %d left behind by %s", pid, name)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
-
-    def stop_all(self, timeout: float = 10.0) -> None:
-        """Stop every child, newest first."""
-        for name in reversed(list(self.children)):
-            self.stop(name, timeout)
+            proc.wait(timeout=STOP_TIMEOUT)
+        for pid in tree:
+            supervision.reap(pid)

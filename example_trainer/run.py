@@ -3,8 +3,10 @@
 Starts ``run-api``, the inference server (``atropos-serve-model`` with the offline
 tiny model by default, vLLM when asked), one or more environments and the GRPO
 trainer as child processes; shows their status in one place; writes each one's
-log to ``RUN_DIR/logs/``; and stops everything on exit, Ctrl-C or SIGTERM (and,
-through the kernel's parent-death signal, even if the launcher is killed).
+log to ``RUN_DIR/logs/``; and stops everything on exit, on any child's failure, on
+Ctrl-C or SIGTERM, and (through the kernel's parent-death signal, which every child
+and every trainer rank sets) even if the launcher is killed with ``kill -9``: no
+process of the run outlives it (see :mod:`example_trainer.supervision`).
 
 Optionally (the CPU demo turns these on) it first gives the model a short cached
 supervised warm-up on the task format, evaluates before and after training,
@@ -34,8 +36,10 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
+from . import supervision
 from .launcher import Launcher, as_flags
 from .plugins import load_function
+from .processes import TRAINER_STOP_TIMEOUT
 from .run_config import EvalSection, RunConfig, WarmupSection
 from .summary import clear_previous_run, plot_curve, read_metrics
 
@@ -187,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
+    # Orphaned descendants (a rank whose torchrun died) become ours, so shutdown finds them.
+    supervision.become_subreaper()
     launcher = Launcher(cfg)
     print(f"run directory: {launcher.run_dir}", flush=True)
     try:
@@ -198,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("%s", exc)
         return 1
     finally:
+        # A second Ctrl-C or SIGTERM must not cut the shutdown short and leave children
+        # behind; the shutdown itself is bounded (about TRAINER_STOP_TIMEOUT seconds).
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        logger.info("stopping all processes (at most %.0fs)", TRAINER_STOP_TIMEOUT)
         launcher.shutdown()
 
 

@@ -25,6 +25,8 @@ from typing import List, Mapping, Tuple
 
 import httpx
 
+from .supervision import die_with_parent
+
 logger = logging.getLogger(__name__)
 
 
@@ -187,8 +189,14 @@ class InferenceProcess:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             logger.info("starting inference server: %s", " ".join(cmd))
+            # The server dies with its owner (a trainer rank), even one killed with SIGKILL.
             self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         finally:
             if self.log_path:
