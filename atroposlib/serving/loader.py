@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -53,15 +54,22 @@ def load_tokenizer(path: str) -> Any:
 
 
 def load_compatible(path: str, current: Any, device: torch.device, dtype: torch.dtype) -> Any:
-    """Load a checkpoint for a weight update; it must match ``current``'s architecture.
+    """Load a checkpoint for a weight update; it must match ``current`` tensor for tensor.
 
-    Raises :class:`InvalidRequest` (param ``path``) when the directory is missing,
-    unreadable, or its parameters differ in names or shapes.
+    Raises :class:`InvalidRequest` (param ``path``) when the directory is missing or
+    unreadable, is another model type, or holds a tensor set other than the served
+    model's: a missing tensor (which loading would silently initialise afresh), an
+    unexpected one (which loading would silently drop) or one of another shape. The
+    message names the first such tensor. Nothing reaches the device before the check.
     """
+    from transformers import AutoModelForCausalLM
+
     if not os.path.isdir(path):
         raise InvalidRequest(f"checkpoint directory {path!r} does not exist", param="path")
     try:
-        model = load_model(path, device, dtype)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise InvalidRequest(f"cannot load checkpoint {path!r}: {exc}", param="path") from exc
     if model.config.model_type != current.config.model_type:
@@ -70,15 +78,34 @@ def load_compatible(path: str, current: Any, device: torch.device, dtype: torch.
             f"server runs {current.config.model_type}",
             param="path",
         )
-    old = {k: tuple(v.shape) for k, v in current.state_dict().items()}
+    served = {k: tuple(v.shape) for k, v in current.state_dict().items()}
+    problems = [f"{n} is not in the served model" for n in sorted(info.get("unexpected_keys", ()))]
+    problems += [
+        f"{n} has shape {list(found)}, the served model {list(served.get(n, expected))}"
+        for n, found, expected in sorted(info.get("mismatched_keys", ()), key=lambda m: m[0])
+    ]
+    problems += [f"{n} is missing" for n in sorted(info.get("missing_keys", ()))]
+    # The checkpoint's own config may describe another architecture: compare with the server's.
     new = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if old != new:
-        diff = sorted(set(old.items()) ^ set(new.items()))[:3]
-        raise InvalidRequest(
-            f"checkpoint {path!r} has a different architecture (first differences: {diff})",
-            param="path",
-        )
-    return model
+    problems += [f"{n} is not in the served model" for n in sorted(new.keys() - served.keys())]
+    problems += [f"{n} is missing" for n in sorted(served.keys() - new.keys())]
+    problems += [
+        f"{n} has shape {list(new[n])}, the served model {list(served[n])}"
+        for n in sorted(new.keys() & served.keys())
+        if new[n] != served[n]
+    ]
+    if problems:
+        raise checkpoint_misfit(path, list(dict.fromkeys(problems)))
+    return model.to(device).eval()
+
+
+def checkpoint_misfit(path: str, problems: list[str]) -> InvalidRequest:
+    """The 400 for a checkpoint whose tensors differ from the served model's (first named)."""
+    return InvalidRequest(
+        f"checkpoint {path!r} does not fit the served model ({len(problems)} "
+        f"difference{'s' if len(problems) != 1 else ''}, first: {'; '.join(problems[:3])})",
+        param="path",
+    )
 
 
 def weight_roots(config: ServeModelConfig) -> list[str]:
@@ -100,14 +127,48 @@ def confine_weights_path(path: str, roots: list[str]) -> str:
     if "\x00" in path:
         raise InvalidRequest("'path' must not contain a NUL character", param="path")
     resolved = os.path.realpath(path)
-    for root in roots:
-        if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
-            return resolved
-    raise Forbidden(
-        "'path' is outside the directories this server loads weights from; start it with "
-        "--weights-root DIR to allow another directory",
-        param="path",
-    )
+    if not _inside(resolved, roots):
+        raise Forbidden(
+            "'path' is outside the directories this server loads weights from; start it with "
+            "--weights-root DIR to allow another directory",
+            param="path",
+        )
+    _confine_files(resolved, roots)
+    return resolved
+
+
+def _inside(resolved: str, roots: list[str]) -> bool:
+    return any(resolved == r or resolved.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _confine_files(directory: str, roots: list[str]) -> None:
+    """Refuse (403) a checkpoint directory holding a file that resolves outside ``roots``.
+
+    Resolving the directory alone lets a ``model.safetensors`` inside it be a symlink to any
+    file of the machine; every entry the loaders may open (and every shard an index names)
+    is resolved too. Only directories already inside a root get here, so the answer reveals
+    nothing about the rest of the file system.
+    """
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return  # missing or unreadable: loading reports it (400)
+    index = os.path.join(directory, "model.safetensors.index.json")
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+        if isinstance(weight_map, dict):
+            names.extend(str(v) for v in weight_map.values())
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass  # no index, or one the loader will refuse itself
+    for name in dict.fromkeys(names):
+        if not _inside(os.path.realpath(os.path.join(directory, name)), roots):
+            raise Forbidden(
+                f"'path' holds {name!r}, which resolves outside the directories this server "
+                "loads weights from; copy the file in, or start the server with --weights-root "
+                "DIR to allow its directory",
+                param="path",
+            )
 
 
 def prompt_char_limit(tokenizer: Any, max_model_len: int) -> int | None:
