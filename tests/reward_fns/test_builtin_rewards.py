@@ -28,7 +28,7 @@ def test_accuracy():
 
 
 def test_format():
-    reward = registry.create("format")
+    reward = registry.create("format", require_all_tags=True)
     good = "<think>reasoning</think><answer>72</answer>"
     assert reward([good, "<think>r</think> 72", "<think></think><answer>1</answer>", EMPTY]) == [
         1.0,
@@ -44,7 +44,7 @@ def test_format():
 
 
 def test_r1():
-    reward = registry.create("r1")
+    reward = registry.create("r1", format_weight=1.0)
     right = "<think>6*12</think><answer>\\boxed{72}</answer>"
     wrong = "<think>6*12</think><answer>\\boxed{70}</answer>"
     unformatted_right = "the answer is \\boxed{72}"
@@ -117,7 +117,7 @@ def test_chandas_scansion_by_hand():
 
 
 def test_chandas_meter():
-    reward = registry.create("chandas_meter")
+    reward = registry.create("chandas_meter", meter="anushtubh")
     prose = "this is not a verse at all, only some english words in a line"
     scores = reward([GITA, GITA_DEV, prose, EMPTY])
     assert scores[0] == 1.0 and scores[1] == 1.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, List
+from typing import Any, List, Union
 
 from atroposlib.envs.reward_fns.math_answers import verify_answer
 from atroposlib.envs.reward_fns.registry import registry
@@ -13,8 +13,9 @@ logger = logging.getLogger(__name__)
 
 
 def gold_from_kwargs(kwargs: dict, n: int) -> List[str | None]:
-    """The gold answers passed as ``solution``, ``answer`` or ``gold`` (scalar or list)."""
-    for key in ("solution", "answer", "gold", "gold_answer"):
+    """The gold answers passed as ``solution``, ``ground_truth``, ``answer`` or ``gold``
+    (scalar or list)."""
+    for key in ("solution", "ground_truth", "answer", "gold", "gold_answer"):
         if kwargs.get(key) is not None:
             return per_completion(kwargs[key], n, key)
     raise ValueError("accuracy reward needs a 'solution' (or 'answer'/'gold') keyword")
@@ -54,4 +55,16 @@ class AccuracyReward(RewardFunction):
         return scores
 
 
-__all__ = ["AccuracyReward", "gold_from_kwargs"]
+def accuracy_reward(
+    completions: List[Any],
+    solution: Union[str, List[str]] = None,
+    ground_truth: Union[str, List[str]] = None,
+    **kwargs: Any,
+) -> List[float]:
+    """Function form: :class:`AccuracyReward` scores against ``solution`` (or
+    ``ground_truth``)."""
+    gold = solution if solution is not None else ground_truth
+    return AccuracyReward()(completions, solution=gold, **kwargs)
+
+
+__all__ = ["AccuracyReward", "accuracy_reward", "gold_from_kwargs"]

@@ -6,7 +6,7 @@ Stages: (1) a closed ``<think>`` block, (2) an extractable final answer after it
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Union
 
 from atroposlib.envs.reward_fns.accuracy_reward import gold_from_kwargs
 from atroposlib.envs.reward_fns.math_answers import parse_prediction, verify_answer
@@ -57,4 +57,41 @@ class CascadingR1MathReward(RewardFunction):
         return scores
 
 
-__all__ = ["CascadingR1MathReward", "think_closed_once"]
+def get_completion_content(completion: Any) -> str:
+    """The text of a completion in any of the shapes rewards accept."""
+    return RewardFunction.get_content(completion)
+
+
+def format_reward(completions: List[Any], reward_value: float = 0.5, **kwargs: Any) -> List[float]:
+    """``reward_value`` for each completion with one closed ``<think>`` block, else 0.0."""
+    return [
+        reward_value if think_closed_once(get_completion_content(c)) else 0.0 for c in completions
+    ]
+
+
+def accuracy_reward(
+    completions: List[Any], solution: Union[str, List[str]], **kwargs: Any
+) -> List[float]:
+    """1.0 for each completion whose final answer matches ``solution``, else 0.0."""
+    golds = gold_from_kwargs({"solution": solution}, len(completions))
+    return [
+        1.0 if gold is not None and verify_answer(get_completion_content(c), str(gold)) else 0.0
+        for c, gold in zip(completions, golds, strict=True)
+    ]
+
+
+def cascading_r1_math_reward(
+    completions: List[Any], solution: Union[str, List[str]], **kwargs: Any
+) -> List[float]:
+    """Function form of :class:`CascadingR1MathReward` (keywords go to its constructor)."""
+    return CascadingR1MathReward(**kwargs)(completions, solution=solution)
+
+
+__all__ = [
+    "CascadingR1MathReward",
+    "accuracy_reward",
+    "cascading_r1_math_reward",
+    "format_reward",
+    "get_completion_content",
+    "think_closed_once",
+]

@@ -26,6 +26,8 @@ FIXED_METERS: Dict[str, str] = {
     "malini": "LLLLLLGGLGGLGX",
     "mandakranta": "GGGGLLLLLGGLGGLGX",
     "shardulavikridita": "GGGLLGLGLLLGGGLGGLX",
+    # Triṣṭubh as usually written: upajāti, indravajrā and upendravajrā pādas mixed.
+    "tristubh": "XGLGGLLGLGX",
 }
 ANUSHTUBH = "anushtubh"
 METERS = sorted([ANUSHTUBH, *FIXED_METERS])
@@ -214,16 +216,61 @@ class ChandasMeterReward(RewardFunction):
     Only the text after ``</think>`` is scanned. 1.0 means all four pādas match.
     """
 
-    def __init__(self, meter: str = ANUSHTUBH, weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, meter: str = "tristubh", weight: float = 1.0, **kwargs: Any) -> None:
         super().__init__(weight=weight, **kwargs)
         meter_score("", meter)  # validates the name
         self.meter = meter
 
+    def _score_text(self, text: str) -> float:
+        """The score of one completion's text in this reward's meter."""
+        return meter_score(text.split("</think>")[-1], self.meter)
+
     def compute(
         self, completions: List[Any], meter: str | None = None, **kwargs: Any
     ) -> List[float]:
-        chosen = meter or self.meter
-        return [meter_score(self.get_content(c).split("</think>")[-1], chosen) for c in completions]
+        if meter is not None and meter != self.meter:
+            return [
+                meter_score(self.get_content(c).split("</think>")[-1], meter) for c in completions
+            ]
+        return [self._score_text(self.get_content(c)) for c in completions]
+
+
+_IAST_TO_SLP1 = [
+    ("kh", "K"),
+    ("gh", "G"),
+    ("ch", "C"),
+    ("jh", "J"),
+    ("ṭh", "W"),
+    ("ḍh", "Q"),
+    ("th", "T"),
+    ("dh", "D"),
+    ("ph", "P"),
+    ("bh", "B"),
+    ("ai", "E"),
+    ("au", "O"),
+]
+_SINGLE_CHAR_MAP = {
+    "a": "a", "ā": "A", "i": "i", "ī": "I", "u": "u", "ū": "U", "ṛ": "f", "ṝ": "F",
+    "ḷ": "x", "ḹ": "X", "e": "e", "o": "o", "ṃ": "M", "ṁ": "M", "ḥ": "H",
+    "k": "k", "g": "g", "ṅ": "N", "c": "c", "j": "j", "ñ": "Y", "ṭ": "w", "ḍ": "q",
+    "ṇ": "R", "t": "t", "d": "d", "n": "n", "p": "p", "b": "b", "m": "m", "y": "y",
+    "r": "r", "l": "l", "v": "v", "ś": "S", "ṣ": "z", "s": "s", "h": "h",
+}  # fmt: skip
+_DIGRAPH_RE = re.compile("|".join(re.escape(d[0]) for d in _IAST_TO_SLP1), re.UNICODE)
+_DIGRAPHS = dict(_IAST_TO_SLP1)
+
+
+def iast_to_slp1(text: str) -> str:
+    """IAST (lower case) to SLP1, one ASCII letter per Sanskrit sound (``bhārata`` →
+    ``BArata``); characters outside the scheme (spaces, punctuation) pass through."""
+    out: List[str] = []
+    pos = 0
+    for match in _DIGRAPH_RE.finditer(text):
+        out.extend(_SINGLE_CHAR_MAP.get(ch, ch) for ch in text[pos : match.start()])
+        out.append(_DIGRAPHS[match.group(0)])
+        pos = match.end()
+    out.extend(_SINGLE_CHAR_MAP.get(ch, ch) for ch in text[pos:])
+    return "".join(out)
 
 
 __all__ = [
@@ -231,6 +278,7 @@ __all__ = [
     "FIXED_METERS",
     "METERS",
     "devanagari_to_iast",
+    "iast_to_slp1",
     "meter_score",
     "scan",
 ]

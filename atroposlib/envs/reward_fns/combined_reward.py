@@ -56,10 +56,22 @@ class CombinedReward(RewardFunction):
             combined = [(c - lo) / (hi - lo) if hi > lo else 0.0 for c in combined]
         return combined
 
-    def set_wandb_logger(self, wandb_logger: Any) -> None:
-        super().set_wandb_logger(wandb_logger)
+    @property
+    def name(self) -> str:
+        """The given name, else ``combined(<part>,<part>...)``."""
+        if self._name:
+            return self._name
+        return "combined(" + ",".join(r.name for r in self.reward_functions) + ")"
+
+    @name.setter
+    def name(self, value: str | None) -> None:
+        self._name = value
+
+    def set_wandb_logger(self, logger: Any) -> None:
+        """Log through ``logger``, for this reward and every part."""
+        super().set_wandb_logger(logger)
         for reward in self.reward_functions:
-            reward.set_wandb_logger(wandb_logger)
+            reward.set_wandb_logger(logger)
 
 
 __all__ = ["CombinedReward"]

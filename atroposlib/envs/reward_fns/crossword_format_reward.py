@@ -60,4 +60,14 @@ class CrosswordFormatReward(RewardFunction):
         return scores
 
 
-__all__ = ["ANSWER_LINE", "CrosswordFormatReward", "parse_crossword_answers"]
+def crossword_format_reward(completions: List[Any], **kwargs: Any) -> List[float]:
+    """Function form of :class:`CrosswordFormatReward` (``expected_lengths`` per call)."""
+    return CrosswordFormatReward()(completions, **kwargs)
+
+
+__all__ = [
+    "ANSWER_LINE",
+    "CrosswordFormatReward",
+    "crossword_format_reward",
+    "parse_crossword_answers",
+]

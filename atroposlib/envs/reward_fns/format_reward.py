@@ -14,14 +14,14 @@ class FormatReward(RewardFunction):
     """Checks for non-empty ``<tag>...</tag>`` blocks.
 
     ``preferred_tags`` defaults to ``["think", "answer"]``. With ``require_all_tags``
-    (default) every tag must appear exactly once; otherwise one is enough. Scores
+    every tag must appear exactly once; otherwise (the default) one is enough. Scores
     1.0 or 0.0.
     """
 
     def __init__(
         self,
         preferred_tags: Sequence[str] | None = None,
-        require_all_tags: bool = True,
+        require_all_tags: bool = False,
         case_sensitive: bool = False,
         weight: float = 1.0,
         **kwargs: Any,
@@ -46,4 +46,12 @@ class FormatReward(RewardFunction):
         return scores
 
 
-__all__ = ["FormatReward"]
+def format_reward(
+    completions: List[Any], preferred_tags: Sequence[str] | None = None, **kwargs: Any
+) -> List[float]:
+    """Function form: :class:`FormatReward` with these ``preferred_tags`` (and any other
+    constructor keyword)."""
+    return FormatReward(preferred_tags=preferred_tags, **kwargs)(completions)
+
+
+__all__ = ["FormatReward", "format_reward"]

@@ -32,4 +32,9 @@ class ReasoningStepsReward(RewardFunction):
         ]
 
 
-__all__ = ["ReasoningStepsReward", "STEP_PATTERN"]
+def reasoning_steps_reward(completions: List[Any], **kwargs: Any) -> List[float]:
+    """Function form of :class:`ReasoningStepsReward` (keywords go to its constructor)."""
+    return ReasoningStepsReward(**kwargs)(completions)
+
+
+__all__ = ["ReasoningStepsReward", "STEP_PATTERN", "reasoning_steps_reward"]

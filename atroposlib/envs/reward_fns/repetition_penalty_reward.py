@@ -40,4 +40,18 @@ class RepetitionPenaltyReward(RewardFunction):
         ]
 
 
-__all__ = ["RepetitionPenaltyReward", "repeated_ngram_fraction"]
+def repetition_penalty_reward(
+    completions: List[Any], threshold: float = 0.05, **kwargs: Any
+) -> List[float]:
+    """Function form of :class:`RepetitionPenaltyReward`: repetition fractions at or below
+    ``threshold`` score 0.0 (no penalty); above it the penalty scales with the fraction."""
+    reward = RepetitionPenaltyReward(**kwargs)
+    return [
+        0.0
+        if repeated_ngram_fraction(reward.get_content(c), reward.ngram_size) <= threshold
+        else score
+        for c, score in zip(completions, reward(completions), strict=True)
+    ]
+
+
+__all__ = ["RepetitionPenaltyReward", "repeated_ngram_fraction", "repetition_penalty_reward"]

@@ -26,12 +26,22 @@ class RewardFunction(ABC):
 
     def __init__(self, weight: float = 1.0, name: str | None = None, **kwargs: Any) -> None:
         self.weight = float(weight)
-        self.name = (
-            name or getattr(type(self), "registry_name", None) or type(self).__name__.lower()
-        )
+        self._name = name
         self.config: Dict[str, Any] = kwargs
         self.wandb_logger: Any = None
         self.error_count = 0
+
+    @property
+    def name(self) -> str:
+        """The name metrics are logged under: the one given, else the registry name, else
+        the class name lower-cased."""
+        return (
+            self._name or getattr(type(self), "registry_name", None) or type(self).__name__.lower()
+        )
+
+    @name.setter
+    def name(self, value: str | None) -> None:
+        self._name = value
 
     @abstractmethod
     def compute(self, completions: List[Any], **kwargs: Any) -> List[float]:
@@ -61,18 +71,18 @@ class RewardFunction(ABC):
             self.log_metrics(raw, weighted)
         return weighted
 
-    def set_wandb_logger(self, wandb_logger: Any) -> None:
-        """Log per-call statistics through ``wandb_logger.log(dict)``."""
-        self.wandb_logger = wandb_logger
+    def set_wandb_logger(self, logger: Any) -> None:
+        """Log per-call statistics through ``logger.log(dict)`` (a W&B run or module)."""
+        self.wandb_logger = logger
 
-    def log_metrics(self, raw_scores: List[float], weighted_scores: List[float]) -> None:
-        """Log the mean raw and weighted scores under ``reward/{name}/...``."""
-        if not raw_scores or self.wandb_logger is None:
+    def log_metrics(self, raw_rewards: List[float], weighted_rewards: List[float]) -> None:
+        """Log the mean raw and weighted rewards under ``reward/{name}/...``."""
+        if not raw_rewards or self.wandb_logger is None:
             return
         self.wandb_logger.log(
             {
-                f"reward/{self.name}/mean_raw": sum(raw_scores) / len(raw_scores),
-                f"reward/{self.name}/mean_weighted": sum(weighted_scores) / len(weighted_scores),
+                f"reward/{self.name}/mean_raw": sum(raw_rewards) / len(raw_rewards),
+                f"reward/{self.name}/mean_weighted": sum(weighted_rewards) / len(weighted_rewards),
             }
         )
 
