@@ -318,6 +318,7 @@ class GRPOTrainer:
             self.optimizer.load_state_dict(opt_state)  # checkpoint of an earlier version
         else:
             load_optimizer_state_dict(self.model, self.optimizer, opt_state, self.ctx)
+        self._apply_optimizer_settings()
         if state.scheduler is not None:
             self.scheduler.load_state_dict(state.scheduler)
         if state.rng is not None:
@@ -333,6 +334,25 @@ class GRPOTrainer:
         self.step = state.step
         self.trained_batch_id = state.last_batch_id
         logger.info("resumed from %s at step %d", resume_dir, self.step)
+
+    def _apply_optimizer_settings(self) -> None:
+        """Set each parameter group's weight decay, betas and eps from this run's config.
+
+        Loading an optimizer state also loads the hyperparameters it was saved with; the
+        flags given to the resumed run win (and a checkpoint from before norms and
+        embeddings were exempt from weight decay stops decaying them).
+        """
+        cfg = self.config
+        decay_of = {
+            id(p): g["weight_decay"] for g in param_groups(self.model, cfg) for p in g["params"]
+        }
+        for group in self.optimizer.param_groups:
+            decays = {decay_of.get(id(p)) for p in group["params"]}
+            if len(decays) == 1 and None not in decays:
+                group["weight_decay"] = decays.pop()
+            if "betas" in group:  # the AdamW family (Adafactor's eps is a pair of its own)
+                group["betas"] = (cfg.adam_beta1, cfg.adam_beta2)
+                group["eps"] = cfg.adam_eps
 
     def seed_batch_client(self) -> None:
         """Tell the API client which batch the restored weights last trained on, so a batch
