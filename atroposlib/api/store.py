@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import secrets
 import time
 import uuid
@@ -61,6 +62,8 @@ MIN_ENV_WEIGHT = 0.01
 """Floor of the ``env_weight`` that ``/status-env`` reports."""
 
 _META_KEY = "state"
+_BATCH_NUMBER = re.compile(r"[1-9][0-9]{0,17}")
+"""The number of a ``batch_id`` as this server writes it (ASCII, canonical, bounded)."""
 
 DEFAULT_PACK_ABOVE_BYTES = 4 * 1024 * 1024
 """Queued JSON beyond this many bytes is kept packed in memory (``--pack-above-mb``)."""
@@ -78,8 +81,9 @@ class UnknownBatchError(ApiError):
     status_code = 404
 
     def __init__(self, batch_id: str) -> None:
+        shown = batch_id if len(batch_id) <= 80 else batch_id[:80] + "..."
         super().__init__(
-            f"unknown batch_id {batch_id!r}: acknowledge the batch_id of the last /batch answer"
+            f"unknown batch_id {shown!r}: acknowledge the batch_id of the last /batch answer"
         )
 
 
@@ -798,10 +802,13 @@ class RolloutStore:
             self._commit(delete=[g.seq for g in pending.groups], meta={_META_KEY: self._meta()})
             return "acknowledged"
         token, _, number = batch_id.rpartition("-")
+        # Only the form this server writes: ASCII digits without a leading zero, at most 18 of
+        # them (``isdigit`` also accepts '²' and '١', and "01" would pass for batch 1 while
+        # batch 1 is still pending).
         if (
             token == self._run_token
-            and number.isdigit()
-            and 0 < int(number) <= self._batches_formed
+            and _BATCH_NUMBER.fullmatch(number)
+            and int(number) <= self._batches_formed
         ):
             return "already acknowledged"
         raise UnknownBatchError(batch_id)
