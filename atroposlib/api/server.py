@@ -77,8 +77,13 @@ class BatchAck(BaseModel):
 
 
 _OPEN_PATHS = ("/", "/health")
-_BROWSER_GUARDED_GETS = ("/reset_data", "/batch")
-"""GETs that change state: refused when a browser sends them (Origin or cross-site fetch)."""
+_BROWSER_GUARDED_GETS = {
+    "/reset_data": "use POST /reset_data",
+    "/batch": "GET /batch hands out (and consumes) training batches and is for the trainer; "
+    "to look at the data use GET /latest_example or GET /status",
+}
+"""GETs that change state: refused when a browser sends them (Origin or cross-site fetch),
+with the advice the 403 carries."""
 
 _GROUP_SCHEMA = ScoredData.model_json_schema()
 _GROUP_LIST_SCHEMA = {"type": "array", "items": _GROUP_SCHEMA, "title": "ScoredDataList"}

@@ -30,7 +30,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping, MutableMapping
 
 import orjson
 
@@ -57,6 +57,7 @@ _INT64_RANGE = (-(2**63), 2**64 - 1)
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _BROWSER_CROSS_SITE = frozenset({b"cross-site", b"same-site"})
+_GUARDED_GET_ADVICE = "it changes the server's state; call it from a client that is not a browser"
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 
@@ -258,7 +259,8 @@ class BrowserGuardMiddleware:
     server's own origin (``scheme://Host`` of the request) is always allowed, so a page the server
     itself serves (the Gradio viewer) keeps working. ``require_json`` is a bool or a predicate on
     the path; ``guarded_get_paths`` are old ``GET`` endpoints that change state and stay open only
-    to clients that are not browsers. ``open_paths`` skip every check (health probes).
+    to clients that are not browsers (a mapping gives each path the advice its 403 carries, such
+    as the endpoint to use instead). ``open_paths`` skip every check (health probes).
     """
 
     def __init__(
@@ -268,7 +270,7 @@ class BrowserGuardMiddleware:
         allowed_origins: Iterable[str] = (),
         check_host: bool = True,
         require_json: bool | Callable[[str], bool] = True,
-        guarded_get_paths: Iterable[str] = (),
+        guarded_get_paths: Iterable[str] | Mapping[str, str] = (),
         open_paths: Iterable[str] = ("/health",),
     ) -> None:
         self.app = app
@@ -277,7 +279,11 @@ class BrowserGuardMiddleware:
         self._origins = frozenset(origins - {"*"})
         self._check_host = check_host
         self._require_json = require_json
-        self._guarded_gets = frozenset(guarded_get_paths)
+        self._guarded_gets: dict[str, str] = (
+            dict(guarded_get_paths)
+            if isinstance(guarded_get_paths, Mapping)
+            else dict.fromkeys(guarded_get_paths, _GUARDED_GET_ADVICE)
+        )
         self._open = frozenset(open_paths)
 
     def _needs_json(self, path: str) -> bool:
@@ -310,7 +316,7 @@ class BrowserGuardMiddleware:
         fetch_site = (_header(scope, b"sec-fetch-site") or b"").lower()
         if path in self._guarded_gets and method in ("GET", "HEAD"):
             if origin_raw is not None or fetch_site in _BROWSER_CROSS_SITE:
-                return 403, f"GET {path} from a browser is refused: use POST {path}"
+                return 403, f"GET {path} from a browser is refused: {self._guarded_gets[path]}"
         if method in _BODY_METHODS and origin_raw is None and fetch_site in _BROWSER_CROSS_SITE:
             # A browser names the page's origin on every POST; one that withheld it while
             # saying the request comes from another site cannot be checked, so it is refused.
@@ -345,7 +351,7 @@ def secure_app(
     bind_host: str,
     allowed_origins: Iterable[str] = (),
     require_json: bool | Callable[[str], bool] = True,
-    guarded_get_paths: Iterable[str] = (),
+    guarded_get_paths: Iterable[str] | Mapping[str, str] = (),
     open_paths: Iterable[str] = ("/", "/health"),
 ) -> ASGIApp:
     """Wrap ``app`` in the browser guard (outermost) and, with a key, bearer auth.

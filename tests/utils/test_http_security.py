@@ -149,7 +149,12 @@ async def test_health_is_open_to_every_check():
 
 
 async def test_guarded_get_refused_from_browsers_only():
-    app = secure_app(_echo, api_key=None, bind_host="127.0.0.1", guarded_get_paths=["/reset_data"])
+    app = secure_app(
+        _echo,
+        api_key=None,
+        bind_host="127.0.0.1",
+        guarded_get_paths={"/reset_data": "use POST /reset_data"},
+    )
     async with _client(app) as client:
         assert (await client.get("/reset_data")).status_code == 200
         r = await client.get(
