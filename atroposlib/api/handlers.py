@@ -33,6 +33,7 @@ from atroposlib.api.errors import (
     UnknownEnvError,
     validation_detail,
 )
+from atroposlib.api.lax import integral_floats_as_ints
 from atroposlib.api.models import ScoredData, ScoredDataList, check_lengths
 from atroposlib.api.store import IncomingGroup, IngestOutcome, RolloutStore
 
@@ -94,16 +95,26 @@ def _posted_form(raw: bytes, present: frozenset) -> tuple[bytes, bytes]:
     return raw, _missing_nulls(present)
 
 
-def _shape(raw: bytes, shape: GroupShape | None = None) -> GroupShape:
-    """The shape of one posted group: simdjson's single pass, or strict pydantic for the rest."""
+def _shape(raw: bytes, shape: GroupShape | None = None) -> tuple[bytes, GroupShape]:
+    """The bytes to store and the shape of one posted group: simdjson's single pass, or
+    strict pydantic for the rest. A group that fails only by integral floats in int fields
+    (``1.0``, as the original's lax models accepted) is stored with them as ints."""
     if shape is None:
         shape = fast_shape(raw)
     if shape is None:
-        shape = model_shape(ScoredData.model_validate_json(raw))
+        try:
+            group = ScoredData.model_validate_json(raw)
+        except ValidationError as e:
+            fixed = integral_floats_as_ints(raw, e)
+            if fixed is None:
+                raise
+            raw = fixed
+            group = ScoredData.model_validate_json(raw)
+        shape = model_shape(group)
         version = version_of(raw)
         if version is not None:
             shape = dataclasses.replace(shape, version=version)
-    return shape
+    return raw, shape
 
 
 @dataclass(frozen=True)
@@ -147,7 +158,7 @@ def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
     """
     pairs = _split(body) if many else [(body, None)]
     try:
-        shapes = [_shape(raw, shape) for raw, shape in pairs]
+        checked = [_shape(raw, shape) for raw, shape in pairs]
     except ValidationError as e:
         if not many:
             raise _invalid(e) from None
@@ -157,7 +168,7 @@ def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
             raise _invalid(whole) from None
         raise _invalid(e) from None  # pragma: no cover - the list cannot pass when an element fails
     out = []
-    for shape, (raw, _) in zip(shapes, pairs, strict=True):
+    for raw, shape in checked:
         posted, fill = _posted_form(raw, shape.fields)
         out.append(ParsedGroup(shape, posted, fill))
     return out
