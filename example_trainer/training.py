@@ -79,11 +79,34 @@ def token_logprobs(
     return logp * (labels != IGNORE_INDEX)
 
 
+ENTROPY_CHUNK = 1024
+"""Positions per chunk when the entropy is only logged: a float32 softmax over a 150k
+vocabulary for a whole micro-batch would be gigabytes on top of the logits."""
+
+
 def token_entropy(logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy ``H = logsumexp(z) − Σ softmax(z)·z`` of each position's next-token
-    distribution, ``z = logits / temperature`` (float32), ``[B, T]``."""
-    z = _tempered(logits, temperatures)
-    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
+    distribution, ``z = logits / temperature`` (float32), ``[B, T]``.
+
+    Without a gradient it is computed :data:`ENTROPY_CHUNK` positions at a time.
+    """
+    if logits.requires_grad and torch.is_grad_enabled():
+        z = _tempered(logits, temperatures)
+        return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
+    b, t, v = logits.shape
+    flat = logits.reshape(b * t, v)
+    scale = None
+    if temperatures is not None:
+        scale = temperatures.float().repeat_interleave(t)
+    out = torch.empty(b * t, dtype=torch.float32, device=logits.device)
+    for start in range(0, b * t, ENTROPY_CHUNK):
+        z = flat[start : start + ENTROPY_CHUNK].float()
+        if scale is not None:
+            z = z / scale[start : start + ENTROPY_CHUNK, None]
+        out[start : start + ENTROPY_CHUNK] = torch.logsumexp(z, -1) - (
+            torch.softmax(z, -1) * z
+        ).sum(-1)
+    return out.view(b, t)
 
 
 def sampler_mask(inference_logprobs: torch.Tensor) -> torch.Tensor:

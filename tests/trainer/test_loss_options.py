@@ -300,3 +300,16 @@ def test_loss_option_flags_reach_the_config():
         None,
     )
     assert (d.ppo_epochs, d.mini_batches, d.mask_truncated, d.entropy_coef) == (1, 1, False, 0.0)
+
+
+def test_logged_entropy_in_chunks_equals_the_whole_computation(monkeypatch):
+    import example_trainer.training as training
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=g)
+    temps = torch.tensor([1.0, 0.5, 2.0])
+    whole = token_entropy(logits.requires_grad_(True), temps).detach()
+    monkeypatch.setattr(training, "ENTROPY_CHUNK", 4)  # 15 positions: chunks of 4, last of 3
+    with torch.no_grad():
+        chunked = token_entropy(logits, temps)
+    assert torch.allclose(chunked, whole, atol=1e-6)
