@@ -318,3 +318,55 @@ def test_an_ipv6_upstream_serves_sessions(tokenizer, tmp_path):
             stop_process(proc)
     finally:
         stop_process(fake)
+
+
+def test_a_long_prompt_with_many_choices_is_refused_before_anything_is_stored(proxy):
+    """Before: a 4 MB prompt with n=8 was sent and stored eight times (589 MB more RSS)."""
+    sid = proxy.session()
+    proxy.output("ok")
+    before = _pid_rss_mb(proxy.proc.pid)
+    long_prompt = [{"role": "user", "content": "x" * 4_000_000}]
+    r = proxy.chat(sid, {"messages": long_prompt, "n": 8, "max_tokens": 4})
+    assert r.status_code == 400 and _error(r)["param"] == "n", r.text[:500]
+    assert "--max-stored-tokens" in _error(r)["message"]
+    assert _pid_rss_mb(proxy.proc.pid) - before < 100
+    nodes = httpx.get(f"{proxy.url}/{sid}/nodes", headers=AUTH).json()["nodes"]
+    assert nodes == []
+
+
+# ------------------------------------------------------------------ the original's client
+
+
+async def test_the_originals_client_opens_uses_and_cleans_up_a_session(proxy, monkeypatch):
+    from atroposlib.envs.server_handling.proxy_client import (
+        ProxyManagedServer,
+        create_proxy_session,
+    )
+
+    monkeypatch.setenv("ATROPOS_API_KEY", KEY)
+    proxy.output('<tool_call>{"name": "lookup", "arguments": {"q": 1}}</tool_call>')
+    session = await create_proxy_session(proxy.url)  # tool_parser "hermes" by default
+    assert session.get_url() == f"{proxy.url}/{session.session_uuid}/v1"
+    assert session.model_name == "fake" and session.base_url == f"{proxy.upstream.url}/v1"
+    completion = await session.chat_completion(messages=USER, max_tokens=3)
+    assert completion.choices[0].message.tool_calls[0].function.name == "lookup"
+    assert completion.choices[0].finish_reason == "tool_calls"
+    rendered = await session.render(USER)
+    assert set(rendered) == {"prompt_text", "token_ids", "num_tokens"}
+    assert rendered["num_tokens"] == len(rendered["token_ids"]) > 0
+    same = ProxyManagedServer(proxy.url, session.session_uuid, "fake", session.base_url)
+    assert len((await same.fetch_state())["nodes"]) == 1
+    await session.cleanup()
+    gone = httpx.get(f"{proxy.url}/{session.session_uuid}/nodes", headers=AUTH)
+    assert gone.status_code == 404
+    await same.cleanup()  # already deleted: not an error
+    created = httpx.post(f"{proxy.url}/sessions/create", json={}, headers=AUTH).json()
+    assert created["tool_parser"] == "hermes" and set(created) >= {
+        "uuid",
+        "model_name",
+        "tool_parser",
+        "base_url",
+        "created_at",
+    }
+    off = httpx.post(f"{proxy.url}/sessions/create", json={"tool_parser": None}, headers=AUTH)
+    assert off.json()["tool_parser"] is None

@@ -198,6 +198,19 @@ class SessionStore:
         tokens).
         """
         limits = self.limits
+        estimate = n * (prompt_bound + max_new_tokens)
+        if n > limits.max_session_nodes or estimate > limits.max_stored_tokens:
+            self.refused_tokens += int(estimate > limits.max_stored_tokens)
+            self.refused_nodes += int(n > limits.max_session_nodes)
+            raise ProxyError(  # can never fit: the client must ask for less
+                400,
+                f"this request may store {n} nodes of up to {prompt_bound + max_new_tokens} "
+                f"tokens each (prompt of up to {prompt_bound} + max_tokens {max_new_tokens}), "
+                f"more than the proxy holds (--max-session-nodes {limits.max_session_nodes}, "
+                f"--max-stored-tokens {limits.max_stored_tokens}): lower n, max_tokens or "
+                "the prompt",
+                param="n",
+            )
         if session.num_nodes + n > limits.max_session_nodes:
             self.refused_nodes += 1
             raise ProxyError(
@@ -208,17 +221,6 @@ class SessionStore:
                 "session",
                 "rate_limit_error",
                 "n",
-            )
-        estimate = n * (prompt_bound + max_new_tokens)
-        if estimate > limits.max_stored_tokens:
-            self.refused_tokens += 1
-            raise ProxyError(
-                400,
-                f"this request may store up to {estimate} tokens (n={n} x (prompt of up to "
-                f"{prompt_bound} + max_tokens {max_new_tokens})), more than the proxy holds "
-                f"for all sessions (--max-stored-tokens {limits.max_stored_tokens}): lower n, "
-                "max_tokens or the prompt",
-                param="n",
             )
         if self.stored_tokens + estimate > limits.max_stored_tokens:
             self.refused_tokens += 1
@@ -318,7 +320,12 @@ class UpstreamPolicy:
         if self._listed(host, port if port is not None else -1):
             return None
         try:
-            addresses = self.resolve(host, port or 80)
+            ipaddress.ip_address(host)
+            addresses = [host]  # a literal: nothing to resolve
+        except ValueError:
+            addresses = []
+        try:
+            addresses = addresses or self.resolve(host, port or 80)
         except (OSError, UnicodeError) as e:
             return f"host {host!r} does not resolve ({e})"
         foreign = [a for a in addresses if not is_loopback_address(a)]
