@@ -48,18 +48,22 @@ class AgentStep(TypedDict, total=False):
 AgentHistory = List[AgentStep]
 """The ordered steps of one agent trajectory."""
 
-Observation = Any
-"""An environment observation (text, dict, array, ...)."""
+
+class Observation(TypedDict):
+    """What an agent observes: the raw state and the content it is shown."""
+
+    raw: Dict[str, Any]
+    rendered: Content
 
 
-class GameStep(TypedDict, total=False):
+class GameStep(TypedDict):
     """One turn of a multi-agent or single-agent game."""
 
     step: int
-    agent: str
+    agent_id: str
     observation: Observation
     action: str
-    reward: float
+    reward: float | Dict[str, float]
     done: bool
     info: Dict[str, Any]
 
@@ -71,29 +75,38 @@ GameHistory = List[GameStep]
 class EvaluationConfigGeneral(TypedDict):
     """The ``config_general`` block of ``metrics.json``."""
 
-    model_name: str
     total_evaluation_time_seconds: str
+    model_name: str | None
     generation_parameters: Dict[str, Any]
 
 
-class EvaluationMetrics(TypedDict, total=False):
-    """Named scalar metrics of one evaluation task (free-form keys)."""
+class EvaluationResults(TypedDict):
+    """The ``results`` block of ``metrics.json``: ``all`` holds every metric of the run
+    (the per-task entry, ``atropos|<task>|0``, repeats them)."""
+
+    all: Dict[str, float]
 
 
-EvaluationResults = Dict[str, Dict[str, Any]]
-"""``{"atropos|task|0": metrics, "all": metrics}``."""
+class EvaluationMetrics(TypedDict):
+    """The whole ``metrics.json`` of an evaluation."""
+
+    config_general: EvaluationConfigGeneral
+    results: EvaluationResults
 
 
 class EvaluationSample(TypedDict, total=False):
     """One evaluated example, written as a line of ``samples.jsonl``."""
 
-    messages: List[Message]
-    question: str
-    gold_answer: Any
+    messages: List[Dict[str, str]] | None
+    question: str | None
+    gold_answer: str | None
+    gold_parsed: str | None
+    model_parsed: str | None
     model_answer: Any
-    score: float
-    correct: bool
-    finish_reason: str
+    score: int | None
+    correct: bool | None
+    finish_reason: str | None
+    response_after_think: str | None
 
 
 __all__ = [

@@ -15,11 +15,13 @@ from atroposlib.api.errors import GroupInconsistentError
 
 __all__ = [
     "EnvIdentifier",
+    "Info",
     "RegisterEnv",
     "Registration",
     "ScoredData",
     "PER_TOKEN_OPTIONAL",
     "ScoredDataList",
+    "Status",
     "check_group_consistency",
     "check_lengths",
 ]
@@ -131,17 +133,32 @@ class ScoredData(BaseModel):
 
     @field_validator("messages")
     @classmethod
-    def _messages_have_role_and_content(
-        cls, value: List[List[Dict[str, Any]]] | None
+    def validate_messages(
+        cls, v: List[List[Dict[str, Any]]] | None
     ) -> List[List[Dict[str, Any]]] | None:
-        if value is None:
-            return value
-        for i, conversation in enumerate(value):
+        """Every message of every conversation has ``role`` and ``content``."""
+        if v is None:
+            return v
+        for i, conversation in enumerate(v):
             for j, message in enumerate(conversation):
                 missing = [k for k in ("role", "content") if k not in message]
                 if missing:
                     raise ValueError(f"messages[{i}][{j}] lacks {' and '.join(missing)}")
-        return value
+        return v
+
+
+class Status(BaseModel):
+    """The answer of ``GET /status``."""
+
+    current_step: int = Field(..., description="Batches served so far (the trainer's step).")
+    queue_size: int = Field(..., description="Groups waiting in the queue.")
+
+
+class Info(BaseModel):
+    """The answer of ``GET /info`` (``batch_size`` -1 before the trainer registers)."""
+
+    batch_size: int = Field(-1, description="The trainer's batch size.")
+    max_token_len: int = Field(-1, description="The trainer's maximum sequence length.")
 
 
 ScoredDataList = TypeAdapter(List[ScoredData])

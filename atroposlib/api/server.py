@@ -25,12 +25,20 @@ from atroposlib.api.fastpath import SMALL_ANSWER_ROUTES, BypassFor, HotPathMiddl
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
 from atroposlib.api.middleware import (
     ASGIApp,
+    GZipRequestMiddleware,
     Receive,
     RequestBodyMiddleware,
     Scope,
     Send,
 )
-from atroposlib.api.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
+from atroposlib.api.models import (
+    EnvIdentifier,
+    Info,
+    RegisterEnv,
+    Registration,
+    ScoredData,
+    Status,
+)
 from atroposlib.api.persistence import open_persistence
 from atroposlib.api.settings import APISettings
 from atroposlib.api.store import MIN_ENV_WEIGHT, RolloutStore
@@ -43,7 +51,18 @@ from atroposlib.utils.http_security import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MIN_ENV_WEIGHT", "RolloutAPI", "create_app"]
+__all__ = [
+    "MIN_ENV_WEIGHT",
+    "EnvIdentifier",
+    "GZipRequestMiddleware",
+    "Info",
+    "RegisterEnv",
+    "Registration",
+    "RolloutAPI",
+    "ScoredData",
+    "Status",
+    "create_app",
+]
 
 _JSON = "application/json"
 _GC_GEN0_THRESHOLD = 20_000

@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 from atroposlib.envs.constants import NAMESPACE_SEP
 
 
-def merge_dicts(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> Dict[str, Any]:
+def merge_dicts(*dicts: Mapping[str, Any]) -> Dict[str, Any]:
     """Recursively merge dictionaries; values of later ``overrides`` win.
 
     Nested dicts are merged key by key; any other value (lists included) replaces
@@ -26,8 +26,10 @@ def merge_dicts(base: Mapping[str, Any], *overrides: Mapping[str, Any]) -> Dict[
     >>> merge_dicts({"env": {"a": 1, "b": 2}}, {"env": {"b": 3}})
     {'env': {'a': 1, 'b': 3}}
     """
-    result: Dict[str, Any] = copy.deepcopy(dict(base))
-    for override in overrides:
+    if not dicts:
+        return {}
+    result: Dict[str, Any] = copy.deepcopy(dict(dicts[0] or {}))
+    for override in dicts[1:]:
         for key, value in (override or {}).items():
             if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
                 result[key] = merge_dicts(result[key], value)
@@ -68,13 +70,14 @@ def get_double_dash_flags(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     return flags
 
 
-def extract_namespace(values: Any, prefix: str) -> Dict[str, Any]:
-    """Return the entries of ``values`` (a dict or model) under ``prefix.``, prefix removed.
+def extract_namespace(model: Any, prefix: str) -> Dict[str, Any]:
+    """Return the entries of ``model`` (a dict or a pydantic model) under ``prefix.``, prefix
+    removed.
 
     >>> extract_namespace({"env.group_size": 8, "openai.base_url": "u"}, "env")
     {'group_size': 8}
     """
-    data = values.model_dump() if isinstance(values, BaseModel) else dict(values)
+    data = model.model_dump() if isinstance(model, BaseModel) else dict(model)
     start = prefix + NAMESPACE_SEP
     return {k[len(start) :]: v for k, v in data.items() if k.startswith(start)}
 
@@ -90,20 +93,20 @@ def get_prefixed_pydantic_model(base_model: Type[BaseModel], prefix: str) -> Typ
 
 
 def adjust_model_defaults(
-    model: Type[BaseModel], defaults: BaseModel | Mapping[str, Any]
+    model_class: Type[BaseModel], defaults: BaseModel | Mapping[str, Any]
 ) -> Type[BaseModel]:
-    """Return a subclass of ``model`` whose field defaults come from ``defaults``.
+    """Return a subclass of ``model_class`` whose field defaults come from ``defaults``.
 
     Used so that ``--help`` shows the values an environment's ``config_init()`` sets.
     Fields missing from ``defaults`` keep their own default.
     """
     values = defaults.model_dump() if isinstance(defaults, BaseModel) else dict(defaults)
     fields: Dict[str, Any] = {}
-    for name, info in model.model_fields.items():
+    for name, info in model_class.model_fields.items():
         if name not in values:
             continue
         new_info: FieldInfo = copy.copy(info)
         new_info.default = values[name]
         new_info.default_factory = None
         fields[name] = (info.annotation, new_info)
-    return create_model(model.__name__, __base__=model, **fields)
+    return create_model(model_class.__name__, __base__=model_class, **fields)

@@ -62,27 +62,44 @@ def _top_logprobs_of_first_token(completion: Any) -> Dict[str, float]:
 
 
 async def generate_with_diverse_first_tokens(
-    server: Any,
-    prompt: str,
-    n: int,
-    max_tokens: int = 256,
+    self: Any,
+    messages: Any,
+    prefill: str = "",
+    n: int = 8,
+    max_tokens: int = 4096,
     temperature: float = 1.0,
     top_logprobs: int = 20,
     seed: int | None = None,
     **kwargs: Any,
 ) -> List[str]:
-    """Generate ``n`` completions of ``prompt`` that start with different tokens.
+    """Generate ``n`` completions that start with different tokens.
 
-    ``server`` is anything with an OpenAI-style async ``completion(prompt=..., ...)``
-    (a ``ServerManager`` or an ``APIServer``). One 1-token call with
+    Written, as the original, to be bound to an environment (``self`` with ``server`` and
+    ``tokenizer``): ``messages`` (a chat) is rendered with the tokenizer's chat template
+    and ``prefill`` appended. ``self`` may also be the server itself (anything with an
+    OpenAI-style async ``completion(prompt=..., ...)``: a ``ServerManager`` or an
+    ``APIServer``) and ``messages`` a prompt string. One 1-token call with
     ``logprobs=top_logprobs`` gives the first-token distribution; each chosen token is
     appended to the prompt and continued concurrently. When fewer than ``n`` distinct
     tokens are available, the rest are ordinary samples.
 
-    Returns the completion texts (first token included), ``n`` of them.
+    Returns the completion texts after the prefill (first token included), ``n`` of them.
     """
     if n <= 0:
         return []
+    server = getattr(self, "server", None) or self
+    if isinstance(messages, str):
+        prompt = messages + prefill
+    else:
+        tokenizer = getattr(self, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("chat messages need self.tokenizer to render them into a prompt")
+        prompt = (
+            tokenizer.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=True
+            )
+            + prefill
+        )
     rng = random.Random(seed)
     first = await server.completion(
         prompt=prompt, n=1, max_tokens=1, logprobs=top_logprobs, temperature=temperature, **kwargs

@@ -22,15 +22,15 @@ THINK_CLOSE = "</think>"
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
-def strip_thinking(response: str) -> str:
-    """Remove reasoning from ``response``.
+def strip_thinking(response_text: str) -> str:
+    """Remove reasoning from ``response_text``.
 
     Removes every complete ``<think>...</think>`` block; text before a ``</think>``
     without an opening tag (a template that opens the block in the prompt) and an
     unterminated trailing ``<think>...`` are removed too. Surrounding whitespace is
     stripped.
     """
-    text = _THINK_BLOCK.sub("", response)
+    text = _THINK_BLOCK.sub("", response_text)
     if THINK_CLOSE in text:
         text = text.rsplit(THINK_CLOSE, 1)[1]
     if THINK_OPEN in text:
@@ -38,7 +38,7 @@ def strip_thinking(response: str) -> str:
     return text.strip()
 
 
-def truncate_thinking(response: str, tokenizer: Any, max_think_tokens: int) -> str:
+def truncate_thinking(response_text: str, tokenizer: Any, max_think_tokens: int) -> str:
     """Shorten the first ``<think>`` block to its last ``max_think_tokens`` tokens.
 
     The end of the reasoning (where the conclusion usually is) is kept and the cut is
@@ -50,6 +50,7 @@ def truncate_thinking(response: str, tokenizer: Any, max_think_tokens: int) -> s
     """
     if max_think_tokens < 0:
         raise ValueError("max_think_tokens must be >= 0")
+    response = response_text
     start = response.find(THINK_OPEN)
     end = response.find(THINK_CLOSE, start + len(THINK_OPEN)) if start != -1 else -1
     if start == -1 or end == -1:

@@ -1,8 +1,9 @@
 """Turn a chat into trainer-ready ``tokens`` and ``masks``.
 
 Masks use ``-100`` where no loss is taken (the prompt) and the token id where it is
-(the completion). By default only the last message is trained; with
-``train_on_all_assistant_turns`` every assistant/agent turn is.
+(the completion). By default only the last assistant (or agent) turn is trained, even
+when other messages (tool results) follow it; with ``train_on_all_assistant_turns``
+every assistant/agent turn is.
 
 Example::
 
@@ -89,7 +90,8 @@ def tokenize_for_trainer(
         chat: the messages, the completion last.
         include_messages: also return the messages under ``"messages"``.
         train_on_all_assistant_turns: unmask every turn whose role is in
-            ``UNMASKED_ROLES`` instead of only the last message.
+            ``UNMASKED_ROLES`` instead of only the last such turn (with none, nothing
+            is unmasked).
         finish_reason: when ``"length"`` and the sequence ends with EOS, the EOS is
             dropped (the model did not actually stop).
 
@@ -101,19 +103,16 @@ def tokenize_for_trainer(
     """
     _validate_chat(chat)
     tokens = chat_token_ids(tokenizer, chat)
+    trained = [i for i, message in enumerate(chat) if message["role"] in UNMASKED_ROLES]
     if not train_on_all_assistant_turns:
-        prefix_len = len(chat_token_ids(tokenizer, chat[:-1], add_generation_prompt=True))
-        prefix_len = min(prefix_len, len(tokens))
-        masks = [MASK_ID] * prefix_len + tokens[prefix_len:]
-    else:
-        masks = [MASK_ID] * len(tokens)
-        for i, message in enumerate(chat):
-            if message["role"] not in UNMASKED_ROLES:
-                continue
-            start = len(chat_token_ids(tokenizer, chat[:i], add_generation_prompt=True))
-            end = min(len(chat_token_ids(tokenizer, chat[: i + 1])), len(tokens))
-            for j in range(start, end):
-                masks[j] = tokens[j]
+        trained = trained[-1:]
+    masks = [MASK_ID] * len(tokens)
+    for i in trained:
+        start = len(chat_token_ids(tokenizer, chat[:i], add_generation_prompt=True))
+        # The last message of the chat owns everything to the end (what the template adds).
+        end = len(tokens) if i == len(chat) - 1 else len(chat_token_ids(tokenizer, chat[: i + 1]))
+        for j in range(start, min(end, len(tokens))):
+            masks[j] = tokens[j]
     if (
         finish_reason == "length"
         and tokens

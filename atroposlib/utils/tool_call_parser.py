@@ -62,6 +62,16 @@ def extract_tool_calls(
     return content.strip(), calls
 
 
+def extract_tool_call(text: str, preferred_tags: Sequence[str] | None = None) -> str | None:
+    """The raw inside of the first tool-call block of ``text`` (``preferred_tags`` are tried
+    in order, ``tool_call`` by default), stripped; None when there is none."""
+    for tag in preferred_tags or DEFAULT_TAGS:
+        match = _block_pattern(tag).search(text)
+        if match and match.group(1).strip():
+            return match.group(1).strip()
+    return None
+
+
 def parse_tool_call(
     response: str,
     available_tools: Sequence[dict[str, Any]] | None = None,

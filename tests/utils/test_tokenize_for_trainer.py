@@ -106,3 +106,32 @@ def test_transformers5_dict_return_is_handled(chat_tokenizer):
 def test_bad_chat_raises_naming_the_problem(chat_tokenizer, chat, field):
     with pytest.raises(ValueError, match=field):
         tokenize_for_trainer(chat_tokenizer, chat)
+
+
+def test_default_mode_trains_only_the_last_assistant_turn_even_before_a_tool_result(
+    chat_tokenizer,
+):
+    chat = [
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "calling the tool"},
+        {"role": "tool", "content": "tool output 42"},
+    ]
+    out = tokenize_for_trainer(chat_tokenizer, chat)
+    tokens, masks = out["tokens"], out["masks"]
+    assert len(masks) == len(tokens)
+    start = len(_ids(chat_tokenizer, chat[:3], True))
+    end = len(_ids(chat_tokenizer, chat[:4], False))
+    assert masks[:start] == [-100] * start
+    assert masks[start:end] == tokens[start:end]
+    assert masks[end:] == [-100] * (len(tokens) - end)
+    trained = chat_tokenizer.decode([t for t in masks if t != -100])
+    assert "calling the tool" in trained and "first answer" not in trained
+    assert "tool output" not in trained
+
+
+def _ids(tokenizer, chat, add_generation_prompt):
+    from atroposlib.utils.tokenize_for_trainer import chat_token_ids
+
+    return chat_token_ids(tokenizer, chat, add_generation_prompt=add_generation_prompt)
