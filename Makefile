@@ -2,22 +2,66 @@
 #   make demo   install, then run the whole RL loop on the embedded tiny model (CPU)
 #   make test   install, then run the test suite
 #   make lint   ruff over the code
+#   make lock   regenerate requirements.lock from pyproject.toml (newest allowed versions)
+#   make test-latest / test-oldest   the smoke checks on the newest / lowest allowed versions
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+LOCK   := requirements.lock
+TORCH  := requirements-torch.txt
+# The smoke subset: tests marked `smoke` in these files (serve-model completion and /generate
+# against a plain forward, the cache contract, one trainer step, an environment in process mode,
+# run-api ingest and /batch, view-run --file, the start-up version check).
+SMOKE  := tests/serve_model/test_transformers_contract.py tests/serve_model/test_openai_api.py \
+	tests/serve_model/test_generate_and_clients.py tests/trainer/test_checkpoint_resume.py \
+	tests/environments/test_arithmetic_process.py tests/api/test_endpoints.py \
+	tests/tools/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
+SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: install test demo lint format config-docs bench browser clean
+.PHONY: install test demo lint format config-docs bench browser clean lock test-latest test-oldest
 
 install: $(STAMP)
 
-# torch is pinned first: the CPU build lies on local disk; an unpinned torch would pull a CUDA build.
-$(STAMP): pyproject.toml
+# torch is pinned first (the CPU build); then exactly the locked set; then the project itself.
+$(STAMP): pyproject.toml $(LOCK) $(TORCH)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[all]"
+	$(PY) -m pip install -q -r $(TORCH)
+	$(PY) -m pip install -q -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
+
+# Resolve every extra's newest allowed versions against the torch pin (pip-tools, in its own venv).
+lock:
+	@test -x .venv-lock/bin/pip-compile || { $(PYTHON) -m venv .venv-lock && \
+	  .venv-lock/bin/pip install -q --upgrade pip pip-tools; }
+	.venv-lock/bin/pip-compile --quiet --upgrade --strip-extras --no-emit-index-url \
+	  --no-emit-find-links --extra dev --extra examples --extra trainer \
+	  --constraint $(TORCH) --output-file $(LOCK) pyproject.toml
+	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(LOCK)
+
+# A fresh venv with the newest versions pyproject.toml allows (torch stays at the CPU pin),
+# then the smoke subset. CI runs it after the locked suite.
+test-latest:
+	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/pip install -q --upgrade pip
+	.venv-latest/bin/pip install -q -r $(TORCH)
+	.venv-latest/bin/pip install -q -c $(TORCH) -e ".[all]"
+	.venv-latest/bin/pip freeze --exclude-editable > .venv-latest/versions.txt
+	@grep -iE '^(transformers|tokenizers|torch|fastapi|uvicorn|pydantic|openai|gradio)==' .venv-latest/versions.txt
+	$(SMOKE_ENV) .venv-latest/bin/python -m pytest -q -p no:cacheprovider -m smoke $(SMOKE)
+
+# The same with every direct dependency at its declared lower bound.
+test-oldest:
+	rm -rf .venv-oldest && $(PYTHON) -m venv .venv-oldest
+	.venv-oldest/bin/pip install -q --upgrade pip
+	.venv-oldest/bin/pip install -q -r $(TORCH)
+	$(PYTHON) scripts/dependency_bounds.py --lowest > .venv-oldest/constraints.txt
+	.venv-oldest/bin/pip install -q -c .venv-oldest/constraints.txt -e ".[all]"
+	.venv-oldest/bin/pip freeze --exclude-editable > .venv-oldest/versions.txt
+	@grep -iE '^(transformers|tokenizers|torch|fastapi|uvicorn|pydantic|openai|gradio)==' .venv-oldest/versions.txt
+	$(SMOKE_ENV) .venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m smoke $(SMOKE)
 
 # The browser check of the Gradio viewer needs Debian's chromium; install it when we can (root).
 browser:
@@ -52,4 +96,4 @@ bench: install
 	$(PY) benchmarks/trainer_bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock .pytest_cache .ruff_cache .hypothesis

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 from atroposlib.serving.config import ServeModelConfig
 
+SERVING_LIBRARIES = ("transformers", "tokenizers", "torch", "fastapi", "uvicorn", "pydantic")
+"""Libraries whose internals the server depends on; checked against the declared ranges."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """An argparse parser whose flags and help come from :class:`ServeModelConfig`."""
@@ -56,10 +59,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     from atroposlib.serving.app import create_app
+    from atroposlib.utils.dependencies import exit_if_unsupported
     from atroposlib.utils.http_security import is_loopback_host, load_api_key
     from atroposlib.utils.http_transport import http_protocol
 
     ns = build_parser().parse_args(argv)
+    exit_if_unsupported("atropos-serve-model", SERVING_LIBRARIES)
     config = ServeModelConfig(**vars(ns))
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -74,6 +73,7 @@ from atroposlib.serving.sampling import (
     sample,
 )
 from atroposlib.serving.scheduler import Chunk, Request, Row, plan_prefill
+from atroposlib.utils.transformers_compat import forward_with_cache, prefer_sdpa
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,6 @@ class Engine:
         self._device = next(model.parameters()).device
         self._dtype = next(model.parameters()).dtype
         self._eos_ids = self._collect_eos_ids(model, tokenizer)
-        self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache_plan: CachePlan = plan_slots(
             model,
             max_len=max_model_len,
@@ -210,10 +209,7 @@ class Engine:
 
     def _prepare(self, model: Any) -> Any:
         """Use an attention implementation that takes the engine's 4D masks."""
-        impl = getattr(model.config, "_attn_implementation", None)
-        if impl not in ("sdpa", "eager") and hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation("sdpa")
-        self._additive_mask = model.config._attn_implementation != "sdpa"
+        self._additive_mask = prefer_sdpa(model)
         return model
 
     @staticmethod
@@ -580,19 +576,8 @@ class Engine:
         return masks if self._window is not None else masks["full_attention"]
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, keep: int) -> Any:
-        kwargs: dict[str, Any] = {}
-        if self._keep_arg:
-            kwargs["logits_to_keep"] = keep
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            attention_mask=self._mask(positions, cache.length),
-            past_key_values=cache,
-            use_cache=True,
-            return_dict=True,
-            **kwargs,
-        )
-        return out.logits
+        mask = self._mask(positions, cache.length)
+        return forward_with_cache(self.model, ids, positions, mask, cache, keep)
 
     def _decode(self, out: _Outcome) -> None:
         rows = self._rows

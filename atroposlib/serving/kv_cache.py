@@ -8,6 +8,7 @@ row. Rotary position is applied to keys before they are stored, which is why a
 sequence may be copied to another slot (compaction, ``n > 1`` forks) unchanged.
 
 :class:`SlotCache` is what one forward pass sees: a ``transformers`` ``Cache``
+(through :mod:`atroposlib.utils.transformers_compat`)
 whose ``update`` scatters the new keys/values into their slots and returns views
 of the rows of this pass up to the longest row (masked per row by the caller),
 instead of concatenating tensors as ``DynamicCache`` does.
@@ -29,7 +30,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import Cache
+
+from atroposlib.utils.transformers_compat import CacheAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +261,7 @@ class SlotKV:
         return SlotCache(self, rows, write_slots, write_pos, length, source)
 
 
-class SlotCache(Cache):
+class SlotCache(CacheAdapter):
     """One forward pass's view of a :class:`SlotKV`.
 
     ``rows`` are the slots of the batch rows (a ``slice`` when they are consecutive,
@@ -268,9 +270,8 @@ class SlotCache(Cache):
     narrowed to ``source`` (the non-padding tokens), are written at
     ``(write_slots[i], write_pos[i])``; attention then sees the first ``length``
     positions of each row, and the caller's mask hides what a row does not own.
+    How ``transformers`` calls it is :class:`CacheAdapter`'s business.
     """
-
-    is_compileable = False
 
     def __init__(
         self,
@@ -281,8 +282,8 @@ class SlotCache(Cache):
         length: int,
         source: torch.Tensor | None,
     ) -> None:
-        super().__init__(layers=[])
-        self.store = store
+        super().__init__()
+        self.slots = store
         self.rows = rows
         self.length = length
         self.source = source
@@ -290,16 +291,11 @@ class SlotCache(Cache):
         # view of the store, computed once and shared by every layer of the pass.
         self.index = (store.head_base[write_slots] + write_pos.unsqueeze(1)).reshape(-1)
 
-    def update(
-        self,
-        key_states: torch.Tensor,
-        value_states: torch.Tensor,
-        layer_idx: int,
-        *args: Any,
-        **kwargs: Any,
+    def store(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this layer's new keys/values in place; return the rows' keys/values."""
-        table = self.store.kv[layer_idx]
+        table = self.slots.kv[layer_idx]
         batch, heads, q_len, dim = key_states.shape
         both = torch.stack((key_states, value_states))  # [2, B, H, q, D]
         flat = both.transpose(2, 3).reshape(2, batch * q_len, heads, dim)
@@ -308,14 +304,10 @@ class SlotCache(Cache):
         table.view(2, -1, dim).index_copy_(1, self.index, flat.reshape(2, -1, dim).to(table.dtype))
         return table[0, self.rows, :, : self.length], table[1, self.rows, :, : self.length]
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
+    def visible_length(self) -> int:
         """Positions visible to this pass (the mask narrows it per row)."""
         return self.length
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        """``(kv_length, kv_offset)``; unused because the engine passes a 4D mask."""
-        return self.length, 0
-
-    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+    def capacity(self) -> int:
         """Longest sequence a slot holds."""
-        return self.store.max_len
+        return self.slots.max_len

@@ -3,7 +3,7 @@
 Tests, demos and benchmarks use it so that nothing is downloaded::
 
     from atroposlib.tiny_model import ensure_tiny_model
-    model_dir = ensure_tiny_model()      # cached under <repo>/.cache/tiny-model-0
+    model_dir = ensure_tiny_model()      # cached under <repo>/.cache/tiny-model-0-tf<major>
 """
 
 from atroposlib.tiny_model.build import DEFAULT_SIZE, build_tiny_model, ensure_tiny_model

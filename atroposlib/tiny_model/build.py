@@ -91,8 +91,10 @@ def build_tiny_model(
     )
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    _portable_tokenizer_class(out)
     meta = {
         "kit_version": KIT_VERSION,
+        "transformers_major": _transformers_major(),
         "seed": seed,
         "arch": arch,
         "size": dims,
@@ -100,6 +102,26 @@ def build_tiny_model(
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return str(out)
+
+
+def _transformers_major() -> int:
+    from atroposlib.utils.transformers_compat import TRANSFORMERS_MAJOR
+
+    return TRANSFORMERS_MAJOR
+
+
+def _portable_tokenizer_class(out: Path) -> None:
+    """Name the tokenizer class both 4.x and 5.x load.
+
+    5.x writes ``TokenizersBackend``, a class 4.x does not have; ``PreTrainedTokenizerFast``
+    is what 4.x writes for this tokenizer and what 5.x maps to its own backend. (The model's
+    ``config.json`` is not portable the same way: rope fields moved in 5.x, which is why
+    the cache is keyed by major version.)
+    """
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def _tokenizer_digest() -> str:
@@ -120,6 +142,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "atroposlib"
 
 
+def default_model_name(seed: int = 0) -> str:
+    """Directory name of the cached default tiny model: keyed by seed and by the major
+    version of the transformers that writes it (a 5.x directory does not load under 4.x)."""
+    return f"tiny-model-{seed}-tf{_transformers_major()}"
+
+
 def _is_current(path: Path, seed: int) -> bool:
     try:
         meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
@@ -127,6 +155,7 @@ def _is_current(path: Path, seed: int) -> bool:
         return False
     return (
         meta.get("kit_version") == KIT_VERSION
+        and meta.get("transformers_major") == _transformers_major()
         and meta.get("seed") == seed
         and meta.get("tokenizer_sha256") == _tokenizer_digest()
         and meta.get("arch") == "qwen2"
@@ -142,7 +171,7 @@ def ensure_tiny_model(path: str | os.PathLike[str] | None = None, seed: int = 0)
     so concurrent callers (several test processes) never see a half-written model:
     whoever renames first wins and the others discard their copy.
     """
-    target = Path(path) if path is not None else default_cache_dir() / f"tiny-model-{seed}"
+    target = Path(path) if path is not None else default_cache_dir() / default_model_name(seed)
     if _is_current(target, seed):
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)

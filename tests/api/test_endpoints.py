@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api import APISettings, create_app
@@ -62,6 +63,7 @@ def test_register_env_waits_for_first_batch_poll_then_names_envs(fresh: Api):
     assert c.post("/register-env", json=body).json()["wandb_name"] == "gsm8k_1"
 
 
+@pytest.mark.smoke
 def test_scored_data_round_trips_every_field_through_batch(fresh: Api):
     fresh.start_trainer()
     env = fresh.register_env(group_size=4)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 
+import pytest
 from transformers import AutoTokenizer
 
 from atroposlib.envs.cli import build_env, parse_cli
@@ -14,6 +15,7 @@ from environments.arithmetic_server import ArithmeticEnv, score_completion
 from tests.environments.env_helpers import check_groups, process_argv
 
 
+@pytest.mark.smoke
 def test_arithmetic_process_writes_groups_with_logprobs_and_binary_scores(serve_model, tmp_path):
     out = tmp_path / "arithmetic.jsonl"
     env = build_env(

@@ -14,6 +14,7 @@ from tests.serve_model.support import direct_logprobs, direct_prompt_logprobs, p
 QUESTION = "Emma buys 4 cakes at $3 each. How much money does Emma spend?"
 
 
+@pytest.mark.smoke
 def test_generate_returns_tokens_logprobs_and_finish_reasons(served, local_model, tokenizer):
     prompt_ids = tokenizer.encode(QUESTION)
     body = post(

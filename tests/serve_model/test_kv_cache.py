@@ -12,6 +12,7 @@ from atroposlib.serving.kv_cache import (
     bytes_per_slot,
     plan_slots,
 )
+from atroposlib.utils.transformers_compat import forward_with_cache
 
 
 def _full_logits(model, ids: list[int]) -> torch.Tensor:
@@ -33,14 +34,7 @@ def _pass(model, kv: SlotKV, slots: list[int], chunks: list[list[int]], starts: 
     )
     mask = (torch.arange(length) <= pos.unsqueeze(-1)).unsqueeze(1)
     with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(chunks),
-            position_ids=pos,
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
-    return out.logits
+        return forward_with_cache(model, torch.tensor(chunks), pos, mask, cache, 0)
 
 
 def test_cached_steps_match_full_forward_with_rows_of_different_ages(local_model):

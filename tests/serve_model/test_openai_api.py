@@ -56,6 +56,7 @@ def _ids(tokens: list[str]) -> list[int]:
     return [int(t.split(":", 1)[1]) for t in tokens]
 
 
+@pytest.mark.smoke
 def test_completion_logprobs_match_direct_forward_pass(client, local_model, tokenizer):
     prompt_ids = tokenizer.encode(PROMPT)
     r = client.completions.create(

@@ -151,3 +151,37 @@ def test_build_script_reproduces_the_shipped_tokenizer():
     spec.loader.exec_module(module)
     trained = json.loads(module.train_tokenizer().to_str())
     assert trained == json.loads(TOKENIZER_JSON.read_text())
+
+
+def test_default_cache_is_keyed_by_the_transformers_major_version(tmp_path, monkeypatch):
+    """A directory written by one major version is never handed to another: the
+    default path names the major, and a directory whose meta records another major
+    is rebuilt."""
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    monkeypatch.setenv("ATROPOS_TINY_MODEL_CACHE", str(tmp_path))
+    path = Path(ensure_tiny_model(seed=5))
+    assert path == tmp_path / f"tiny-model-5-tf{major}"
+    meta_file = path / "tiny_model_meta.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["transformers_major"] == major
+    meta["transformers_major"] = major + 1  # as if another major had written it
+    meta_file.write_text(json.dumps(meta))
+    assert ensure_tiny_model(seed=5) == str(path)
+    assert json.loads(meta_file.read_text())["transformers_major"] == major  # rebuilt
+
+
+@pytest.mark.smoke
+def test_tokenizer_files_name_a_class_both_majors_load(tmp_path):
+    """transformers 5 writes ``TokenizersBackend``, which 4.x cannot load; the kit writes
+    ``PreTrainedTokenizerFast``, which both load to the same tokens."""
+    path = build_tiny_model(tmp_path / "m", seed=1)
+    config = json.loads((Path(path) / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.encode("2 + 3 = 5") == load_tiny_tokenizer().encode("2 + 3 = 5")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False
+    )
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)

@@ -194,6 +194,7 @@ def test_file_mode_page_shows_group_text_and_score_in_chromium(viewers) -> None:
     assert colours is not None and len(colours) > 50  # a rendered page, not a blank frame
 
 
+@pytest.mark.smoke
 def test_file_mode_filters_and_navigation_via_gradio_client(viewers) -> None:
     from gradio_client import Client
 

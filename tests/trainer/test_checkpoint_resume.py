@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from example_trainer.checkpointing import (
@@ -29,6 +30,7 @@ def _config(model_dir, save_path, **kw) -> TrainingConfig:
     )
 
 
+@pytest.mark.smoke
 def test_train_step_changes_weights_and_reports_finite_loss(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
