@@ -91,19 +91,27 @@ def test_generations_that_could_pass_the_node_or_token_bounds_are_refused_up_fro
     with pytest.raises(ProxyError) as info:
         store.admit(full, n=2, max_new_tokens=1, prompt_bound=1)
     assert info.value.status == 429 and info.value.param == "n"
-    store.admit(full, n=1, max_new_tokens=100, prompt_bound=100)
+    running = store.admit(full, n=1, max_new_tokens=100, prompt_bound=100)
     with pytest.raises(ProxyError) as info:
-        store.admit(other, n=2, max_new_tokens=100, prompt_bound=150)  # 600 + 500 > 1000
+        store.admit(full, n=1, max_new_tokens=1, prompt_bound=1)  # 3 + 1 running + 1 > 4
+    assert info.value.status == 429
+    with pytest.raises(ProxyError) as info:
+        store.admit(other, n=1, max_new_tokens=100, prompt_bound=150)  # 600 + 200 running + 250
     assert info.value.status == 503 and "--max-stored-tokens 1000" in info.value.message
+    store.release(full, 1, running)  # the running request ended without storing a node
+    store.admit(other, n=1, max_new_tokens=100, prompt_bound=150)
+    with pytest.raises(ProxyError) as info:
+        store.admit(other, n=2, max_new_tokens=100, prompt_bound=150)  # 600 + 250 + 500
+    assert info.value.status == 503
     with pytest.raises(ProxyError) as info:
         store.admit(other, n=3, max_new_tokens=100, prompt_bound=300)  # 1200 alone
     assert info.value.status == 400 and info.value.param == "n"
     full.managed_server.current_nodes.clear()  # reset
     store.account(full)
     assert store.stored_tokens == 300 and full.num_nodes == 0
-    store.admit(other, n=2, max_new_tokens=100, prompt_bound=150)
-    assert store.counters()["requests_refused_nodes"] == 1
-    assert store.counters()["requests_refused_tokens"] == 2
+    store.admit(other, n=1, max_new_tokens=100, prompt_bound=150)  # 300 + 250 + 250
+    assert store.counters()["requests_refused_nodes"] == 2
+    assert store.counters()["requests_refused_tokens"] == 3
 
 
 def test_setup_names_must_resolve_to_loopback_and_connections_only_reach_allowed_addresses():

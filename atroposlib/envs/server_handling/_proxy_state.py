@@ -63,6 +63,7 @@ class SessionState:
     last_accessed: float = field(default_factory=time.time)
     requests: int = 0
     in_flight: int = 0
+    reserved_nodes: int = 0
     num_nodes: int = 0
     stored_tokens: int = 0
     touched: float = 0.0
@@ -96,6 +97,7 @@ class SessionStore:
         self.clock = clock
         self._sessions: collections.OrderedDict[str, SessionState] = collections.OrderedDict()
         self.stored_tokens = 0
+        self.reserved_tokens = 0  # admitted generations still running may add this many
         self.evicted_idle = 0
         self.refused_sessions = 0
         self.refused_nodes = 0
@@ -190,12 +192,14 @@ class SessionStore:
         if session is not None:
             self.stored_tokens -= session.stored_tokens
 
-    def admit(self, session: SessionState, n: int, max_new_tokens: int, prompt_bound: int) -> None:
-        """Refuse a generation that could pass a bound, before anything is sent.
+    def admit(self, session: SessionState, n: int, max_new_tokens: int, prompt_bound: int) -> int:
+        """Refuse a generation that could pass a bound, before anything is sent; else
+        reserve its room (until :meth:`release`) and return the tokens reserved.
 
         ``n`` nodes may be added, each holding at most ``prompt_bound + max_new_tokens``
         tokens (``prompt_bound``: the request's size in bytes, never fewer than its prompt's
-        tokens).
+        tokens). Generations running at once count with what they reserved, so concurrent
+        requests cannot pass the bounds together.
         """
         limits = self.limits
         estimate = n * (prompt_bound + max_new_tokens)
@@ -211,7 +215,7 @@ class SessionStore:
                 "the prompt",
                 param="n",
             )
-        if session.num_nodes + n > limits.max_session_nodes:
+        if session.num_nodes + session.reserved_nodes + n > limits.max_session_nodes:
             self.refused_nodes += 1
             raise ProxyError(
                 429,
@@ -222,15 +226,25 @@ class SessionStore:
                 "rate_limit_error",
                 "n",
             )
-        if self.stored_tokens + estimate > limits.max_stored_tokens:
+        if self.stored_tokens + self.reserved_tokens + estimate > limits.max_stored_tokens:
             self.refused_tokens += 1
             raise ProxyError(
                 503,
-                f"the proxy's sessions hold {self.stored_tokens} tokens and this request may "
-                f"add up to {estimate}, above --max-stored-tokens {limits.max_stored_tokens}: "
+                f"the proxy's sessions hold {self.stored_tokens} tokens (running requests may "
+                f"add {self.reserved_tokens}) and this request may add up to {estimate}, above "
+                f"--max-stored-tokens {limits.max_stored_tokens}: "
                 "read and DELETE finished sessions, then retry",
                 "server_error",
             )
+        session.reserved_nodes += n
+        self.reserved_tokens += estimate
+        return estimate
+
+    def release(self, session: SessionState, n: int, reserved: int) -> None:
+        """End an admitted generation: drop its reservation and recount what it stored."""
+        session.reserved_nodes -= n
+        self.reserved_tokens -= reserved
+        self.account(session)
 
     def account(self, session: SessionState) -> None:
         """Recount the nodes and tokens ``session`` holds (after a request, reset or error)."""

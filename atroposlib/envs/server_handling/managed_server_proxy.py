@@ -42,17 +42,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import json
 import logging
-import math
 import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, List, Sequence, Union
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -67,8 +64,14 @@ from atroposlib.envs.server_handling._proxy_state import (
     SessionStore,
     UpstreamPolicy,
 )
+from atroposlib.envs.server_handling._proxy_upstream import (
+    UPSTREAM_REACHED,
+    UpstreamTap,
+    json_answer,
+    proxy_error_for,
+    strict_tool_arguments,
+)
 from atroposlib.envs.server_handling._rawhttp import DEFAULT_MAX_ANSWER_BYTES
-from atroposlib.envs.server_handling.errors import NoHealthyServerError
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
@@ -321,157 +324,6 @@ def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[
     return "; ".join(parts), first
 
 
-def _upstream_status(exc: BaseException) -> tuple[int, str, str | None] | None:
-    """The status, message and ``Location`` of an inference server's HTTP error answer (or
-    redirect), if ``exc`` is one."""
-    response = getattr(exc, "response", None)
-    status = getattr(exc, "status_code", None) or getattr(response, "status_code", None)
-    if not isinstance(status, int):
-        status = getattr(exc, "status", None)  # the lean transport's HttpStatus
-        if not isinstance(status, int):
-            return None
-    try:
-        text = response.text if response is not None else str(exc)
-    except Exception:  # noqa: BLE001 - a streamed body cannot be read here; the summary will do
-        text = str(exc)
-    headers = getattr(response, "headers", None) or getattr(exc, "headers", None) or {}
-    return status, text[:1000], headers.get("location")
-
-
-def _upstream_http_error(status: int, text: str, location: str | None) -> ProxyError:
-    """The proxy's answer to an inference server's HTTP error or redirect.
-
-    A 4xx keeps its status (the request was refused) unless it says the proxy itself is
-    misconfigured: 401/403/407 (the proxy's credentials) and 404 (its URL or model name)
-    are 502s, so an OpenAI client never takes them for the proxy's own auth or routing
-    errors. Every one is typed ``upstream_error``.
-    """
-    if 300 <= status < 400:
-        where = f" to {location[:200]!r}" if location else ""
-        return ProxyError(
-            502,
-            f"inference server answered a redirect (HTTP {status}{where}); redirects are not "
-            "followed: configure the server's final URL",
-            "upstream_error",
-        )
-    if status in (401, 403, 407):
-        return ProxyError(
-            502,
-            f"inference server refused the proxy's credentials (HTTP {status}): {text}; check "
-            "the api_key of the proxy's server config",
-            "upstream_error",
-        )
-    if status == 404:
-        return ProxyError(
-            502,
-            f"inference server answered 404 (wrong base_url or model_name in the proxy's "
-            f"server config?): {text}",
-            "upstream_error",
-        )
-    if 400 <= status < 500:
-        return ProxyError(status, f"inference server refused the request: {text}", "upstream_error")
-    return ProxyError(502, f"inference server error (HTTP {status}): {text}", "upstream_error")
-
-
-def _client_error_types() -> tuple[type[BaseException], ...]:
-    import jinja2
-
-    # RecursionError: a message nested too deeply for the template (the client's input).
-    return (ValueError, KeyError, TypeError, RecursionError, jinja2.TemplateError)
-
-
-_UPSTREAM_REACHED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
-    "proxy_upstream_reached", default=None
-)
-"""Per request: set once the session's backend has been called, so a failure after that
-point is the inference server's (its answer could not be used), not the client's."""
-
-
-class _UpstreamTap:
-    """Stands in for a backend inside a session's ``ManagedServer`` and marks the request
-    as having reached the inference server; everything else is the backend's own."""
-
-    def __init__(self, server: Any):
-        object.__setattr__(self, "_server", server)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._server, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._server, name, value)
-
-    @staticmethod
-    def _mark() -> None:
-        reached = _UPSTREAM_REACHED.get()
-        if reached is not None:
-            reached[0] = True
-
-    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
-        """The backend's call, marked as reaching the inference server."""
-        self._mark()
-        return await self._server.tokens_and_logprobs_completion(**kwargs)
-
-    async def get_logprobs(self, **kwargs: Any) -> Any:
-        """The backend's call, marked as reaching the inference server."""
-        self._mark()
-        return await self._server.get_logprobs(**kwargs)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities replaced by None (JSON has no such numbers)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _strict_tool_arguments(payload: dict[str, Any]) -> None:
-    """Make every tool call's ``arguments`` strict JSON, in place.
-
-    Python's parser accepts ``NaN`` and ``Infinity`` where the model wrote them; passed on,
-    an OpenAI client's ``json.loads`` may accept them but other parsers refuse the call.
-    They become ``null``, as ``JSON.stringify`` writes them.
-    """
-    for choice in payload.get("choices") or ():
-        for call in (choice.get("message") or {}).get("tool_calls") or ():
-            function = call.get("function") or {}
-            arguments = function.get("arguments")
-            if not isinstance(arguments, str) or not any(
-                word in arguments for word in ("NaN", "Infinity")
-            ):
-                continue
-            try:
-                parsed = json.loads(arguments)
-                json.dumps(parsed, allow_nan=False)
-                continue  # the words were inside strings
-            except (ValueError, RecursionError):
-                pass
-            try:
-                function["arguments"] = json.dumps(_finite(json.loads(arguments)))
-            except (ValueError, RecursionError):
-                continue  # not JSON at all: the client sees what the parser gave
-            logger.warning(
-                "tool call %r: non-finite numbers in arguments sent as null", function.get("name")
-            )
-
-
-def _json_answer(payload: dict[str, Any]) -> Response:
-    """``payload`` as a JSON response; an inference server's output that cannot be encoded
-    (a lone surrogate the model spelled out in a tool call) is a 502, not a bare 500."""
-    try:
-        body = orjson.dumps(payload)
-    except (TypeError, orjson.JSONEncodeError) as e:
-        raise ProxyError(
-            502,
-            f"the inference server's output cannot be sent as JSON: {e}",
-            "upstream_error",
-        ) from e
-    return Response(body, media_type="application/json")
-
-
 def create_app(
     server_manager: ServerManager | None,
     tokenizer: Any,
@@ -516,7 +368,6 @@ def create_app(
                 transport.peer_check = upstreams.peer_allowed
 
     _bound_transports(server_manager, check_peers=False)
-    client_errors = _client_error_types()
     max_bytes = int(max_request_mb * 1024 * 1024)
 
     async def _read_body(request: Request) -> bytes:
@@ -613,35 +464,19 @@ def create_app(
             raise ProxyError(400, message, param=param) from e
 
     async def _run(coro: Any) -> Any:
-        """Await a ManagedServer call, mapping failures to their status class: before the
-        inference server was called the fault is the client's input (400), from then on
-        the inference server's (its HTTP answer's class, else 502)."""
+        """Await a ManagedServer call, its failure mapped to its status class (see
+        :func:`proxy_error_for`): before the inference server was called the fault is the
+        client's input, from then on the inference server's."""
         reached = [False]
-        token = _UPSTREAM_REACHED.set(reached)
+        token = UPSTREAM_REACHED.set(reached)
         try:
             return await coro
         except ProxyError:
             raise
-        except NotImplementedError as e:
-            raise ProxyError(501, str(e), "not_implemented") from e
-        except NoHealthyServerError as e:
-            raise ProxyError(503, str(e), "server_error") from e
         except Exception as e:  # never a bare 500
-            upstream = _upstream_status(e)
-            if upstream is not None and upstream[0] >= 300:
-                raise _upstream_http_error(*upstream) from e
-            if isinstance(e, asyncio.TimeoutError):
-                raise ProxyError(504, "inference server timed out", "upstream_error") from e
-            if not reached[0] and isinstance(e, client_errors):
-                raise ProxyError(400, f"{type(e).__name__}: {e}") from e
-            logger.warning("inference server fault: %s: %s", type(e).__name__, e)
-            raise ProxyError(
-                502,
-                f"inference server error: its answer could not be used: {type(e).__name__}: {e}",
-                "upstream_error",
-            ) from e
+            raise proxy_error_for(e, reached[0]) from e
         finally:
-            _UPSTREAM_REACHED.reset(token)
+            UPSTREAM_REACHED.reset(token)
 
     def _models_payload() -> dict[str, Any]:
         created = int(time.time())
@@ -748,7 +583,7 @@ def create_app(
             tool_parser = state.tool_parser or DEFAULT_TOOL_PARSER
         try:
             managed = ManagedServer(
-                _UpstreamTap(server),
+                UpstreamTap(server),
                 tokenizer,
                 track_tree=body.track_tree,
                 tool_parser=tool_parser,
@@ -800,14 +635,18 @@ def create_app(
     async def _generate(session: SessionState, call: Any, body: Any, raw_size: int) -> Any:
         """Run one generation of ``session`` within the bounds; nodes are recounted after."""
         max_new = body.max_tokens or body.max_completion_tokens or 0
-        state.sessions.admit(session, body.n, max_new, raw_size)
+        try:
+            reserved = state.sessions.admit(session, body.n, max_new, raw_size)
+        except ProxyError:
+            call.close()  # never awaited: close it so it is not reported as forgotten
+            raise
         session.requests += 1
         session.in_flight += 1
         try:
             return await _run(call)
         finally:
             session.in_flight -= 1
-            state.sessions.account(session)
+            state.sessions.release(session, body.n, reserved)
 
     @app.get("/{session_id}/v1/models")
     async def session_models(session_id: str) -> dict[str, Any]:
@@ -829,8 +668,8 @@ def create_app(
         if state.model_name != "unknown":
             completion.model = state.model_name
         payload = completion.model_dump(exclude_none=True)
-        _strict_tool_arguments(payload)
-        return _json_answer(payload)
+        strict_tool_arguments(payload)
+        return json_answer(payload)
 
     @app.post("/{session_id}/v1/chat/completions/render")
     async def render_prompt(session_id: str, request: Request) -> dict[str, Any]:
@@ -853,7 +692,7 @@ def create_app(
         completion = await _generate(session, call, body, request.state.body_size)
         if state.model_name != "unknown":
             completion.model = state.model_name
-        return _json_answer(completion.model_dump(exclude_none=True))
+        return json_answer(completion.model_dump(exclude_none=True))
 
     @app.get("/{session_id}/nodes")
     async def get_nodes(session_id: str) -> dict[str, Any]:
