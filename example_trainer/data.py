@@ -14,7 +14,7 @@ Pure functions of their inputs. Conventions (SPEC §3.2, §6.1-6.2):
 - sampling temperature per sequence: ``overrides[i].temperature`` >
   ``generation_params.temperature`` > ``group_overrides.temperature`` > 1.0; a
   temperature of 0 (greedy) is scored at 1, a negative or non-finite one rejects the
-  group (:class:`GroupError`);
+  group (:class:`GroupError`), as does a non-finite score or env-supplied advantage;
 - ``inference_logprobs`` are shifted by one to align with the labels; a token without a
   sampler log-prob (a sequence without a row, a row shorter than the sequence, or the
   ``1.0`` "not generated" marker on a trained token) is marked as such per token
@@ -164,6 +164,13 @@ def sequence_temperature(
     return 1.0
 
 
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
 def _override(index: int, overrides: Sequence[Mapping[str, Any] | None] | None, key: str) -> Any:
     if overrides and index < len(overrides) and overrides[index]:
         return overrides[index].get(key)
@@ -195,6 +202,9 @@ def group_to_samples(
     token_adv = group.get("advantages")
     inf_lp = group.get("inference_logprobs")
     ref_lp = group.get("ref_logprobs")
+    bad = [i for i, x in enumerate(scores) if not _finite(x)]
+    if bad:
+        raise GroupError(f"scores[{bad[0]}] is {scores[bad[0]]!r}, not a finite number")
     seq_adv = group_advantages(scores, scale_rewards, batch_std)
     samples: List[Sample] = []
     for i, (toks, mask) in enumerate(zip(tokens, masks, strict=False)):
@@ -207,6 +217,8 @@ def group_to_samples(
             adv = [0.0] * n
         elif token_adv is not None and i < len(token_adv) and token_adv[i] is not None:
             adv = [float(a) for a in token_adv[i][1:]]
+            if not all(math.isfinite(a) for a in adv):
+                raise GroupError(f"advantages[{i}] holds a value that is not finite")
             adv += [0.0] * (n - len(adv))
         else:
             adv = [seq_adv[i]] * n

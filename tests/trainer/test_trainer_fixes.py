@@ -64,19 +64,35 @@ def test_an_absurd_sampler_logprob_gives_a_finite_gradient():
     assert logits.grad[0, [0, 1, 3]].abs().sum() > 0
 
 
-def _nan_batch(tokenizer, seed=0):
-    batch = make_batch(tokenizer, n_groups=1, group_size=4, seed=seed)
-    group = batch[0]
-    group["advantages"] = [[math.nan] * len(t) for t in group["tokens"]]
-    return batch
+class _PoisonLogits:
+    """A forward hook that makes the policy's logits NaN while ``on`` (an overflow in the
+    forward pass, the usual source of a non-finite gradient)."""
+
+    def __init__(self, model) -> None:
+        self.on = False
+        model.register_forward_hook(self)
+
+    def __call__(self, module, args, output):
+        if self.on:
+            output.logits = output.logits * math.nan
+        return output
+
+
+def _nan_step(trainer, poison, tokenizer, seed=0):
+    poison.on = True
+    try:
+        return trainer.train_on_batch(make_batch(tokenizer, seed=seed, with_logprobs=True))
+    finally:
+        poison.on = False
 
 
 def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
     trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path))
+    poison = _PoisonLogits(trainer.model)
     before = _weights(trainer.model)
-    m = trainer.train_on_batch(_nan_batch(tiny_tokenizer))
+    m = _nan_step(trainer, poison, tiny_tokenizer)
     assert math.isnan(m["train/grad_norm"])
     assert m["train/skipped_steps"] == 1.0
     after = _weights(trainer.model)
@@ -93,11 +109,12 @@ def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(
 
 def test_the_run_stops_after_n_skipped_steps_in_a_row(tiny_model_dir, tiny_tokenizer, tmp_path):
     trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path, max_consecutive_skipped_steps=2))
-    trainer.train_on_batch(_nan_batch(tiny_tokenizer))
+    poison = _PoisonLogits(trainer.model)
+    _nan_step(trainer, poison, tiny_tokenizer)
     trainer.train_on_batch(make_batch(tiny_tokenizer, seed=1))  # resets the run of skips
-    trainer.train_on_batch(_nan_batch(tiny_tokenizer))
+    _nan_step(trainer, poison, tiny_tokenizer)
     with pytest.raises(TrainingDivergedError, match="2 optimizer steps in a row"):
-        trainer.train_on_batch(_nan_batch(tiny_tokenizer))
+        _nan_step(trainer, poison, tiny_tokenizer)
     assert trainer.skipped_steps == 3
 
 
@@ -133,6 +150,20 @@ def test_a_batch_with_a_rejected_group_trains_on_the_rest_and_counts_it(caplog):
     assert len(prepared.shares[0]) == 2
     assert prepared.summary["train/rejected_groups"] == 1.0
     assert "group 1 of the batch (env_id 3) skipped: overrides[0]: temperature" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("scores", [math.nan, 0.0], "scores\\[0\\] is nan"),
+        ("advantages", [[0.0, 1.0, 1.0], [0.0, math.inf, 1.0]], "advantages\\[1\\]"),
+    ],
+)
+def test_non_finite_scores_or_advantages_reject_the_group(field, value, message):
+    group = {"tokens": [[1, 2, 3]] * 2, "masks": [[-100, 2, 3]] * 2, "scores": [1.0, 0.0]}
+    group[field] = value
+    with pytest.raises(GroupError, match=message):
+        group_to_samples(group)
 
 
 def test_a_greedy_group_trains_to_finite_weights(tiny_model_dir, tiny_tokenizer, tmp_path):
