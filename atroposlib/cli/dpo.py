@@ -19,12 +19,26 @@ Example::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import sys
 from typing import Any
 
+from atroposlib.frontend.api_client import DEFAULT_API_URL
 from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
 from atroposlib.frontend.export import GroupView, dpo_records, pair_dpo
+from atroposlib.frontend.trainer_helpers import dpo_group_records, find_common_prefix
+from atroposlib.frontend.trainer_helpers import register_to_api as _register
+
+__all__ = [
+    "build_parser",
+    "check_for_batch",
+    "dpo_data_grabber",
+    "find_common_prefix",
+    "grab_group_data",
+    "main",
+    "register_to_api",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +73,107 @@ def _run(args: argparse.Namespace) -> int:
     return run_generation(
         args, records_for, batch_size=args.group_size * 8, num_steps=args.num_seqs_to_save * 2
     )
+
+
+async def register_to_api(
+    group_size: int, max_token_len: int, api_url: str = DEFAULT_API_URL, num_steps: int = 200
+) -> dict[str, Any]:
+    """Register as a trainer taking ``group_size * 8`` sequences a batch."""
+    return await _register(group_size, max_token_len, api_url, num_steps, 8)
+
+
+async def check_for_batch(api_url: str = DEFAULT_API_URL) -> list[dict[str, Any]]:
+    """Wait for the next batch and return its groups."""
+    from atroposlib.frontend.trainer_helpers import check_for_batch as wait
+
+    return await wait(api_url)
+
+
+def grab_group_data(
+    tok: Any,
+    datagroup: dict[str, Any],
+    save_messages: bool,
+    save_n_pairs_per_group: int,
+    allow_negative_scores: bool = False,
+    minimum_score_diff_max_min: float = 0.0,
+) -> list[dict[str, Any]]:
+    """The DPO pairs of one group (see the module doc)."""
+    return dpo_group_records(
+        tok,
+        datagroup,
+        save_messages,
+        save_n_pairs_per_group,
+        allow_negative_scores,
+        minimum_score_diff_max_min,
+    )
+
+
+def _grabber_argv(
+    filepath: str,
+    api_url: str,
+    group_size: int,
+    max_token_len: int,
+    tokenizer: Any,
+    save_messages: bool,
+    num_seqs_to_save: int,
+    allow_negative_scores: bool,
+    minimum_score_diff_max_min: float,
+    append_to_previous: bool,
+) -> list[str]:
+    argv = [
+        str(filepath),
+        "--api-url",
+        api_url,
+        "--group-size",
+        str(group_size),
+        "--max-token-len",
+        str(max_token_len),
+        "--tokenizer",
+        tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path,
+        "--num-seqs-to-save",
+        str(num_seqs_to_save),
+        "--minimum-score-diff-max-min",
+        str(minimum_score_diff_max_min),
+        "--no-progress",
+    ]
+    if save_messages:
+        argv.append("--save-messages")
+    if allow_negative_scores:
+        argv.append("--allow-negative-scores")
+    if append_to_previous:
+        argv.append("--append-to-previous")
+    return argv
+
+
+async def dpo_data_grabber(
+    filepath: str,
+    api_url: str,
+    group_size: int,
+    max_token_len: int,
+    tokenizer: Any,
+    save_messages: bool,
+    save_n_pairs_per_group: int,
+    num_seqs_to_save: int,
+    allow_negative_scores: bool,
+    minimum_score_diff_max_min: float,
+    append_to_previous: bool,
+) -> int:
+    """Run ``atropos-dpo-gen`` with these settings (``tokenizer``: a name or a loaded
+    tokenizer); returns its exit code."""
+    argv = _grabber_argv(
+        filepath,
+        api_url,
+        group_size,
+        max_token_len,
+        tokenizer,
+        save_messages,
+        num_seqs_to_save,
+        allow_negative_scores,
+        minimum_score_diff_max_min,
+        append_to_previous,
+    )
+    argv += ["--save-n-pairs-per-group", str(save_n_pairs_per_group)]
+    return await asyncio.to_thread(main, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

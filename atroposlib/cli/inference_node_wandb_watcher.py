@@ -139,6 +139,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def update_wandb(health_statuses: dict[str, float], step: int | None = None) -> None:
+    """Log ``health_statuses`` (``server/server_health_<node>_<i>``: 1.0 up, 0.0 down) to
+    the current W&B run, at ``step`` when given."""
+    import wandb
+
+    wandb.log(dict(health_statuses), step=step)
+
+
+def run(
+    api_addr: str,
+    tp: int,
+    node_num: int,
+    interval: float = 60.0,
+    health_host: str = "localhost",
+    base_port: int = 9000,
+    gpus_per_node: int = 8,
+    wait_timeout: float = 0.0,
+    max_iterations: int = 0,
+) -> int:
+    """Watch this node's inference servers and log their health to the trainer's W&B run
+    at every trainer step (what the command runs); returns the exit code."""
+    return main(
+        [
+            "--api_addr",
+            api_addr,
+            "--tp",
+            str(tp),
+            "--node_num",
+            str(node_num),
+            "--interval",
+            str(interval),
+            "--health-host",
+            health_host,
+            "--base-port",
+            str(base_port),
+            "--gpus-per-node",
+            str(gpus_per_node),
+            "--wait-timeout",
+            str(wait_timeout),
+            "--max-iterations",
+            str(max_iterations),
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``inference-node-wandb-watcher``."""
     args = build_parser().parse_args(argv)
@@ -158,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         wandb.init(
             project=info["project"], group=info.get("group"), name=f"inf_node_{args.node_num}"
         )
-        watcher = Watcher(
-            api, args.node_num, urls, log=lambda metrics, step: wandb.log(metrics, step=step)
-        )
+        watcher = Watcher(api, args.node_num, urls, log=lambda m, step: update_wandb(m, step))
         closers.append(watcher.http.close)
         iterations = 0
         while True:

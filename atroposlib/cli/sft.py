@@ -17,12 +17,26 @@ Example::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import sys
 from typing import Any
 
+from atroposlib.frontend.api_client import DEFAULT_API_URL
 from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
 from atroposlib.frontend.export import GroupView, select_sft, sft_records
+from atroposlib.frontend.trainer_helpers import find_common_prefix, sft_group_records
+from atroposlib.frontend.trainer_helpers import register_to_api as _register
+
+__all__ = [
+    "build_parser",
+    "check_for_batch",
+    "find_common_prefix",
+    "grab_group_data",
+    "main",
+    "register_to_api",
+    "sft_data_grabber",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +79,117 @@ def _run(args: argparse.Namespace) -> int:
         batch_size=args.group_size * args.tasks_per_step,
         num_steps=args.num_seqs_to_save,
     )
+
+
+async def register_to_api(
+    group_size: int,
+    max_token_len: int,
+    api_url: str = DEFAULT_API_URL,
+    num_steps: int = 100,
+    tasks_per_step: int = 64,
+) -> dict[str, Any]:
+    """Register as a trainer taking ``group_size * tasks_per_step`` sequences a batch."""
+    return await _register(group_size, max_token_len, api_url, num_steps, tasks_per_step)
+
+
+async def check_for_batch(api_url: str = DEFAULT_API_URL) -> list[dict[str, Any]]:
+    """Wait for the next batch and return its groups."""
+    from atroposlib.frontend.trainer_helpers import check_for_batch as wait
+
+    return await wait(api_url)
+
+
+def grab_group_data(
+    tok: Any,
+    datagroup: dict[str, Any],
+    save_messages: bool,
+    save_top_n_per_group: int,
+    allow_negative_scores: bool = False,
+    minimum_score_diff_max_min: float = 0.0,
+) -> list[dict[str, Any]]:
+    """The SFT lines of one group: its best rollouts (see the module doc)."""
+    return sft_group_records(
+        tok,
+        datagroup,
+        save_messages,
+        save_top_n_per_group,
+        allow_negative_scores,
+        minimum_score_diff_max_min,
+    )
+
+
+def _grabber_argv(
+    filepath: str,
+    api_url: str,
+    group_size: int,
+    max_token_len: int,
+    tokenizer: Any,
+    save_messages: bool,
+    num_seqs_to_save: int,
+    allow_negative_scores: bool,
+    minimum_score_diff_max_min: float,
+    append_to_previous: bool,
+) -> list[str]:
+    argv = [
+        str(filepath),
+        "--api-url",
+        api_url,
+        "--group-size",
+        str(group_size),
+        "--max-token-len",
+        str(max_token_len),
+        "--tokenizer",
+        tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path,
+        "--num-seqs-to-save",
+        str(num_seqs_to_save),
+        "--minimum-score-diff-max-min",
+        str(minimum_score_diff_max_min),
+        "--no-progress",
+    ]
+    if save_messages:
+        argv.append("--save-messages")
+    if allow_negative_scores:
+        argv.append("--allow-negative-scores")
+    if append_to_previous:
+        argv.append("--append-to-previous")
+    return argv
+
+
+async def sft_data_grabber(
+    filepath: str,
+    api_url: str,
+    group_size: int,
+    max_token_len: int,
+    tokenizer: Any,
+    save_messages: bool,
+    save_top_n_per_group: int,
+    num_seqs_to_save: int,
+    allow_negative_scores: bool,
+    minimum_score_diff_max_min: float,
+    append_to_previous: bool,
+    tasks_per_step: int,
+) -> int:
+    """Run ``atropos-sft-gen`` with these settings (``tokenizer``: a name or a loaded
+    tokenizer); returns its exit code."""
+    argv = _grabber_argv(
+        filepath,
+        api_url,
+        group_size,
+        max_token_len,
+        tokenizer,
+        save_messages,
+        num_seqs_to_save,
+        allow_negative_scores,
+        minimum_score_diff_max_min,
+        append_to_previous,
+    )
+    argv += [
+        "--save-top-n-per-group",
+        str(save_top_n_per_group),
+        "--tasks-per-step",
+        str(tasks_per_step),
+    ]
+    return await asyncio.to_thread(main, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,14 +27,17 @@ tokenizer cannot be loaded).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import logging
 import socket
 import sys
+from typing import Any
 
 from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
 from atroposlib.frontend.dataset_gen import DEFAULT_TOKENIZER, ToolError, load_display_tokenizer
 from atroposlib.frontend.rollouts import RolloutFileError, RolloutIndex
+from atroposlib.frontend.trainer_helpers import find_common_prefix  # noqa: F401 - original name
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +179,49 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+async def register_to_api(group_size: int, max_token_len: int) -> dict[str, Any]:
+    """Register with the API at its default URL as the viewer's trainer (batches of
+    ``group_size * 8``)."""
+    from atroposlib.frontend.trainer_helpers import register_to_api as register
+
+    return await register(group_size, max_token_len, DEFAULT_API_URL, 69, 8)
+
+
+async def check_for_batch() -> list[dict[str, Any]]:
+    """Wait for the next batch from the API at its default URL and return its groups."""
+    from atroposlib.frontend.trainer_helpers import check_for_batch as wait
+
+    return await wait(DEFAULT_API_URL)
+
+
+async def build_interface(
+    group_size: int,
+    max_token_len: int,
+    tokenizer: Any,
+    port: int,
+    multimodal: bool = False,
+) -> None:
+    """Register with the API at its default URL, build the live viewer (``tokenizer``: a
+    name or a loaded tokenizer) and serve it on 127.0.0.1:``port`` until stopped."""
+    from atroposlib.frontend.viewer_app import build_live_app, launch
+
+    if isinstance(tokenizer, str):
+        tokenizer = load_display_tokenizer(tokenizer)
+    client = TrainerClient(DEFAULT_API_URL)
+    try:
+        await asyncio.to_thread(client.check)
+        await asyncio.to_thread(
+            client.ensure_registered,
+            batch_size=group_size * 8,
+            max_token_len=max_token_len,
+            num_steps=69,
+        )
+        demo = build_live_app(client, tokenizer, group_size, multimodal=multimodal)
+        await asyncio.to_thread(launch, demo, "127.0.0.1", port, False)
+    finally:
+        client.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import functools
 import html
 import json
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -40,7 +41,9 @@ from atroposlib.frontend.viewer import policy_version_label
 
 logger = logging.getLogger(__name__)
 
-TEMPLATE_PATH = Path(__file__).with_name("template.html")
+SCRIPT_DIR = Path(__file__).parent.resolve()
+TEMPLATE_FILE = SCRIPT_DIR / "template.html"
+TEMPLATE_PATH = TEMPLATE_FILE
 _DATA_IMAGE = re.compile(r"^data:image/(png|jpeg|jpg|gif|webp);base64,[A-Za-z0-9+/=\s]+$")
 _SAFE_URL = re.compile(r"^(https?:|mailto:|#|/|\.)", re.IGNORECASE)
 
@@ -142,7 +145,9 @@ def _message_to_html(message: Any) -> str:
     return _render_markdown(str(message))
 
 
-def _score_class(score: Any) -> str:
+def get_score_class(score: Any) -> str:
+    """The CSS class of a score: ``reward-positive``, ``reward-negative`` or ``reward-zero``
+    (also for anything that is not a number)."""
     try:
         value = float(score)
     except (TypeError, ValueError):
@@ -179,7 +184,7 @@ def create_html_for_group(group_data: dict[str, Any], index: int) -> str:
     items: list[str] = []
     for i, (message, score) in enumerate(zip(messages[:count], scores[:count], strict=False)):
         items.append(
-            f'<div class="item {_score_class(score)}">'
+            f'<div class="item {get_score_class(score)}">'
             f'<div class="content">{_message_to_html(message)}</div>'
             f'<p class="reward">Reward: {html.escape(str(score))}'
             f"{html.escape(policy_version_label(group_data, i))}</p>"
@@ -215,42 +220,60 @@ def render_jsonl(input_path: str | Path, output_path: str | Path) -> RenderStats
     title = html.escape(f"Rollouts: {input_path.name}")
     stats = RenderStats()
     output_path.parent.mkdir(parents=True, exist_ok=True)
-    with (
-        input_path.open("r", encoding="utf-8", errors="replace") as src,
-        output_path.open("w", encoding="utf-8") as out,
-    ):
-        out.write(head.replace("{title}", title))
-        for line_no, line in enumerate(src, start=1):
-            if not line.strip():
-                continue
-            try:
-                group = loads_line(line)
-            except json.JSONDecodeError as e:
-                logger.warning("%s:%d: not valid JSON (%s); skipped", input_path, line_no, e)
-                stats.malformed += 1
-                stats.skipped += 1
-                continue
-            if not isinstance(group, dict) or "messages" not in group or "scores" not in group:
-                logger.warning("%s:%d: needs 'messages' and 'scores'; skipped", input_path, line_no)
-                stats.skipped += 1
-                continue
-            if not isinstance(group["messages"], list) or not isinstance(group["scores"], list):
-                logger.warning(
-                    "%s:%d: 'messages' and 'scores' must be lists; skipped", input_path, line_no
-                )
-                stats.skipped += 1
-                continue
-            block = create_html_for_group(group, stats.groups)
-            if not block:
-                logger.warning("%s:%d: no messages to show; skipped", input_path, line_no)
-                stats.skipped += 1
-                continue
-            out.write(block)
-            stats.groups += 1
-        if stats.groups == 0:
-            out.write('<p class="empty">No groups with messages and scores in this file.</p>\n')
-        out.write(tail.replace("{title}", title))
+    # Written beside the output and renamed when complete: a failure leaves no partial report.
+    partial = output_path.with_name(f".{output_path.name}.partial")
+    try:
+        with (
+            input_path.open("r", encoding="utf-8", errors="replace") as src,
+            partial.open("w", encoding="utf-8") as out,
+        ):
+            _render_lines(src, out, input_path, title, head, tail, stats)
+        os.replace(partial, output_path)
+    finally:
+        partial.unlink(missing_ok=True)
     return stats
+
+
+def _render_lines(
+    src: Any, out: Any, input_path: Path, title: str, head: str, tail: str, stats: RenderStats
+) -> None:
+    """Write the report's head, one block per renderable line, and its tail to ``out``."""
+    out.write(head.replace("{title}", title))
+    for line_no, line in enumerate(src, start=1):
+        if not line.strip():
+            continue
+        try:
+            group = loads_line(line)
+        except json.JSONDecodeError as e:
+            logger.warning("%s:%d: not valid JSON (%s); skipped", input_path, line_no, e)
+            stats.malformed += 1
+            stats.skipped += 1
+            continue
+        if not isinstance(group, dict) or "messages" not in group or "scores" not in group:
+            logger.warning("%s:%d: needs 'messages' and 'scores'; skipped", input_path, line_no)
+            stats.skipped += 1
+            continue
+        if not isinstance(group["messages"], list) or not isinstance(group["scores"], list):
+            logger.warning(
+                "%s:%d: 'messages' and 'scores' must be lists; skipped", input_path, line_no
+            )
+            stats.skipped += 1
+            continue
+        try:
+            block = create_html_for_group(group, stats.groups)
+        except RecursionError:
+            logger.warning("%s:%d: nested too deeply to show; skipped", input_path, line_no)
+            stats.skipped += 1
+            continue
+        if not block:
+            logger.warning("%s:%d: no messages to show; skipped", input_path, line_no)
+            stats.skipped += 1
+            continue
+        out.write(block)
+        stats.groups += 1
+    if stats.groups == 0:
+        out.write('<p class="empty">No groups with messages and scores in this file.</p>\n')
+    out.write(tail.replace("{title}", title))
 
 
 def generate_html(input_path: str, output_path: str | None = None) -> str:
