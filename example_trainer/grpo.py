@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from . import supervision
 from .cli import config_from_args
 from .config import TrainingConfig
-
-
-def _terminate(signum: int, frame: object) -> None:
-    # Turn SIGTERM into SystemExit so `finally` blocks stop owned inference servers.
-    raise SystemExit(128 + signum)
 
 
 def model_problem(name: str) -> str | None:
@@ -58,6 +53,10 @@ def model_problem(name: str) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, train, print where the final model went."""
+    # First, so the window in which a parent's death goes unnoticed is as short as it can be.
+    # SIGTERM/SIGINT become SystemExit so `finally` blocks stop owned inference servers;
+    # a rank stuck in a collective, or whose parent died, still ends within the grace period.
+    supervision.install()
     config: TrainingConfig = config_from_args(argv)
     problem = model_problem(config.model_name)
     if problem is not None:
@@ -67,7 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    signal.signal(signal.SIGTERM, _terminate)
     from .api import AtroposAPIError
     from .distributed import DistributedError
     from .trainers import TrainingDivergedError, train

@@ -135,7 +135,7 @@ def _watch(reader: socket.socket, writer: socket.socket, parent: int | None, gra
             # Lets the main thread's handler run cleanup where it can (SystemExit).
             os.kill(os.getpid(), signal.SIGTERM)
         if deadline is None and _stop.is_set():
-            logger.warning("stopping (asked to); exiting within %.0fs", grace)
+            logger.warning("asked to stop; exiting within %.0fs", grace)
             deadline = time.monotonic() + grace
         if deadline is not None and time.monotonic() >= deadline:
             _hard_exit(grace)

@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import math
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 
 import torch
 
-from . import api
+from . import api, supervision
 from .checkpointing import find_latest_checkpoint, load_trainer_state, save_checkpoint
 from .config import TrainingConfig
 from .data import (
@@ -692,10 +693,15 @@ class GRPOTrainer:
         return self.ctx.scatter(per_rank)
 
     # --- the loop ----------------------------------------------------------------------
-    def _fetch(self) -> PreparedBatch:
+    def _fetch(self, stop: threading.Event | None = None) -> PreparedBatch:
         cfg = self.config
         t = time.perf_counter()
-        batch = api.wait_for_batch(cfg.atropos_url, cfg.batch_poll_interval, cfg.batch_wait_timeout)
+        batch = api.wait_for_batch(
+            cfg.atropos_url,
+            cfg.batch_poll_interval,
+            cfg.batch_wait_timeout,
+            should_stop=lambda: supervision.stopping() or (stop is not None and stop.is_set()),
+        )
         prepared = self.prepare(batch)
         prepared.fetch_time = time.perf_counter() - t
         # Read here, in the one thread that fetches: the client's id moves on with prefetching.
@@ -741,7 +747,9 @@ class GRPOTrainer:
         sync: WeightSync | None = None
         writer: MetricsWriter | None = None
         progress: Progress | None = None
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batch-prefetch")
+        # Ends the prefetch thread's batch wait when training ends for any reason.
+        stop_fetch = threading.Event()
+        fetch = functools.partial(self._fetch, stop_fetch)
 
         def setup() -> None:
             nonlocal sync, writer, progress
@@ -757,7 +765,7 @@ class GRPOTrainer:
         totals = {"tokens": 0.0, "time": 0.0}
         try:
             ctx.on_main(setup, "starting (API registration, inference server)")
-            pending = pool.submit(self._fetch) if ctx.is_main else None
+            pending = _in_background(fetch) if ctx.is_main else None
             while self.step < cfg.training_steps:
                 t0 = time.perf_counter()
                 # Every rank takes part in on_main's collective; only rank 0 has a future.
@@ -767,7 +775,7 @@ class GRPOTrainer:
                 self.step += 1
                 self.trained_batch_id = meta.batch_id
                 if ctx.is_main and self.step < cfg.training_steps:
-                    pending = pool.submit(self._fetch)  # overlaps the device finishing this step
+                    pending = _in_background(fetch)  # overlaps the device finishing this step
                 metrics = self._host_metrics(device_metrics, meta, t0)
                 metrics.update(meta.summary)
                 metrics.update(staleness_metrics(meta.summary, self.step - 1))
@@ -803,7 +811,7 @@ class GRPOTrainer:
                 )
             return final
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            stop_fetch.set()
             if progress is not None:
                 progress.close()
             if sync is not None:
@@ -823,6 +831,26 @@ class GRPOTrainer:
     def close(self) -> None:
         """Leave the process group (multi-process runs)."""
         self.ctx.close()
+
+
+def _in_background(fn: Any) -> concurrent.futures.Future:
+    """Run ``fn`` on a daemon thread; its result or exception lands in the returned future.
+
+    Not a ThreadPoolExecutor: the interpreter joins executor threads at exit, so a
+    worker waiting for a batch would keep a stopped trainer alive.
+    """
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # handed to the thread that reads the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="batch-prefetch", daemon=True).start()
+    return future
 
 
 def _read_back(acc: torch.Tensor, peak: torch.Tensor, grad_norm: torch.Tensor) -> Dict[str, float]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from atroposlib.serving.errors import InvalidRequest
+from atroposlib.serving.loader import checkpoint_misfit
 
 logger = logging.getLogger(__name__)
 
@@ -145,11 +146,7 @@ def plan_in_place(path: str, current: Any) -> InPlaceUpdate:
     covered = {id(targets[n]) for n in shapes if n in targets}
     problems += [f"{n} is missing" for n, p in current.named_parameters() if id(p) not in covered]
     if problems:
-        raise InvalidRequest(
-            f"checkpoint {path!r} does not fit the served model ({len(problems)} differences, "
-            f"first: {'; '.join(problems[:3])})",
-            param="path",
-        )
+        raise checkpoint_misfit(path, problems)
     return InPlaceUpdate(
         path, [(file, [(n, targets[n]) for n in names]) for file, names in files.items()]
     )

@@ -77,9 +77,12 @@ def test_a_process_whose_cleanup_hangs_still_exits_and_takes_its_children():
         supervision.install(grace=0.5, watch_parent=False)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                  start_new_session=True)
-        print(child.pid, flush=True)
+        ready = False
         while True:
             try:
+                if not ready:  # announced inside the try, so the signal always lands there
+                    ready = True
+                    print(child.pid, flush=True)
                 time.sleep(600)
             except SystemExit:
                 pass  # a cleanup that never finishes
