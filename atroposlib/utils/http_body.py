@@ -142,13 +142,20 @@ class BodyReader:
         self.inflight_bytes -= held
 
     # ------------------------------------------------------------ stall sweep
-    def _watch(self) -> _Read:
-        read = _Read(asyncio.current_task())
-        if self.timeout is not None:
-            self._reads.add(read)
-            if self._sweeper is None:
-                loop = asyncio.get_running_loop()
-                self._sweeper = loop.call_later(self.timeout / _SWEEPS, self._sweep)
+    def _watch(self, receive: Receive) -> _Read | None:
+        """Register a read with the sweep (None when it cannot stall or nothing times out)."""
+        if self.timeout is None:
+            return None
+        # uvicorn's receive is a method of the request's cycle, whose ``more_body`` is False once
+        # the whole body is in memory: such a read cannot stall (the usual case, as most bodies
+        # arrive with their headers), and skipping the task lookup keeps it cheap.
+        if getattr(getattr(receive, "__self__", None), "more_body", True) is False:
+            return None
+        loop = asyncio.get_running_loop()
+        read = _Read(asyncio.current_task(loop))
+        self._reads.add(read)
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self.timeout / _SWEEPS, self._sweep)
         return read
 
     def _sweep(self) -> None:
@@ -172,7 +179,7 @@ class BodyReader:
         Raises :class:`BodyTooLarge`, :class:`BodyBusy` or :class:`BodyTimeout`
         (each carrying the share held, for :meth:`release`).
         """
-        read = self._watch()
+        read = self._watch(receive)
         chunks: list[bytes] = []
         size = 0
         try:
@@ -180,7 +187,7 @@ class BodyReader:
                 try:
                     message = await receive()
                 except asyncio.CancelledError:
-                    if not read.expired:
+                    if read is None or not read.expired:
                         raise
                     if read.task is not None:
                         read.task.uncancel()
@@ -191,7 +198,8 @@ class BodyReader:
                 chunk = message.get("body", b"")
                 if chunk:
                     size += len(chunk)
-                    read.seen = size
+                    if read is not None:
+                        read.seen = size
                     if size > self.max_bytes:
                         raise BodyTooLarge(held)
                     if not self.reserve(len(chunk), held):
@@ -201,7 +209,8 @@ class BodyReader:
                 if not message.get("more_body", False):
                     return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), held
         finally:
-            self._reads.discard(read)
+            if read is not None:
+                self._reads.discard(read)
 
 
 async def read_stream(
