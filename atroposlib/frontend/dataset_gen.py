@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,16 +347,20 @@ class _LazyOutput:
     """The output file, created on the first line written.
 
     A run that fails or matches nothing therefore leaves no empty file behind, which
-    would otherwise make the retry stop at "already exists".
+    would otherwise make the retry stop at "already exists". A rollouts file found
+    malformed part way (:class:`RolloutFileError`) takes back what this run wrote: the
+    file is removed, or cut back to its size before the run with ``--append-to-previous``.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: TextIO | None = None
+        self._size_before: int | None = None
 
     def write(self, text: str) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._size_before = self.path.stat().st_size if self.path.exists() else None
             self._file = self.path.open("a", encoding="utf-8")
         self._file.write(text)
 
@@ -366,9 +371,15 @@ class _LazyOutput:
     def __enter__(self) -> _LazyOutput:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._file is not None:
-            self._file.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        if kind is not None and issubclass(kind, RolloutFileError):
+            if self._size_before is None:
+                self.path.unlink(missing_ok=True)
+            else:
+                os.truncate(self.path, self._size_before)
 
 
 def _write_records(

@@ -40,7 +40,20 @@ def loads_line(line: str | bytes) -> Any:
             return _orjson.loads(line)
         except _orjson.JSONDecodeError:
             pass
-    return json.loads(line)
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", _head(line), 0) from None
+    except ValueError as e:  # an integer beyond Python's digit limit
+        raise json.JSONDecodeError(str(e).split(";")[0], _head(line), 0) from None
+
+
+def _head(line: str | bytes) -> str:
+    """The start of a line, for an error that keeps its document (not the whole line)."""
+    head = line[:80]
+    return head.decode("utf-8", "replace") if isinstance(head, bytes) else head
 
 
 class RolloutFileError(ValueError):
@@ -61,7 +74,9 @@ def check_group(group: Any, where: str) -> dict[str, Any]:
         raise RolloutFileError(f"{where}: field 'scores' is missing or not a list")
     for i, score in enumerate(scores):
         if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise RolloutFileError(f"{where}: scores[{i}] is not a number: {score!r}")
+            raise RolloutFileError(f"{where}: scores[{i}] is not a number: {score!r:.60}")
+        if isinstance(score, int) and not -(2**1023) < score < 2**1023:
+            raise RolloutFileError(f"{where}: scores[{i}] is an integer too large for a float")
     tokens = group.get("tokens")
     messages = group.get("messages")
     if tokens is None and messages is None:
