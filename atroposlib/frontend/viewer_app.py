@@ -14,6 +14,7 @@ Gradio is imported here and only here, so nothing else in the package needs it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -29,7 +30,11 @@ from atroposlib.frontend.viewer import (
     make_decode_one,
     render_group_html,
 )
-from atroposlib.utils.http_security import BrowserGuardMiddleware, is_loopback_host
+from atroposlib.utils.http_security import (
+    BrowserGuardMiddleware,
+    is_loopback_host,
+    send_response,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +190,28 @@ def guard_middleware(host: str, share: bool, allowed_origins: Iterable[str] = ()
     )
 
 
+_UPLOAD_PATHS = frozenset({"/upload", "/gradio_api/upload"})
+
+
+class NoUploads:
+    """Pure-ASGI middleware turning Gradio's upload route off (404).
+
+    Gradio serves ``POST /gradio_api/upload`` on every app, saving multipart files from any
+    local client into its temp directory; the viewer has no upload component, so nothing
+    it shows needs the route.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path", "").rstrip("/") in _UPLOAD_PATHS:
+            body = json.dumps({"detail": "uploads are turned off: the viewer takes no files"})
+            await send_response(send, 404, body.encode())
+            return
+        await self.app(scope, receive, send)
+
+
 def launch(
     demo: gr.Blocks, host: str, port: int, share: bool, allowed_origins: Iterable[str] = ()
 ) -> None:
@@ -193,7 +220,9 @@ def launch(
     shown = f"[{host}]" if ":" in host else host
     print(f"view-run: serving on http://{shown}:{port}/ (Ctrl+C to stop)", flush=True)
     demo.launch(
-        app_kwargs={"middleware": [guard_middleware(host, share, allowed_origins)]},
+        app_kwargs={
+            "middleware": [guard_middleware(host, share, allowed_origins), Middleware(NoUploads)]
+        },
         server_name=host,
         server_port=port,
         share=share,

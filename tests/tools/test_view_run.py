@@ -336,7 +336,8 @@ def test_taken_port_is_reported_with_the_port_flag(tmp_path: Path, write_jsonl, 
 
 def test_viewer_refuses_foreign_pages_but_serves_its_own(viewers) -> None:
     """A foreign ``Origin`` (403) and a rebinding ``Host`` (403) are refused on every path,
-    uploads included; the viewer's own origin and plain clients keep working."""
+    uploads included; the viewer's own origin and plain clients keep working, and Gradio's
+    upload route is turned off (the viewer takes no files)."""
     base = viewers["file"].rstrip("/")
     own = base
     upload = f"{base}/gradio_api/upload"
@@ -357,6 +358,9 @@ def test_viewer_refuses_foreign_pages_but_serves_its_own(viewers) -> None:
             headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
         )
         assert r.status_code == 403
-        same_origin = c.post(upload, files=files, headers={"Origin": own})
-        assert same_origin.status_code == 200, same_origin.text
+        # The viewer has no upload component: Gradio's upload route is off, even same-origin.
+        for path in (upload, f"{base}/upload"):
+            same_origin = c.post(path, files=files, headers={"Origin": own})
+            assert same_origin.status_code == 404, same_origin.text
+            assert "uploads are turned off" in same_origin.json()["detail"]
         assert c.get(base + "/config", headers={"Origin": own}).status_code == 200
