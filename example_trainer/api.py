@@ -48,7 +48,9 @@ def _check(resp: httpx.Response, what: str) -> Any:
         raise AtroposAPIError(f"{what}: response is not JSON: {resp.text[:200]!r}") from exc
 
 
-def check_atropos_api(url: str, timeout: float = 30.0, interval: float = 0.5) -> Dict[str, Any]:
+def check_atropos_api(
+    url: str = "http://localhost:8000", timeout: float = 30.0, interval: float = 0.5
+) -> Dict[str, Any]:
     """Poll ``GET {url}/info`` until it answers; raise :class:`AtroposAPIError` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     last: str | None = None
@@ -182,7 +184,9 @@ def batch_client(url: str) -> BatchClient:
     return found
 
 
-def get_batch(url: str, client: httpx.Client | None = None) -> List[Dict[str, Any]] | None:
+def get_batch(
+    url: str = "http://localhost:8000", client: httpx.Client | None = None
+) -> List[Dict[str, Any]] | None:
     """One ``GET /batch``: the list of groups, or ``None`` when no batch is ready.
 
     Acknowledges the batch the previous call returned (see :class:`BatchClient`).

@@ -73,10 +73,10 @@ def save_model_dir(
 def save_checkpoint(
     model: Any,
     tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    step: int,
-    save_path: str | Path,
+    save_path: Any,
+    step: Any = None,
+    is_final: Any = False,
+    safe_mode: Any = True,
     name: str | None = None,
     model_state: dict | None = None,
     optimizer_state: dict | None = None,
@@ -89,7 +89,18 @@ def save_checkpoint(
     ``model_state``/``optimizer_state`` are the full (gathered) state dicts of a
     sharded run; by default the model's and optimizer's own are saved. ``extra`` is
     any further state to restore (the CUDA RNG, the fp16 grad scaler, counters).
+
+    Called as ``save_checkpoint(model, tokenizer, optimizer, scheduler, step, save_path,
+    ...)``. The original's form, ``save_checkpoint(model, tokenizer, save_path, step,
+    is_final=False, safe_mode=True)`` (a path third), saves the model and tokenizer only
+    and returns the directory as a string
+    (:func:`example_trainer.original.save_model_checkpoint`).
     """
+    if isinstance(save_path, (str, os.PathLike)):
+        from .original import save_model_checkpoint
+
+        return save_model_checkpoint(model, tokenizer, save_path, step, is_final, safe_mode)
+    optimizer, scheduler, step, save_path = save_path, step, is_final, safe_mode
     out = Path(save_path) / (name or f"step_{step}")
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -154,3 +165,6 @@ def load_trainer_state(checkpoint_dir: str | Path, with_optimizer: bool = True) 
         last_batch_id=data.get("last_batch_id"),
         extra=data.get("extra"),
     )
+
+
+from .original import save_lora_checkpoint  # noqa: E402, F401

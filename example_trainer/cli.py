@@ -52,25 +52,32 @@ def build_parser(prog: str = "atropos-grpo") -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,
     )
-    for name, field in TrainingConfig.model_fields.items():
-        ann = _unwrap_optional(field.annotation)
-        origin = typing.get_origin(ann)
-        help_text = field.description or name
-        kwargs: dict[str, Any] = {"dest": name, "help": help_text, "default": argparse.SUPPRESS}
-        if name == "model_name":
-            kwargs["help"] = help_text + " (required)"
-        if ann is bool:
-            # `--use-wandb` alone means true; `--use-wandb false` is accepted too.
-            kwargs.update(nargs="?", const=True, type=_parse_bool, metavar="BOOL")
-        elif origin in (list, typing.List):
-            (item,) = typing.get_args(ann) or (str,)
-            kwargs.update(nargs="+", type=item)
-        elif origin is typing.Literal:
-            kwargs.update(choices=list(typing.get_args(ann)))
-        elif ann in (int, float, str):
-            kwargs["type"] = ann
-        parser.add_argument(_flag(name), **kwargs)
+    for name in TrainingConfig.model_fields:
+        _add_field(parser, name)
     return parser
+
+
+def _add_field(parser: Any, name: str) -> None:
+    """Add the flag of ``TrainingConfig`` field ``name`` to ``parser`` (or an argument
+    group); absent unless given (``argparse.SUPPRESS``), so the config's default applies."""
+    field = TrainingConfig.model_fields[name]
+    ann = _unwrap_optional(field.annotation)
+    origin = typing.get_origin(ann)
+    help_text = field.description or name
+    kwargs: dict[str, Any] = {"dest": name, "help": help_text, "default": argparse.SUPPRESS}
+    if name == "model_name":
+        kwargs["help"] = help_text + " (required)"
+    if ann is bool:
+        # `--use-wandb` alone means true; `--use-wandb false` is accepted too.
+        kwargs.update(nargs="?", const=True, type=_parse_bool, metavar="BOOL")
+    elif origin in (list, typing.List):
+        (item,) = typing.get_args(ann) or (str,)
+        kwargs.update(nargs="+", type=item)
+    elif origin is typing.Literal:
+        kwargs.update(choices=list(typing.get_args(ann)))
+    elif ann in (int, float, str):
+        kwargs["type"] = ann
+    parser.add_argument(_flag(name), **kwargs)
 
 
 def _field_of(loc: Sequence[Any]) -> str:
@@ -78,16 +85,20 @@ def _field_of(loc: Sequence[Any]) -> str:
 
 
 def config_from_args(
-    argv: Sequence[str] | None = None, prog: str = "atropos-grpo"
+    args: Sequence[str] | argparse.Namespace | None = None, prog: str = "atropos-grpo"
 ) -> TrainingConfig:
-    """Parse ``argv`` (default ``sys.argv[1:]``) into a validated ``TrainingConfig``.
+    """Parse ``args`` (default ``sys.argv[1:]``) into a validated ``TrainingConfig``; an
+    ``argparse.Namespace`` (the original's :func:`parse_args`) is taken as parsed.
 
     Exits with status 2 and a clear message on unknown flags, missing
     ``--model-name`` or values the config rejects.
     """
     parser = build_parser(prog)
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    values = vars(ns)
+    if isinstance(args, argparse.Namespace):
+        names = TrainingConfig.model_fields
+        values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    else:
+        values = vars(parser.parse_args(list(sys.argv[1:] if args is None else args)))
     if "model_name" not in values:
         parser.error("the following arguments are required: --model-name")
     try:
@@ -100,3 +111,41 @@ def config_from_args(
         ]
         print(f"{prog}: error: invalid value: " + "; ".join(messages), file=sys.stderr)
         sys.exit(2)
+
+
+# The original's parser builders (argument groups, parse_args); see original_cli.
+from .original_cli import (  # noqa: E402
+    add_atropos_args,
+    add_debug_args,
+    add_distributed_args,
+    add_grpo_args,
+    add_lora_args,
+    add_mode_args,
+    add_model_args,
+    add_training_args,
+    add_vllm_args,
+    add_wandb_args,
+    create_base_parser,
+    create_full_parser,
+    create_unified_parser,
+    parse_args,
+)
+
+__all__ = [
+    "add_atropos_args",
+    "add_debug_args",
+    "add_distributed_args",
+    "add_grpo_args",
+    "add_lora_args",
+    "add_mode_args",
+    "add_model_args",
+    "add_training_args",
+    "add_vllm_args",
+    "add_wandb_args",
+    "build_parser",
+    "config_from_args",
+    "create_base_parser",
+    "create_full_parser",
+    "create_unified_parser",
+    "parse_args",
+]

@@ -317,20 +317,33 @@ def _pad_optional(
 
 
 def pad_data_to_good_offset(
-    batch: Sequence[Mapping[str, Any]],
+    data: Any,
     batch_size: int,
-    pad_token_id: int = 0,
+    extract_inference_logprobs: Any = True,
     pad_to_multiple: int = 64,
     max_len: int | None = None,
-) -> List[MicroBatch]:
+    *,
+    pad_token_id: int = 0,
+) -> Any:
     """Split an API batch into padded micro-batches of at most ``batch_size`` sequences.
+
+    The original's form, ``data`` the ``/batch`` answer (a dict with ``batch``), returns
+    its tuple of lists of tensors (:func:`example_trainer.original.pad_batches`;
+    ``extract_inference_logprobs`` says whether the last entry is filled). A list of
+    groups returns :class:`MicroBatch` objects (an int third argument is the pad token id).
 
     Example::
 
         micro = pad_data_to_good_offset(api_batch, batch_size=4, pad_token_id=tok.pad_token_id)
     """
+    if isinstance(data, Mapping):
+        from .original import pad_batches
+
+        return pad_batches(data, batch_size, bool(extract_inference_logprobs), max_len=max_len)
+    if not isinstance(extract_inference_logprobs, bool):
+        pad_token_id = int(extract_inference_logprobs)
     samples: List[Sample] = []
-    for group in batch:
+    for group in data:
         samples.extend(group_to_samples(group, max_len=max_len))
     return [
         collate(samples[i : i + batch_size], pad_token_id, pad_to_multiple, max_len)
@@ -349,3 +362,7 @@ def summarize_batch(batch: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
     if not scores:
         return {"mean_score": 0.0, "num_sequences": 0.0}
     return {"mean_score": float(np.mean(scores)), "num_sequences": float(len(scores))}
+
+
+# The original's fetch-and-pad helper (see example_trainer.original).
+from .original import get_data  # noqa: E402, F401

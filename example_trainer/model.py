@@ -238,3 +238,11 @@ def setup_model(
         disable_dropout(model)
     model.train()
     return model, tokenizer
+
+
+# The original's loader and optimizer helpers (see example_trainer.original).
+from .original import (  # noqa: E402, F401
+    create_optimizer,
+    create_optimizer_for_params,
+    load_model_and_tokenizer,
+)

@@ -212,5 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher.shutdown()
 
 
+# The original's waits (see example_trainer.original).
+from .original import wait_for_bridge_config, wait_for_vllm  # noqa: E402, F401
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -886,3 +886,14 @@ def train(config: TrainingConfig) -> Path | None:
         return trainer.train()
     finally:
         trainer.close()
+
+
+# The original's entry points (see example_trainer.original).
+from .original import (  # noqa: E402, F401
+    create_optimizer,
+    create_optimizer_for_params,
+    train_legacy,
+    train_lora,
+    train_lora_restart,
+    train_shared_vllm,
+)

@@ -34,7 +34,7 @@ reads all its metrics at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Literal
+from typing import Any, Dict, Literal
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +115,7 @@ def sampler_mask(inference_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(inference_logprobs) & (inference_logprobs <= 0)
 
 
-def compute_grpo_loss(
+def grpo_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
     advantages: torch.Tensor,
@@ -275,3 +275,72 @@ def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mean = (values * mask).sum() / n.clamp(min=1)
     var = (((values - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
     return torch.where(n >= 2, var.sqrt(), torch.zeros_like(var))
+
+
+_UNSET: Any = object()
+
+
+def compute_grpo_loss(
+    model: Any,
+    tokens: Any = _UNSET,
+    labels: Any = _UNSET,
+    advantages: Any = _UNSET,
+    temperatures: Any = _UNSET,
+    gradient_accumulation_steps: Any = _UNSET,
+    inference_logprobs: Any = _UNSET,
+    clip_eps: Any = _UNSET,
+    **kwargs: Any,
+) -> Any:
+    """The GRPO loss, in either form.
+
+    The original's: ``compute_grpo_loss(model, tokens, labels, advantages, temperatures,
+    gradient_accumulation_steps, inference_logprobs=None, clip_eps=0.2)`` runs the model and
+    returns ``(loss / gradient_accumulation_steps, metrics)``
+    (:func:`example_trainer.original.model_grpo_loss`). Given logits (a tensor) first, it is
+    :func:`grpo_loss` with its own arguments in the same positions and returns a
+    :class:`LossOutput`.
+    """
+    if isinstance(model, torch.Tensor):
+        positional = [model, tokens, labels, advantages, temperatures, gradient_accumulation_steps]
+        while positional and positional[-1] is _UNSET:
+            positional.pop()
+        named = {
+            k: v
+            for k, v in (("inference_logprobs", inference_logprobs), ("clip_eps", clip_eps))
+            if v is not _UNSET
+        }
+        return grpo_loss(*positional, **named, **kwargs)
+    from .original import model_grpo_loss
+
+    missing = [
+        name
+        for name, value in (
+            ("tokens", tokens),
+            ("labels", labels),
+            ("advantages", advantages),
+            ("temperatures", temperatures),
+            ("gradient_accumulation_steps", gradient_accumulation_steps),
+        )
+        if value is _UNSET
+    ]
+    if missing:
+        raise TypeError(f"compute_grpo_loss(model, ...) needs {', '.join(missing)}")
+    return model_grpo_loss(
+        model,
+        tokens,
+        labels,
+        advantages,
+        temperatures,
+        gradient_accumulation_steps,
+        None if inference_logprobs is _UNSET else inference_logprobs,
+        0.2 if clip_eps is _UNSET else clip_eps,
+    )
+
+
+# The original's step-level helpers (see example_trainer.original).
+from .original import (  # noqa: E402, F401
+    finalize_training,
+    log_metrics,
+    run_training_step,
+    setup_wandb,
+)

@@ -228,3 +228,19 @@ class InferenceProcess:
         """Stop, then serve ``model_path``."""
         self.stop()
         self.start(model_path)
+
+
+# The original's module functions over one tracked server (see vllm_process).
+from .vllm_process import (  # noqa: E402, F401
+    check_vllm_health,
+    check_vllm_process_health,
+    cleanup_vllm,
+    get_vllm_process,
+    hotswap_lora_adapter,
+    is_port_in_use,
+    kill_process_on_port,
+    launch_vllm_server,
+    set_vllm_process,
+    terminate_vllm_process,
+    wait_for_vllm_ready,
+)
