@@ -21,6 +21,9 @@ from . import supervision
 from .cli import config_from_args
 from .config import TrainingConfig
 
+TRAINING_LIBRARIES = ("transformers", "tokenizers", "torch", "accelerate", "peft")
+"""Libraries the trainer depends on; checked against the declared ranges at start."""
+
 
 def model_problem(name: str) -> str | None:
     """Why ``name`` cannot be loaded, in one line, or None when it can.
@@ -58,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a rank stuck in a collective, or whose parent died, still ends within the grace period.
     supervision.install()
     config: TrainingConfig = config_from_args(argv)
+    from atroposlib.utils.dependencies import exit_if_unsupported
+
+    exit_if_unsupported("atropos-grpo", TRAINING_LIBRARIES)
     problem = model_problem(config.model_name)
     if problem is not None:
         print(f"atropos-grpo: error: {problem}", file=sys.stderr)
