@@ -103,25 +103,42 @@ def test_a_chunked_answer_split_anywhere_decodes_exactly(body, sizes, cuts, exte
     assert status == 200 and got == body
 
 
-def test_tiny_chunks_are_decoded_in_one_pass(monkeypatch):
-    """Each chunk's size line is parsed once (at most twice when a read cuts it), not once
-    per read as when every read re-decoded the whole answer from its start."""
-    matches = 0
-    pattern = _rawhttp._CHUNK_SIZE
+def test_every_byte_is_handed_to_the_parser_once(monkeypatch):
+    """Before: every read re-decoded the chunked body from its start (and re-searched the
+    headers), so a long answer in small pieces cost time quadratic in its length."""
+    fed = 0
+    make = _rawhttp._new_parser
 
     class Counting:
-        def match(self, *args):
-            nonlocal matches
-            matches += 1
-            return pattern.match(*args)
+        def __init__(self, conn):
+            self.inner = make(conn)
 
-    monkeypatch.setattr(_rawhttp, "_CHUNK_SIZE", Counting())
-    body = bytes(range(256)) * 40  # 10,240 one-byte chunks
-    wire = _chunked(body, [1], extension=False, trailer=False)
+        def feed_data(self, data):
+            nonlocal fed
+            fed += len(data)
+            self.inner.feed_data(data)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(_rawhttp, "_new_parser", Counting)
+    body = bytes(range(256)) * 400  # 6,400 chunks of 16 bytes
+    wire = _chunked(body, [16], extension=False, trailer=False)
     pieces = [wire[i : i + 1000] for i in range(0, len(wire), 1000)]
     status, _, got = _feed(pieces)
-    assert got == body
-    assert matches <= 2 * (len(body) + 1) + 2 * len(pieces), matches
+    assert got == body and fed == len(wire)
+
+
+def test_an_answer_in_one_byte_chunks_is_refused_after_the_free_chunks():
+    """Before: 3 MB of 1-byte chunks (18 MB of framing) was decoded at the cost of a call per
+    byte; no server frames a JSON answer that way."""
+    body = b"x" * (3 * _rawhttp.FREE_CHUNKS)
+    wire = _chunked(body, [1], extension=False, trailer=False)
+    pieces = [wire[i : i + 65536] for i in range(0, len(wire), 65536)]
+    with pytest.raises(MalformedAnswer, match="chunks averaging under"):
+        _feed(pieces)
+    small = _chunked(b"x" * 100, [1], extension=False, trailer=False)  # a few are fine
+    assert _feed([small])[2] == b"x" * 100
 
 
 def test_headers_without_an_end_are_refused_at_the_header_bound():
@@ -159,7 +176,7 @@ async def test_a_body_without_length_stops_at_the_bound(upstream, mode):
 
 
 async def test_an_answer_within_the_bound_is_read_whole(upstream):
-    upstream.mode(mode="chunked", pad=200_000, chunk=7)
+    upstream.mode(mode="chunked", pad=200_000, chunk=64)
     client = RawHttpClient(max_answer_bytes=1024 * 1024)
     status, _, body = await client.request(
         "POST", "127.0.0.1", upstream.port, "/generate", {}, b"{}", 30

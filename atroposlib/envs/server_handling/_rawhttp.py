@@ -6,13 +6,14 @@ redirects, tracing, middleware). This client does one thing: send a request with
 ``Content-Length`` body over a pooled keep-alive connection and read one response
 (``Content-Length``, chunked, or read-to-close bodies). Every call has a deadline.
 
-The answer is parsed as it arrives, each byte looked at once: the header search resumes
-where the last read stopped and chunked bodies are decoded by a state machine, so an
-upstream that trickles headers or one-byte chunks costs time linear in what it sends.
-Headers are bounded (:data:`MAX_HEADER_BYTES`) and so is the body (``max_answer_bytes``,
-default :data:`DEFAULT_MAX_ANSWER_BYTES`): a declared ``Content-Length`` above the bound
-is refused before its body is read, and a chunked or read-to-close body is dropped as soon
-as it passes the bound (:class:`AnswerTooLarge`).
+Answers are parsed as they arrive by llhttp (Node's HTTP parser, through ``httptools``),
+each byte handed to it once, so an upstream that trickles headers or small chunks costs
+time linear in what it sends. Headers are bounded (:data:`MAX_HEADER_BYTES`) and so is the
+body (``max_answer_bytes``, default :data:`DEFAULT_MAX_ANSWER_BYTES`): a declared
+``Content-Length`` above the bound is refused before its body is read, and a chunked or
+read-to-close body is dropped as soon as it passes the bound (:class:`AnswerTooLarge`).
+Chunked framing must carry data (chunks beyond the first :data:`FREE_CHUNKS` average at
+least :data:`MIN_AVERAGE_CHUNK` bytes), so one-byte chunks cannot make decoding the work.
 
 Failures raise ``ConnectionError`` subclasses or ``asyncio.TimeoutError``, which the
 server layer treats as "server unavailable"; an answer that is too large or malformed
@@ -27,9 +28,10 @@ import asyncio
 import collections
 import logging
 import os
-import re
 import socket
 from typing import Any, Callable
+
+import httptools
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +39,6 @@ MAX_IDLE_PER_HOST = 512
 
 MAX_HEADER_BYTES = 64 * 1024
 """Largest status line plus headers accepted (the same order as common servers' limits)."""
-
-MAX_CHUNK_LINE = 4096
-"""Largest chunk-size line (size and extensions) or trailer line accepted."""
 
 DEFAULT_MAX_ANSWER_BYTES = int(
     float(os.environ.get("ATROPOS_MAX_UPSTREAM_ANSWER_MB", "256")) * 1024 * 1024
@@ -67,12 +66,24 @@ class PeerRefused(PermissionError):
     """Every address the host name resolves to is refused by the client's peer check."""
 
 
-_SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
-_CHUNK_SIZE = re.compile(rb"([0-9a-fA-F]{1,16})[ \t]*(?:;[^\r\n]{0,%d})?\r\n" % MAX_CHUNK_LINE)
+MIN_AVERAGE_CHUNK = 16
+"""Chunks beyond the first :data:`FREE_CHUNKS` must carry this many data bytes each on
+average, or the answer is refused: no server frames a JSON answer in tinier pieces, and
+each chunk costs a call."""
+
+FREE_CHUNKS = 4096
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to stop parsing (the reason is in ``_Conn.error``)."""
 
 
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection; at most one request in flight."""
+    """One keep-alive connection; at most one request in flight.
+
+    Answers are parsed by llhttp (``httptools``), incrementally: every byte is handed to
+    the parser once. The bounds are checked in its callbacks.
+    """
 
     def __init__(self, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
         self.transport: asyncio.Transport | None = None
@@ -83,18 +94,16 @@ class _Conn(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self.head = bytearray()  # status line and headers until the blank line
-        self.scanned = 0  # how far ``head`` has been searched for the blank line
+        self.parser = _new_parser(self)
+        self.head_bytes = 0  # bytes fed before the headers were complete
         self.body = bytearray()
-        self.pending = bytearray()  # chunked framing not yet complete (a size line, a CRLF)
         self.status = 0
         self.headers: dict[str, str] = {}
         self.header_done = False
-        self.body_length: int | None = None
-        self.chunked = False
-        self.chunk_state = _SIZE
-        self.chunk_left = 0
+        self.read_to_close = False
+        self.chunks = 0
         self.trailer_bytes = 0
+        self.error: BaseException | None = None
         self.got_bytes = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -104,12 +113,13 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            if self.header_done and self.body_length is None and not self.chunked:
-                waiter.set_result((self.status, self.headers, bytes(self.body)))  # read-to-close
+            if self.header_done and self.read_to_close:
+                waiter.set_result((self.status, self.headers, bytes(self.body)))
             elif not self.got_bytes:
                 waiter.set_exception(StaleConnection("connection closed before the answer"))
             else:
                 waiter.set_exception(ConnectionResetError(f"connection lost mid-answer: {exc}"))
+        self._release()
 
     def send(self, data: bytes) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
         loop = asyncio.get_running_loop()
@@ -124,53 +134,66 @@ class _Conn(asyncio.Protocol):
             self.close()  # bytes nobody asked for: the connection cannot be reused
             return
         self.got_bytes = True
+        if not self.header_done:
+            self.head_bytes += len(data)
         try:
-            self._feed(data)
-        except (AnswerTooLarge, MalformedAnswer) as e:
-            self._fail(e)
-        except ValueError as e:  # int() of a bad status or length
-            self._fail(MalformedAnswer(f"malformed HTTP answer: {e}"))
+            self.parser.feed_data(data)
+        except Exception as e:  # noqa: BLE001 - httptools wraps callback errors; sorted below
+            self._fail(self.error or MalformedAnswer(f"malformed HTTP answer: {e}"))
+            return
+        if not self.header_done and self.head_bytes > MAX_HEADER_BYTES:
+            self._fail(MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes"))
 
-    def _fail(self, exc: BaseException) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc)
-        self.close()
+    # ----------------------------------------------------------------- parser callbacks
+    def _stop(self, error: BaseException) -> None:
+        self.error = error
+        raise _Stop(str(error))
 
-    def _finish(self) -> None:
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.header_done:  # a trailer
+            self.trailer_bytes += len(name) + len(value)
+            if self.trailer_bytes > MAX_HEADER_BYTES:
+                self._stop(MalformedAnswer(f"answer trailers exceed {MAX_HEADER_BYTES} bytes"))
+            return
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        self.header_done = True
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        headers = self.headers
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        declared = headers.get("content-length")
+        if not chunked and declared is not None:
+            if declared.isascii() and declared.isdigit() and int(declared) > self.max_answer_bytes:
+                self._stop(self._too_large(int(declared)))
+        elif not chunked and self.status not in (204, 304) and not 100 <= self.status < 200:
+            self.read_to_close = True  # the body ends when the server closes
+            self.keep_alive = False
+
+    def on_chunk_complete(self) -> None:
+        self.chunks += 1
+        paid = self.chunks - FREE_CHUNKS  # chunks beyond the free ones must carry data
+        if paid > 0 and len(self.body) < paid * MIN_AVERAGE_CHUNK:
+            self._stop(
+                MalformedAnswer(
+                    f"answer framed in {self.chunks} chunks averaging under "
+                    f"{MIN_AVERAGE_CHUNK} bytes beyond the first {FREE_CHUNKS}"
+                )
+            )
+
+    def on_body(self, data: bytes) -> None:
+        if len(self.body) + len(data) > self.max_answer_bytes:
+            self._stop(self._too_large())
+        self.body += data
+
+    def on_message_complete(self) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result((self.status, self.headers, bytes(self.body)))
+        self.body = bytearray()
 
-    def _feed(self, data: bytes) -> None:
-        if not self.header_done:
-            self.head += data
-            # Resume the search where the last one stopped (a terminator may straddle reads).
-            end = self.head.find(b"\r\n\r\n", max(0, self.scanned - 3))
-            if end < 0:
-                self.scanned = len(self.head)
-                if len(self.head) > MAX_HEADER_BYTES:
-                    raise MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes")
-                return
-            if end > MAX_HEADER_BYTES:
-                raise MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes")
-            rest = bytes(self.head[end + 4 :])
-            self._parse_head(bytes(self.head[:end]))
-            self.head = bytearray()
-            data = rest
-            if self.body_length == 0:
-                self._finish()
-                return
-        if self.chunked:
-            self._feed_chunked(data)
-        elif self.body_length is not None:
-            self.body += data[: self.body_length - len(self.body)]
-            if len(self.body) >= self.body_length:
-                self._finish()
-        else:
-            if len(self.body) + len(data) > self.max_answer_bytes:
-                raise self._too_large()
-            self.body += data
-
+    # -----------------------------------------------------------------
     def _too_large(self, declared: int | None = None) -> AnswerTooLarge:
         what = f"declares {declared} bytes" if declared is not None else "exceeds"
         limit_mb = self.max_answer_bytes / (1024 * 1024)
@@ -179,110 +202,27 @@ class _Conn(asyncio.Protocol):
             f"({self.max_answer_bytes} bytes)"
         )
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
-            raise MalformedAnswer(f"malformed HTTP status line {lines[0][:100]!r}")
-        self.status = int(rest[:3])
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.headers = headers
-        self.header_done = True
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.chunked = True  # chunked framing wins over a Content-Length (RFC 9112 6.3)
-        elif "content-length" in headers:
-            declared = headers["content-length"]
-            if not declared.isascii() or not declared.isdigit() or len(declared) > 20:
-                raise MalformedAnswer(f"malformed Content-Length {declared[:30]!r}")
-            self.body_length = int(declared)
-            if self.body_length > self.max_answer_bytes:
-                raise self._too_large(self.body_length)
-        elif self.status in (204, 304) or 100 <= self.status < 200:
-            self.body_length = 0
-        conn = headers.get("connection", "").lower()
-        self.keep_alive = conn != "close" and (version != "HTTP/1.0" or conn == "keep-alive")
-        if self.body_length is None and not self.chunked:
-            self.keep_alive = False  # body ends when the server closes
+    def _fail(self, exc: BaseException) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        self.close()
 
-    def _feed_chunked(self, data: bytes) -> None:
-        # One pass over ``pending`` (an incomplete frame, at most a framing line long) plus
-        # the new bytes: every byte is looked at once, however small the chunks are.
-        buf = bytes(self.pending) + data if self.pending else data
-        pos, n = 0, len(buf)
-        state, body, limit = self.chunk_state, self.body, self.max_answer_bytes
-        size_line = _CHUNK_SIZE.match
-        while pos < n:
-            if state == _SIZE:
-                # Fast path: whole chunks in this buffer, one regex match and one slice each.
-                while True:
-                    m = size_line(buf, pos)
-                    if m is None:
-                        break
-                    size = int(m.group(1), 16)
-                    start = m.end()
-                    end = start + size
-                    if size == 0 or end + 2 > n:
-                        break
-                    if buf[end : end + 2] != b"\r\n":
-                        raise MalformedAnswer("chunk data longer than its declared size")
-                    if len(body) + size > limit:
-                        raise self._too_large()
-                    body += buf[start:end]
-                    pos = end + 2
-                if pos >= n:
-                    break
-                m = size_line(buf, pos)
-                if m is None:
-                    if buf.find(b"\r\n", pos) >= 0 or n - pos > MAX_CHUNK_LINE:
-                        raise MalformedAnswer(f"malformed chunk size line {buf[pos : pos + 40]!r}")
-                    break  # the size line is not complete yet
-                size = int(m.group(1), 16)
-                pos = m.end()
-                if size == 0:
-                    state = _TRAILER
-                elif len(body) + size > limit:
-                    raise self._too_large()
-                else:
-                    state, self.chunk_left = _DATA, size
-            elif state == _DATA:
-                take = min(self.chunk_left, n - pos)
-                body += buf[pos : pos + take]
-                pos += take
-                self.chunk_left -= take
-                if self.chunk_left == 0:
-                    state = _DATA_END
-            elif state == _DATA_END:
-                if n - pos < 2:
-                    break
-                if buf[pos : pos + 2] != b"\r\n":
-                    raise MalformedAnswer("chunk data longer than its declared size")
-                pos += 2
-                state = _SIZE
-            else:  # trailers, up to an empty line
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > MAX_CHUNK_LINE:
-                        raise MalformedAnswer(f"chunk trailer exceeds {MAX_CHUNK_LINE} bytes")
-                    break
-                if end == pos:
-                    self.chunk_state = _DONE
-                    self.pending = bytearray()
-                    self._finish()
-                    return
-                self.trailer_bytes += end - pos
-                if self.trailer_bytes > MAX_HEADER_BYTES:
-                    raise MalformedAnswer(f"answer trailers exceed {MAX_HEADER_BYTES} bytes")
-                pos = end + 2
-        self.chunk_state = state
-        self.pending = bytearray(buf[pos:])
+    def _release(self) -> None:
+        # Drop the partial answer now: a failed request's exception (and this connection
+        # with it) may be kept by a traceback for a while, and retries would each add one.
+        self.body = bytearray()
+        self.parser = None  # type: ignore[assignment]
 
     def close(self) -> None:
         self.closed = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+        else:
+            self._release()
+
+
+def _new_parser(conn: _Conn) -> Any:
+    return httptools.HttpResponseParser(conn)
 
 
 def _host_header(host: str, port: int) -> str:

@@ -336,7 +336,7 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     max_request_mb: float = 64.0,
     limits: SessionLimits | None = None,
-    max_upstream_mb: float | None = None,
+    max_upstream_mb: float | None = 64.0,
 ) -> FastAPI:
     """Build the proxy app over ``server_manager`` (None: configure it later with ``/setup``).
 
@@ -347,7 +347,7 @@ def create_app(
     lists the non-loopback hosts ``/setup`` may use; ``allowed_origins`` the browser origins
     that may call the proxy; bodies above ``max_request_mb`` get a 413. ``limits`` bounds the
     sessions (:class:`SessionLimits`), ``max_upstream_mb`` each inference server answer
-    (default ``ATROPOS_MAX_UPSTREAM_ANSWER_MB`` or 256).
+    (None: the HTTP client's default, ``ATROPOS_MAX_UPSTREAM_ANSWER_MB`` or 256).
     """
     state = ProxyState(server_manager, tokenizer, tool_parser, model_name, limits)
     upstreams = UpstreamPolicy(allow_upstream)
@@ -799,7 +799,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-upstream-mb",
         type=float,
-        default=DEFAULT_MAX_ANSWER_BYTES / 1024**2,
+        default=64.0,
         help="Largest inference server answer read (a larger one is a 502).",
     )
     parser.add_argument(
