@@ -166,6 +166,10 @@ class TeacherDistillationEnv(BaseEnv, ABC):
             teacher_server_configs = type(self).teacher_config_init()
         if teacher_server_configs is None or teacher_server_configs == []:
             raise ValueError(NO_TEACHER_CONFIG)
+        if isinstance(teacher_server_configs, dict):  # one server's settings, by field
+            teacher_server_configs = resolve_openai_configs(
+                APIServerConfig(), teacher_server_configs, {}, {}, logger
+            )
         if isinstance(teacher_server_configs, APIServerConfig):
             teacher_server_configs = [teacher_server_configs]
         elif isinstance(teacher_server_configs, tuple):
