@@ -35,6 +35,7 @@ from atroposlib.utils.http_security import (
     is_loopback_host,
     send_response,
 )
+from atroposlib.utils.http_transport import http_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -212,11 +213,35 @@ class NoUploads:
         await self.app(scope, receive, send)
 
 
+class _UvicornWithOurProtocol:
+    """The ``uvicorn`` module as Gradio's server code sees it, building every ``Config`` with
+    our HTTP protocol (:func:`~atroposlib.utils.http_transport.http_protocol`): Gradio gives no
+    other way to choose it, and it bounds what one connection can make the viewer hold."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def Config(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 (uvicorn's name)
+        kwargs.setdefault("http", http_protocol())
+        return self._module.Config(*args, **kwargs)
+
+
+def _serve_with_our_protocol() -> None:
+    import gradio.http_server as gradio_server
+
+    if not isinstance(gradio_server.uvicorn, _UvicornWithOurProtocol):
+        gradio_server.uvicorn = _UvicornWithOurProtocol(gradio_server.uvicorn)
+
+
 def launch(
     demo: gr.Blocks, host: str, port: int, share: bool, allowed_origins: Iterable[str] = ()
 ) -> None:
     """Serve ``demo`` (blocking) on ``host:port`` behind :func:`guard_middleware`."""
     demo.queue(default_concurrency_limit=4)
+    _serve_with_our_protocol()
     shown = f"[{host}]" if ":" in host else host
     print(f"view-run: serving on http://{shown}:{port}/ (Ctrl+C to stop)", flush=True)
     demo.launch(

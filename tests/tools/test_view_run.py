@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.pipelining import assert_flood_grows_server_little
 from tests.helpers.procs import PYTHON, free_port, start_process, stop_process, wait_http
 
 CHROMIUM = shutil.which("chromium") or (
@@ -153,6 +154,7 @@ def viewers(
             "live": f"http://127.0.0.1:{live_port}/",
             "multimodal": f"http://127.0.0.1:{mm_port}/",
             "dir": d,
+            "file_pid": procs[0].pid,
         }
     finally:
         for proc in procs:
@@ -364,3 +366,10 @@ def test_viewer_refuses_foreign_pages_but_serves_its_own(viewers) -> None:
             assert same_origin.status_code == 404, same_origin.text
             assert "uploads are turned off" in same_origin.json()["detail"]
         assert c.get(base + "/config", headers={"Origin": own}).status_code == 200
+
+
+def test_viewer_stops_reading_a_connection_whose_answers_are_not_taken(viewers) -> None:
+    """A client pipelining requests and never reading the answers cannot grow the viewer
+    (it is served through the same bounded HTTP protocol as run-api)."""
+    port = int(viewers["file"].rstrip("/").rsplit(":", 1)[1])
+    assert_flood_grows_server_little(port, viewers["file_pid"], "/config", health="/config")

@@ -10,44 +10,17 @@ that do read keep getting every answer, in order.
 from __future__ import annotations
 
 import socket
-import time
 
-import httpx
-import psutil
 import pytest
 
 from tests.api.conftest import start_api
+from tests.helpers.pipelining import assert_flood_grows_server_little
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
 from tests.serve_model.support import serve_cmd
 
-REQUEST = b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-
-
-def _flood(port: int, requests: int = 200_000, seconds: float = 6.0) -> socket.socket:
-    """Pipeline ``requests`` requests on one socket without reading; stop when the server does."""
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    data = memoryview(REQUEST * requests)
-    sent, deadline = 0, time.monotonic() + seconds
-    while sent < len(data) and time.monotonic() < deadline:
-        try:
-            sent += sock.send(data[sent : sent + 65536])
-        except BlockingIOError:
-            time.sleep(0.01)
-    return sock
-
 
 def _server_grows_little(port: int, pid: int) -> None:
-    server = psutil.Process(pid)
-    before = server.memory_info().rss
-    sock = _flood(port)
-    time.sleep(1)
-    grown = (server.memory_info().rss - before) / 2**20
-    sock.close()
-    assert grown < 64, f"the server grew by {grown:.0f} MB"
-    # The connection is dropped cleanly; others are answered meanwhile and after.
-    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+    assert_flood_grows_server_little(port, pid, "/openapi.json")
 
 
 def test_run_api_stops_reading_a_connection_whose_answers_are_not_taken(tmp_path):
