@@ -22,10 +22,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections import Counter
 from typing import Any
 
+import httpx
+
 MB = 1024 * 1024
+HOSTILE = [sys.executable, "-m", "tests.server_handling.hostile_upstream"]
+
+
+class Upstream:
+    """A running hostile upstream process, as the tests drive it."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+    def mode(self, **settings: object) -> None:
+        httpx.post(f"{self.url}/mode", json=settings, timeout=5).raise_for_status()
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/stats", timeout=5).json()
+
+
 STATE: dict[str, Any] = {"mode": "generate", "token_ids": [97, 98]}
 STATS: Counter[str] = Counter()
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
 from tests.server_handling.conftest import start_fake
-from tests.server_handling.test_rawhttp_bounds import HOSTILE, Upstream
+from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 
 KEY = "hostile-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Iterator
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,22 +23,7 @@ from atroposlib.envs.server_handling._rawhttp import (
 )
 from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
-
-HOSTILE = [sys.executable, "-m", "tests.server_handling.hostile_upstream"]
-
-
-class Upstream:
-    """A running hostile upstream process (see ``hostile_upstream.py``)."""
-
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
-        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-
-    def mode(self, **settings: object) -> None:
-        httpx.post(f"{self.url}/mode", json=settings, timeout=5).raise_for_status()
-
-    def stats(self) -> dict:
-        return httpx.get(f"{self.url}/stats", timeout=5).json()
+from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 
 
 def _start(host: str) -> Iterator[Upstream]:
