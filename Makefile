@@ -38,7 +38,7 @@ lock:
 	  .venv-lock/bin/pip install -q --upgrade pip pip-tools; }
 	.venv-lock/bin/pip-compile --quiet --upgrade --strip-extras --no-emit-index-url \
 	  --no-emit-find-links --extra dev --extra examples --extra trainer \
-	  --extra reasoning-gym --extra textarena \
+	  --extra reasoning-gym --extra textarena --extra verifiers \
 	  --constraint $(TORCH) --output-file $(LOCK) pyproject.toml
 	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(LOCK)
 

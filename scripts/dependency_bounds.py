@@ -19,14 +19,22 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
+UNCHECKED_EXTRAS = frozenset({"openai_endpoint", "verifiers"})
+"""Extras outside `all`: not in the lowest-versions install (openai_endpoint needs a CUDA
+torch; verifiers pins some packages above our floors). verifiers is still locked."""
 
-def direct_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[Requirement]:
-    """Core and optional dependencies, without the project's own extras aliases."""
+
+def direct_requirements(
+    pyproject: Path = ROOT / "pyproject.toml", skip_extras: frozenset[str] = UNCHECKED_EXTRAS
+) -> list[Requirement]:
+    """Core and optional dependencies (but ``skip_extras``), without the project's own
+    extras aliases."""
     project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     name = canonicalize_name(project["name"])
     lines = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
-        lines += extra
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        if extra not in skip_extras:
+            lines += reqs
     reqs: dict[str, Requirement] = {}
     for line in lines:
         req = Requirement(line)
