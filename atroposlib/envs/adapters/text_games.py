@@ -1,0 +1,196 @@
+"""A multi-turn text game, and the loop that plays one episode of it.
+
+A :class:`TextGame` is ``reset(seed) -> Turn`` (who moves and what they see) and
+``step(text) -> StepResult`` (the next turn, or the final rewards when done). Players
+are async functions ``(messages, max_tokens) -> reply``: the policy through
+``ManagedServer``, the same policy untracked (self-play), or a scripted opponent.
+:func:`play_episode` drives one game to its end, or stops it with a logged reason:
+``max_turns``, ``token_budget``, ``step_timeout`` (a ``step`` that hangs is
+interrupted after ``step_timeout_s``) or ``step_error``.
+
+Each player keeps its own conversation: the system prompt, then for every turn its
+observation as a user message and its reply as an assistant message, so the policy's
+turns extend one token sequence and only they are trained.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Episode",
+    "GameStepTimeout",
+    "Player",
+    "StepResult",
+    "TextGame",
+    "Turn",
+    "play_episode",
+    "run_with_timeout",
+]
+
+Messages = List[Dict[str, str]]
+Player = Callable[[Messages, int], Awaitable[str]]
+
+
+@dataclass
+class Turn:
+    """Whose move it is and the observation they are shown."""
+
+    player: int
+    observation: str
+
+
+@dataclass
+class StepResult:
+    """What a step did: the next turn (None when done), final rewards (when done)."""
+
+    turn: Turn | None
+    done: bool
+    rewards: Dict[int, float] = field(default_factory=dict)
+
+
+class TextGame(abc.ABC):
+    """A text game for one or more players. Implementations may block (they run in a thread)."""
+
+    num_players: int = 1
+
+    @abc.abstractmethod
+    def reset(self, seed: int) -> Turn:
+        """Start a new game from ``seed``; the first turn."""
+
+    @abc.abstractmethod
+    def step(self, text: str) -> StepResult:
+        """Play the current player's move ``text``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the game holds."""
+
+
+class GameStepTimeout(Exception):
+    """Raised inside a game's thread when a step ran past its time limit."""
+
+
+def run_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()`` in a daemon thread, at most ``timeout`` seconds.
+
+    Past the limit, :class:`GameStepTimeout` is raised in the thread (so a game that
+    loops in Python stops instead of burning a core) and here.
+    """
+    box: Dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the caller below
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True, name="text-game-step")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        ident = thread.ident
+        if ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(ident), ctypes.py_object(GameStepTimeout)
+            )
+        thread.join(1.0)
+        raise GameStepTimeout(f"a game step ran past {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@dataclass
+class Episode:
+    """One played game: rewards per player, why it ended, each player's conversation."""
+
+    seed: int
+    rewards: Dict[int, float]
+    end_reason: str
+    turns: int
+    conversations: Dict[int, Messages]
+
+    def reward(self, player: int) -> float:
+        """``player``'s final reward (0.0 when the game gave none)."""
+        return float(self.rewards.get(player, 0.0))
+
+
+async def play_episode(
+    game: TextGame,
+    players: Dict[int, Player],
+    seed: int,
+    *,
+    system_prompt: str | None = None,
+    max_turns: int = 50,
+    max_tokens_per_turn: int = 256,
+    step_timeout_s: float = 10.0,
+    budget_left: Callable[[int], int] | None = None,
+) -> Episode:
+    """Play ``game`` from ``seed`` with ``players[player_id]`` making the moves.
+
+    ``budget_left(player)`` (tokens left in that player's sequence) ends the episode
+    before a reply could overflow it. The game's own calls run in a thread with
+    ``step_timeout_s`` each.
+    """
+    conversations: Dict[int, Messages] = {}
+
+    def convo(player: int) -> Messages:
+        if player not in conversations:
+            conversations[player] = (
+                [{"role": "system", "content": system_prompt}] if system_prompt else []
+            )
+        return conversations[player]
+
+    turns, rewards, reason = 0, {}, "done"
+    try:
+        turn: Turn | None = await asyncio.to_thread(
+            run_with_timeout, lambda: game.reset(seed), step_timeout_s
+        )
+        while turn is not None:
+            if turns >= max_turns:
+                reason = "max_turns"
+                break
+            if budget_left is not None and budget_left(turn.player) < max_tokens_per_turn:
+                reason = "token_budget"
+                break
+            messages = convo(turn.player)
+            messages.append({"role": "user", "content": turn.observation})
+            reply = await players[turn.player](messages, max_tokens_per_turn)
+            messages.append({"role": "assistant", "content": reply})
+            turns += 1
+            result: StepResult = await asyncio.to_thread(
+                run_with_timeout, lambda r=reply: game.step(r), step_timeout_s
+            )
+            if result.done:
+                rewards = dict(result.rewards)
+                break
+            turn = result.turn
+    except GameStepTimeout as err:
+        reason = "step_timeout"
+        logger.warning("text game (seed %d) ended after %d turns: %s", seed, turns, err)
+    except Exception as err:  # a game bug ends this episode, not the worker
+        reason = "step_error"
+        logger.warning(
+            "text game (seed %d) ended after %d turns: %s: %s",
+            seed,
+            turns,
+            type(err).__name__,
+            err,
+        )
+    finally:
+        try:
+            await asyncio.to_thread(run_with_timeout, game.close, step_timeout_s)
+        except Exception as err:  # closing is best effort; the episode is already over
+            logger.info("closing a text game failed: %s", err)
+    for messages in conversations.values():
+        if messages and messages[-1]["role"] == "user":
+            messages.pop()  # an observation never answered is not part of the trajectory
+    return Episode(seed, rewards, reason, turns, conversations)

@@ -1,0 +1,354 @@
+"""``TextArenaEnv``: TextArena's games (``pip install 'atroposlib[textarena]'``) as an environment.
+
+One item is one game id and seed; a group is ``group_size`` episodes of that game from
+that seed, so GRPO compares like with like. The trained player (``trained_player``)
+is the policy through ``ManagedServer``: its turns extend one token sequence whose mask
+trains only its own replies. The other players are the same policy, untracked
+(``opponent: self_play``), or a scripted player that picks one of the bracketed moves
+the observation offers (``opponent: scripted``). The trained player's final reward is
+the score.
+
+TextArena games draw from the process-global ``random``; each episode keeps its own
+``random`` state, swapped in (under a lock) around every call into the game, so
+concurrent episodes do not disturb each other and an episode replays from its seed.
+A step past ``step_timeout_s`` ends the episode (``end_reason: step_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import threading
+from collections import Counter
+from typing import Any, Callable, Dict, List, Literal, Tuple
+
+from pydantic import Field
+
+from atroposlib.envs.adapters.text_games import (
+    Episode,
+    Messages,
+    Player,
+    StepResult,
+    TextGame,
+    Turn,
+    play_episode,
+)
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TextArenaEnv", "TextArenaEnvConfig", "TextArenaGame", "scripted_player"]
+
+SYSTEM_PROMPT = (
+    "You are playing a game. Each turn you see the game's messages. Reply with your move "
+    "in the exact format the game asks for (moves are usually written in square brackets)."
+)
+_OPTION = re.compile(r"\[[^\[\]\n]{1,20}\]")
+_RANDOM_LOCK = threading.Lock()
+
+
+class TextArenaGame(TextGame):
+    """One TextArena game id behind the :class:`TextGame` interface."""
+
+    def __init__(self, game_id: str, num_players: int):
+        import textarena
+
+        self.game_id = game_id
+        self.num_players = num_players
+        self.env = textarena.make(game_id)
+        self._random_state: Any = None
+
+    def _with_own_random(self, fn: Callable[[], Any]) -> Any:
+        with _RANDOM_LOCK:
+            saved = random.getstate()
+            random.setstate(self._random_state)
+            try:
+                return fn()
+            finally:
+                self._random_state = random.getstate()
+                random.setstate(saved)
+
+    def reset(self, seed: int) -> Turn:
+        self._random_state = random.Random(seed).getstate()
+        self._with_own_random(lambda: self.env.reset(num_players=self.num_players, seed=seed))
+        return self._turn()
+
+    def _turn(self) -> Turn:
+        player, observation = self._with_own_random(self.env.get_observation)
+        return Turn(int(player), observation if isinstance(observation, str) else str(observation))
+
+    def step(self, text: str) -> StepResult:
+        done, _info = self._with_own_random(lambda: self.env.step(text))
+        if not done:
+            return StepResult(self._turn(), False)
+        closed = self._with_own_random(self.env.close)
+        rewards = closed[0] if isinstance(closed, tuple) else closed
+        return StepResult(None, True, _numeric_rewards(rewards, self.game_id))
+
+    def close(self) -> None:
+        """Nothing to release: ``step`` already closed a finished game."""
+
+
+def _numeric_rewards(rewards: Any, game_id: str) -> Dict[int, float]:
+    out: Dict[int, float] = {}
+    for player, value in (rewards or {}).items():
+        try:
+            out[int(player)] = float(value)
+        except (TypeError, ValueError):
+            logger.info("%s: non-numeric reward %r for player %s; 0", game_id, value, player)
+            out[int(player)] = 0.0
+    return out
+
+
+def scripted_player(seed: int) -> Player:
+    """A player that answers with a random ``[move]`` offered in the latest observation
+    (``[0]`` when none is), reproducibly from ``seed``."""
+    rng = random.Random(seed)
+
+    async def play(messages: Messages, max_tokens: int) -> str:
+        options = _OPTION.findall(messages[-1]["content"][-3000:])
+        return rng.choice(options) if options else "[0]"
+
+    return play
+
+
+class TextArenaEnvConfig(BaseEnvConfig):
+    """``BaseEnvConfig`` plus the TextArena knobs."""
+
+    game_ids: List[str] = Field(
+        default=["TicTacToe-v0"], description="TextArena game ids; item i plays game i mod n."
+    )
+    num_players: int = Field(default=2, ge=1, description="Players per game.")
+    opponent: Literal["self_play", "scripted"] = Field(
+        default="self_play",
+        description="Who plays the other seats: the same policy (untracked) or a scripted "
+        "player choosing among the bracketed moves offered.",
+    )
+    trained_player: int = Field(default=0, ge=0, description="The seat whose reward trains.")
+    max_turns: int = Field(default=30, ge=1, description="Moves (all players) before a draw.")
+    max_tokens_per_turn: int = Field(default=128, ge=1, description="Generation budget per move.")
+    step_timeout_s: float = Field(
+        default=10.0, gt=0, description="Longest one game step may take before the episode ends."
+    )
+    system_prompt: str = Field(default=SYSTEM_PROMPT, description="System prompt of every seat.")
+    seed: int = Field(default=0, description="Seed of item 0; item i uses seed + i.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature of moves.")
+    eval_episodes: int = Field(default=8, ge=0, description="Episodes per game id in evaluate.")
+    eval_seed: int = Field(default=1_000_000, description="First seed of evaluation episodes.")
+    eval_temperature: float = Field(default=0.0, ge=0, description="Temperature of evaluation.")
+
+
+class TextArenaEnv(BaseEnv):
+    """Multi-turn TextArena games; one token sequence per episode for the trained seat."""
+
+    name = "textarena"
+    env_config_cls = TextArenaEnvConfig
+
+    def __init__(
+        self,
+        config: TextArenaEnvConfig,
+        server_configs: Any,
+        slurm: bool = False,
+        testing: bool = False,
+    ):
+        super().__init__(config, server_configs, slurm, testing)
+        self.config: TextArenaEnvConfig = config
+        self.iter = 0
+        self.end_reasons: Counter = Counter()
+        self.rewards: List[float] = []
+        self.eval_metrics: Dict[str, float] = {}
+
+    @classmethod
+    def config_init(cls) -> Tuple[TextArenaEnvConfig, List[APIServerConfig]]:
+        env = TextArenaEnvConfig(
+            tokenizer_name="none",
+            group_size=8,
+            batch_size=-1,
+            max_token_length=4096,
+            steps_per_eval=100,
+            total_steps=1000,
+            use_wandb=False,
+            wandb_name="textarena",
+        )
+        server = APIServerConfig(
+            model_name="default",
+            base_url="http://localhost:9001/v1",
+            api_key="x",
+            server_type="vllm",
+        )
+        return env, [server]
+
+    async def setup(self) -> None:
+        import textarena  # noqa: F401 - fail at setup, with the extra's name, when missing
+
+        if self.config.trained_player >= self.config.num_players:
+            raise ValueError("env.trained_player must be below env.num_players")
+        self.iter = 0
+
+    def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
+        super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
+
+    async def get_next_item(self) -> Dict[str, Any]:
+        i = self.iter
+        self.iter += 1
+        ids = self.config.game_ids
+        return {"game_id": ids[i % len(ids)], "seed": self.config.seed + i}
+
+    def opponents(self, seed: int, policy: Player) -> Dict[int, Player]:
+        """The other seats' players for an episode from ``seed``."""
+        cfg = self.config
+        return {
+            p: policy if cfg.opponent == "self_play" else scripted_player(seed * 131 + p)
+            for p in range(cfg.num_players)
+            if p != cfg.trained_player
+        }
+
+    def untracked_policy(self, temperature: float, split: str = "train") -> Player:
+        """The policy answering without token tracking (self-play seats, evaluation)."""
+
+        async def play(messages: Messages, max_tokens: int) -> str:
+            out = await self.server.chat_completion(
+                messages=messages, n=1, max_tokens=max_tokens, temperature=temperature, split=split
+            )
+            return out.choices[0].message.content or ""
+
+        return play
+
+    async def play_tracked(self, item: Dict[str, Any]) -> Dict[str, Any] | None:
+        """One episode with the trained seat through ManagedServer; its sequence and reward."""
+        cfg = self.config
+        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
+
+            def budget_left(player: int) -> int:
+                if player != cfg.trained_player:
+                    return cfg.max_token_length
+                nodes = managed.get_state()["nodes"]
+                used = max((len(n.tokens) for n in nodes), default=0)
+                return cfg.max_token_length - used
+
+            async def policy(messages: Messages, max_tokens: int) -> str:
+                out = await managed.chat_completion(
+                    messages=messages, n=1, max_tokens=max_tokens, temperature=cfg.temperature
+                )
+                return out.choices[0].message.content or ""
+
+            players = self.opponents(item["seed"], self.untracked_policy(cfg.temperature))
+            players[cfg.trained_player] = policy
+            episode = await play_episode(
+                TextArenaGame(item["game_id"], cfg.num_players),
+                players,
+                item["seed"],
+                system_prompt=cfg.system_prompt,
+                max_turns=cfg.max_turns,
+                max_tokens_per_turn=cfg.max_tokens_per_turn,
+                step_timeout_s=cfg.step_timeout_s,
+                budget_left=budget_left,
+            )
+            nodes = managed.get_state()["nodes"]
+        self.end_reasons[episode.end_reason] += 1
+        if not nodes:
+            return None  # the trained seat never moved
+        if len(nodes) > 1:
+            logger.warning(
+                "textarena: an episode made %d sequences; keeping the longest", len(nodes)
+            )
+        node = max(nodes, key=lambda n: len(n.tokens))
+        return {
+            "episode": episode,
+            "tokens": list(node.tokens),
+            "masks": list(node.masked_tokens),
+            "logprobs": list(node.logprobs),
+        }
+
+    async def collect_trajectories(
+        self, item: Dict[str, Any]
+    ) -> Tuple[ScoredDataGroup | None, List[Any]]:
+        played = await asyncio.gather(
+            *(self.play_tracked(item) for _ in range(self.config.group_size))
+        )
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        for run in played:
+            if run is None:
+                continue
+            episode: Episode = run["episode"]
+            reward = episode.reward(self.config.trained_player)
+            self.rewards.append(reward)
+            group["tokens"].append(run["tokens"])
+            group["masks"].append(run["masks"])
+            group["inference_logprobs"].append(run["logprobs"])
+            group["messages"].append(episode.conversations.get(self.config.trained_player, []))
+            group["scores"].append(reward)
+        if not group["tokens"]:
+            return None, []
+        return group, []
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> Dict[str, float]:
+        cfg = self.config
+        policy = self.untracked_policy(cfg.eval_temperature, split="eval")
+        items = [
+            {"game_id": g, "seed": cfg.eval_seed + i}
+            for g in cfg.game_ids
+            for i in range(cfg.eval_episodes)
+        ]
+
+        async def one(item: Dict[str, Any]) -> Dict[str, Any]:
+            players = self.opponents(item["seed"], policy)
+            players[cfg.trained_player] = policy
+            episode = await play_episode(
+                TextArenaGame(item["game_id"], cfg.num_players),
+                players,
+                item["seed"],
+                system_prompt=cfg.system_prompt,
+                max_turns=cfg.max_turns,
+                max_tokens_per_turn=cfg.max_tokens_per_turn,
+                step_timeout_s=cfg.step_timeout_s,
+            )
+            reward = episode.reward(cfg.trained_player)
+            return {
+                "messages": episode.conversations.get(cfg.trained_player, []),
+                "game_id": item["game_id"],
+                "score": reward,
+                "win": reward > 0,
+                "end_reason": episode.end_reason,
+            }
+
+        def per_game(samples: List[Dict[str, Any]]) -> Dict[str, float]:
+            metrics: Dict[str, float] = {}
+            for game_id in cfg.game_ids:
+                rows = [s for s in samples if s["game_id"] == game_id]
+                if rows:
+                    metrics[f"eval/{game_id}/mean_reward"] = sum(r["score"] for r in rows) / len(
+                        rows
+                    )
+                    metrics[f"eval/{game_id}/win_rate"] = sum(r["win"] for r in rows) / len(rows)
+            return metrics
+
+        self.eval_metrics = await run_eval_set(
+            self,
+            items,
+            one,
+            metric="eval/mean_reward",
+            value="score",
+            failed_metric="eval/failed_games",
+            extra_metrics=per_game,
+            task_name="textarena_eval",
+            generation_parameters={
+                "temperature": cfg.eval_temperature,
+                "max_tokens": cfg.max_tokens_per_turn,
+            },
+        )
+        return dict(self.eval_metrics)
+
+    async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
+        metrics = drain_metrics(
+            wandb_metrics, self.eval_metrics, train={"train/mean_reward": self.rewards}
+        )
+        total = sum(self.end_reasons.values())
+        for reason, count in self.end_reasons.items():
+            metrics[f"train/end_{reason}_rate"] = count / total
+        self.end_reasons.clear()
+        await super().wandb_log(metrics)
