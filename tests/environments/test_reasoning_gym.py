@@ -115,9 +115,9 @@ async def main():
         out = {}
         for t in tasks:
             out[t] = [await pool.call(_rg_worker.generate_item, t, {}, task_seed(t, 0), 10, i)
-                      for i in range(2)]
+                      for i in range(1)]
             out[t + ":direct"] = [_rg_worker.generate_item(t, {}, task_seed(t, 0), 10, i)
-                                  for i in range(2)]
+                                  for i in range(1)]
         return out
     finally:
         await pool.close()
@@ -151,18 +151,45 @@ def test_items_are_the_same_in_processes_with_different_hash_seeds():
 
 def test_generator_pool_raises_on_a_failing_call_and_restarts_after_a_timeout():
     async def run() -> None:
-        pool = GeneratorPool(timeout=0.5)
+        pool = GeneratorPool(timeout=120)
         try:
             with pytest.raises(GeneratorError, match="not registered"):
                 await pool.call(_rg_worker.generate_item, "no_such_task", {}, 0, 1, 0)
             assert pool.restarts == 0
-            # knight_swap takes seconds per item: past the timeout the child is replaced.
+            # knight_swap takes a second or more per item, far past this limit: the child
+            # is replaced.
+            pool.timeout = 0.05
             with pytest.raises(GeneratorError, match="TimeoutError"):
                 await pool.call(_rg_worker.generate_item, "knight_swap", {}, 0, 10, 0)
             assert pool.restarts == 1
             pool.timeout = 120
+            assert not pool._children, "the timed-out child was killed"
             assert (await pool.call(_rg_worker.generate_item, "gcd", {}, 0, 10, 0))["question"]
+            assert len(pool._children) == 1 and pool._children[0].proc.returncode is None
         finally:
             await pool.close()
 
     asyncio.run(run())
+
+
+def test_cli_takes_tasks_as_weights_and_generator_configs_as_json():
+    from atroposlib.envs.adapters.reasoning_gym import ReasoningGymEnv
+    from atroposlib.envs.cli import parse_cli
+
+    cfg = parse_cli(
+        ReasoningGymEnv,
+        [
+            "process",
+            "--env.tasks",
+            '{"chain_sum": 3, "gcd": 1}',
+            "--env.task_configs",
+            '{"chain_sum": {"min_terms": 2, "max_terms": 3}}',
+            "--env.answer_format",
+            "boxed",
+        ],
+    )
+    env_cfg = cfg.env_config
+    assert resolve_tasks(env_cfg.tasks, TASKS) == {"chain_sum": 3.0, "gcd": 1.0}
+    assert env_cfg.task_configs == {"chain_sum": {"min_terms": 2, "max_terms": 3}}
+    item = _rg_worker.generate_item("chain_sum", env_cfg.task_configs["chain_sum"], 0, 10, 0)
+    assert 2 <= item["metadata"]["num_terms"] <= 3
