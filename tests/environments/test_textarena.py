@@ -24,7 +24,7 @@ from atroposlib.envs.adapters.textarena import (  # noqa: E402
     scripted_player,
 )
 from atroposlib.envs.cli import build_env, parse_cli  # noqa: E402
-from tests.environments.env_helpers import check_groups, process_argv  # noqa: E402
+from tests.environments.env_helpers import check_groups, process_argv, unmasked_runs  # noqa: E402
 
 # Board games, card and dice games, bidding, iterated social dilemmas, single-player
 # puzzles: games that need no nltk corpora, API key or data file, and parse on 3.11.
@@ -78,10 +78,12 @@ def test_textarena_games_give_mixed_scores():
 
 
 def test_an_episode_replays_from_its_seed_while_others_run():
+    # PigDice rolls the global random on every step: concurrent episodes sharing it
+    # would not replay.
     async def both():
         async def one(seed: int):
             return await play_episode(
-                TextArenaGame("Battleship-v0", 2),
+                TextArenaGame("PigDice-v0", 2),
                 {p: scripted_player(p) for p in range(2)},
                 seed,
                 max_turns=400,
@@ -151,5 +153,7 @@ def test_textarena_process_writes_groups_of_the_trained_seat(serve_model, tmp_pa
     asyncio.run(env.process_manager())
     groups = check_groups(out, 2, 2, -1.0, 1.0)
     for group in groups:
-        for messages in group["messages"]:
+        for messages, mask in zip(group["messages"], group["masks"], strict=True):
             assert messages[0]["role"] == "system" and messages[-1]["role"] == "assistant"
+            # One sequence per episode: each of the seat's moves is one trained span.
+            assert unmasked_runs(mask) == sum(m["role"] == "assistant" for m in messages)
