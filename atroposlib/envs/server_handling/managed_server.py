@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import logging
 import os
 import time
@@ -44,6 +45,12 @@ logger = logging.getLogger(__name__)
 
 PROMPT_MASK = -100
 PROMPT_LOGPROB = 1.0
+_ROLLOUT_ORDER: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "managed_rollout_order", default=False
+)
+"""Set while a ``ManagedServerAdapter`` call runs: its nodes are ordered by when the calling
+task (the framework's rollout) finishes, not by when the request was made."""
+
 OFFLOAD_CHARS = 32_768
 """Prompts (or message lists) longer than this many characters are rendered and tokenized
 in a worker thread, so a large request does not stall the event loop (health probes,
@@ -119,7 +126,8 @@ class ManagedServer:
     second one; a prompt that extends an existing node's text reuses that node's tokens
     and encodes only the new suffix, without special tokens. Nodes are listed in the order
     the requests were made (an extension keeps its node's place), whatever order the
-    server answers in.
+    server answers in; nodes recorded through a ``ManagedServerAdapter`` instead take their
+    place when the asyncio task that made them finishes (see the adapter).
     """
 
     _THINK_OPEN = "__MNGD_THINK__"
@@ -147,6 +155,9 @@ class ManagedServer:
         # Request order of current_nodes (parallel list): nodes sort by the ticket their
         # request took when it was made, so answers arriving out of order keep their place.
         self._tickets: list[int] = []
+        # The asyncio task that recorded each node through the adapter (None otherwise);
+        # when it finishes, its nodes move to the ticket current at that moment.
+        self._owners: list[asyncio.Task | None] = []
         self._next_ticket = 0
 
     def _initialize_tokenizer(self) -> None:
@@ -391,17 +402,49 @@ class ManagedServer:
                 self.sequences[node.full_text] = node
                 self._parents[node.full_text] = parent.full_text if parent else None
             return
+        owner = self._rollout_owner()
         if extending is not None and nodes:
             for i, existing in enumerate(self.current_nodes):
                 if existing is extending:
                     # The continued sequence keeps its place; further choices follow it.
                     self.current_nodes[i : i + 1] = nodes
                     self._tickets[i : i + 1] = [self._tickets[i]] * len(nodes)
+                    self._owners[i : i + 1] = [owner or self._owners[i]] * len(nodes)
                     return
         # Insert after every node of an earlier (or the same) request: request order.
         pos = bisect.bisect_right(self._tickets, ticket)
         self.current_nodes[pos:pos] = nodes
         self._tickets[pos:pos] = [ticket] * len(nodes)
+        self._owners[pos:pos] = [owner] * len(nodes)
+
+    def _rollout_owner(self) -> asyncio.Task | None:
+        """The running task when this call came through the adapter, watched so that its
+        nodes move into completion order when it finishes; None for direct calls."""
+        if not _ROLLOUT_ORDER.get():
+            return None
+        task = asyncio.current_task()
+        if task is None or task.done():
+            return None
+        if task not in self._owners:
+            task.add_done_callback(self._rollout_finished)
+        return task
+
+    def _rollout_finished(self, task: asyncio.Task) -> None:
+        """Give the nodes of ``task`` the ticket current now: frameworks that run each
+        rollout in its own task and collect them as they complete (verifiers'
+        ``generate`` returns its states in that order) then find rollout ``i``'s tokens
+        at node ``i``. The sort is stable, so a request's choices keep their order."""
+        if task not in self._owners:
+            return  # reset since
+        ticket = self._take_ticket()
+        keyed = [
+            (ticket if owner is task else t, node, None if owner is task else owner)
+            for t, node, owner in zip(self._tickets, self.current_nodes, self._owners, strict=True)
+        ]
+        keyed.sort(key=lambda entry: entry[0])
+        self._tickets = [t for t, _, _ in keyed]
+        self.current_nodes[:] = [node for _, node, _ in keyed]
+        self._owners = [owner for _, _, owner in keyed]
 
     async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
         """Chat completion through the tokens/logprobs backend; nodes are recorded."""
@@ -493,6 +536,7 @@ class ManagedServer:
         """Forget every tracked node."""
         self.current_nodes.clear()
         self._tickets.clear()
+        self._owners.clear()
         self.sequences.clear()
         self._parents.clear()
 
@@ -592,6 +636,13 @@ class ManagedServerAdapter:
     ``adapter.chat.completions.create(...)``, ``adapter.completions.create(...)`` and
     ``adapter.post("/chat/completions", body=..., cast_to=ChatCompletion)`` go through the
     managed server (and are recorded); ``base_url`` is informative.
+
+    Node order: frameworks given this client (verifiers) run each rollout in its own
+    asyncio task and return the rollouts in the order the tasks finish, so the nodes a
+    task recorded through the adapter take their place in ``get_state()["nodes"]`` when
+    that task finishes: rollout ``i`` of the framework's results is node ``i``, whatever
+    order the server answered in. (Calls made straight on the managed server keep request
+    order.)
     """
 
     class _ChatNamespace:
@@ -608,7 +659,11 @@ class ManagedServerAdapter:
 
         async def create(self, **kwargs: Any) -> Any:
             """A chat completion through the managed server."""
-            return await self._managed.chat_completion(**_openai_kwargs(kwargs))
+            token = _ROLLOUT_ORDER.set(True)
+            try:
+                return await self._managed.chat_completion(**_openai_kwargs(kwargs))
+            finally:
+                _ROLLOUT_ORDER.reset(token)
 
     class _CompletionsNamespace:
         """``adapter.completions``."""
@@ -618,7 +673,11 @@ class ManagedServerAdapter:
 
         async def create(self, **kwargs: Any) -> Any:
             """A completion through the managed server."""
-            return await self._managed.completion(**_openai_kwargs(kwargs))
+            token = _ROLLOUT_ORDER.set(True)
+            try:
+                return await self._managed.completion(**_openai_kwargs(kwargs))
+            finally:
+                _ROLLOUT_ORDER.reset(token)
 
     def __init__(self, managed_server: Any, base_url: str = "http://managed-server/v1"):
         self.managed_server = managed_server
