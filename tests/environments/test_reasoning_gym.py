@@ -166,6 +166,12 @@ def test_generator_pool_raises_on_a_failing_call_and_restarts_after_a_timeout():
             assert not pool._children, "the timed-out child was killed"
             assert (await pool.call(_rg_worker.generate_item, "gcd", {}, 0, 10, 0))["question"]
             assert len(pool._children) == 1 and pool._children[0].proc.returncode is None
+            # A child that died between calls is replaced on the next call.
+            dead = pool._children[0].proc
+            dead.kill()
+            await dead.wait()
+            assert (await pool.call(_rg_worker.generate_item, "gcd", {}, 0, 10, 1))["question"]
+            assert len(pool._children) == 1 and pool._children[0].proc is not dead
         finally:
             await pool.close()
 

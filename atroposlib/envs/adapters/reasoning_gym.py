@@ -181,9 +181,13 @@ class GeneratorPool:
             env=env,
         )
         child = _Child(proc)
-        self._children.append(child)
         # The first request waits for reasoning-gym's import, which is not the call's time.
-        await asyncio.wait_for(child.request("ping", ()), timeout=STARTUP_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(child.request("ping", ()), timeout=STARTUP_TIMEOUT_S)
+        except BaseException:
+            child.kill()
+            raise
+        self._children.append(child)
         return child
 
     async def call(self, fn: Any, *args: Any) -> Any:
@@ -194,13 +198,16 @@ class GeneratorPool:
                 self._idle.put_nowait(None)  # a slot whose child starts on first use
         child = await self._idle.get()
         try:
-            if child is None or child.proc.returncode is not None:
+            if child is not None and child.proc.returncode is not None:
+                self._children.remove(child)  # died between calls
+                child = None
+            if child is None:
                 child = await self._spawn()
             ok, value = await asyncio.wait_for(
                 child.request(fn.__name__, args), timeout=self.timeout
             )
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as err:
-            if child is not None:
+            if child is not None and child in self._children:
                 logger.warning(
                     "reasoning-gym process %s in %s; restarting it", type(err).__name__, fn.__name__
                 )
@@ -211,8 +218,8 @@ class GeneratorPool:
             self._idle.put_nowait(None)
             raise GeneratorError(f"{fn.__name__}: the generator process {err!r}") from err
         except BaseException:
-            if child is not None:  # cancelled mid-request: the pipe is out of step
-                child.kill()
+            if child is not None and child in self._children:
+                child.kill()  # cancelled mid-request: the pipe is out of step
                 self._children.remove(child)
             self._idle.put_nowait(None)
             raise
@@ -443,12 +450,17 @@ class ReasoningGymEnv(BaseEnv):
 
     async def eval_items(self) -> List[Dict[str, Any]]:
         """Every held-out item: ``eval_items_per_task`` per task and eval seed."""
-        return [
-            await self.make_item(task, seed, i)
-            for task in self.task_list
-            for seed in self.config.eval_seeds
-            for i in range(self.config.eval_items_per_task)
-        ]
+        # Concurrent, so generator_processes > 1 makes them in parallel.
+        return list(
+            await asyncio.gather(
+                *(
+                    self.make_item(task, seed, i)
+                    for task in self.task_list
+                    for seed in self.config.eval_seeds
+                    for i in range(self.config.eval_items_per_task)
+                )
+            )
+        )
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> Dict[str, float]:
         cfg = self.config
