@@ -42,6 +42,7 @@ from atroposlib.envs.config import (
 from atroposlib.envs.health import FailureTracker, ServerWatch, TooManyFailuresError
 from atroposlib.envs.sender import GroupSender
 from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
+from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -532,12 +533,13 @@ class BaseEnv(ABC):
         started = time.time()
         result: Any = None
         try:
-            with recording_versions() as versions_seen:
+            with recording_versions() as versions_seen, recording_sampling() as sampled:
                 result, backlog = await self.collect_trajectories(item)
             self.backlog.extend(backlog or [])
             if result is not None:
                 for group in result if isinstance(result, list) else [result]:
                     stamp_group(group, versions_seen)
+                    stamp_sampling(group, sampled)
                 result = await self.postprocess_histories(result)
             self.failures.record_success()
         except asyncio.CancelledError:

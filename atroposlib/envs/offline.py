@@ -19,6 +19,7 @@ from rich.progress import (
 from atroposlib.envs import wandb_logging as wl
 from atroposlib.envs.health import bounded
 from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
+from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -64,10 +65,11 @@ _FAILED = object()
 
 async def _collect(env: BaseEnv, item: Any) -> Any:
     try:
-        with recording_versions() as versions_seen:
+        with recording_versions() as versions_seen, recording_sampling() as sampled:
             result, backlog = await env.collect_trajectories(item)
         for group in result if isinstance(result, list) else [result]:
             stamp_group(group, versions_seen)
+            stamp_sampling(group, sampled)
     except asyncio.CancelledError:
         raise
     except Exception as err:

@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field
 
 from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
 from atroposlib.envs.server_handling.policy_version import merge_versions, output_versions
+from atroposlib.envs.server_handling.sampling_record import note_request, note_sequence
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 
 logger = logging.getLogger(__name__)
@@ -362,6 +363,8 @@ class ManagedServer:
                 extending is not None,
             )
         call_kwargs = {k: v for k, v in kwargs.items() if k not in ("prompt", "input_ids")}
+        if call_kwargs.get("split", "train") != "eval":
+            note_request(call_kwargs)  # also for backends that are not APIServers
         result = await self.server.tokens_and_logprobs_completion(
             prompt=prompt, input_ids=input_ids, **call_kwargs
         )
@@ -385,6 +388,7 @@ class ManagedServer:
                 node.policy_version, node.policy_version_max, versions[i]
             )
             nodes.append(node)
+            note_sequence(node.tokens, finish)  # carried into the group's overrides
             texts.append(self.tokenizer.decode(out_ids, skip_special_tokens=True))
             finish_out.append(finish)
         self._store(extending, parent, nodes, ticket)

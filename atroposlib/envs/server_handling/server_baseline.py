@@ -32,6 +32,7 @@ from atroposlib.envs.server_handling.errors import (
     is_client_error,
     is_transport_error,
 )
+from atroposlib.envs.server_handling.sampling_record import note_request
 
 logger = logging.getLogger(__name__)
 
@@ -550,6 +551,8 @@ class APIServer(ABC):
         waiting for this server to come back (the caller will try another server).
         """
         kwargs, is_train = self.prepare_kwargs(kind, kwargs)
+        if is_train and kind != "logprobs":
+            note_request(kwargs)  # the group's generation_params (sampling_record)
         stat_dict = {"attempts": 0, "slot_held": slot_held, "fail_fast": fail_fast}
         return await getattr(self, _ENTRIES[kind, is_train])(stat_dict, **kwargs)
 
