@@ -9,6 +9,7 @@ against the real ``atropos-serve-model`` (tiny model).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import List
 
@@ -18,8 +19,10 @@ from atroposlib.envs.server_handling.sampling_record import (
     recording_sampling,
     stamp_sampling,
 )
-from tests.compat.test_env_files import run_env
+from tests.compat.test_env_files import clean_env, run_env, wait_exit
 from tests.environments import conftest as env_fixtures
+from tests.envs.serve_helpers import FakeTrainer, api_cmd
+from tests.helpers.procs import free_port, running_process, start_process, stop_process
 
 serve_model = env_fixtures.serve_model  # the session fixture: one atropos-serve-model
 
@@ -150,3 +153,50 @@ def test_the_environments_own_values_win(tmp_path, serve_model):
         assert g["overrides"][0] == {"finish_reason": "stop"}
         for masks, override in zip(g["masks"][1:], g["overrides"][1:], strict=True):
             assert override["finish_reason"] == ("length" if generated(masks) == 3 else "stop")
+
+
+def test_serve_mode_groups_reach_the_trainer_with_temperature_and_finish_reasons(
+    tmp_path, serve_model
+):
+    serve = serve_model
+    api_port = free_port()
+    log = tmp_path / "env.log"
+    with running_process(
+        api_cmd(api_port),
+        health_url=f"http://127.0.0.1:{api_port}/health",
+        log_path=tmp_path / "api.log",
+    ):
+        trainer = FakeTrainer(api_port, batch_size=4, num_steps=2)
+        trainer.register()
+        trainer.start()
+        env = start_process(
+            [
+                sys.executable,
+                str(SAMPLING_ENV),
+                "serve",
+                "--env.rollout_server_url",
+                f"http://127.0.0.1:{api_port}",
+                "--env.tokenizer_name",
+                serve["model"],
+                "--openai.base_url",
+                serve["base_url"],
+                "--openai.model_name",
+                serve["model"],
+                "--env.sample_temperature",
+                "0.5",
+            ],
+            log_path=log,
+            env=clean_env(tmp_path, WANDB_MODE="disabled", HF_HUB_OFFLINE="1"),
+        )
+        try:
+            assert wait_exit(env, 180, log) == 0, log.read_text()[-3000:]
+        finally:
+            stop_process(env)
+            trainer.stop()
+        trainer.drain()
+    groups = [g for batch in trainer.batches for g in batch]
+    assert groups, log.read_text()[-3000:]
+    for g in groups:
+        assert g["generation_params"] == {"temperature": 0.5}
+        reasons = [o["finish_reason"] for o in g["overrides"]]
+        assert reasons == ["length" if generated(m) == 3 else "stop" for m in g["masks"]]
