@@ -21,12 +21,15 @@ from typing import Dict, List
 import pytest
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer, ManagedServerAdapter
-from tests.compat import vf_tiny_env
 from tests.compat.originals import OriginalUnavailable, original_environments
 from tests.compat.test_env_files import groups_in, run_env
 from tests.helpers.llama_tokenizer import build_llama_style_tokenizer
 from tests.helpers.procs import free_port, running_process
 from tests.server_handling.test_original_interface import RecordingServer
+
+# The extra is outside "all" (verifiers pins its own dependencies): without it, skip.
+pytest.importorskip("verifiers", reason="needs the verifiers extra (atroposlib[verifiers])")
+from tests.compat import vf_tiny_env  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROXY = HERE / "reverse_order_proxy.py"
