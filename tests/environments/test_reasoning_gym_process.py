@@ -42,6 +42,10 @@ def all_task_groups(serve_model, tmp_path_factory) -> Dict[str, List[Dict[str, A
         "10",
         "--env.max_num_workers",
         "16",
+        # Excluding eval questions makes each task's eval items first (tested on its own
+        # in test_reasoning_gym_demo.py); here it would double the generation time.
+        "--env.exclude_eval_questions",
+        "false",
     ]
     env = build_env(ReasoningGymEnv, parse_cli(ReasoningGymEnv, argv))
     question_to_task: Dict[str, str] = {}

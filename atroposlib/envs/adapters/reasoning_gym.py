@@ -68,6 +68,7 @@ BOXED_PROMPT = (
     "inside \\boxed{}, in the format the question asks for."
 )
 STARTUP_TIMEOUT_S = 300.0
+MAX_EVAL_OVERLAP_SKIPS = 1000
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_END = "</think>"
 
@@ -294,6 +295,11 @@ class ReasoningGymEnvConfig(BaseEnvConfig):
         ge=0,
         description="PYTHONHASHSEED of the generator process (some tasks depend on it).",
     )
+    exclude_eval_questions: bool = Field(
+        default=True,
+        description="Skip training items whose question is also an eval item's (small "
+        "problem spaces repeat questions across seeds), so eval stays held out.",
+    )
     generator_processes: int = Field(
         default=1, ge=1, description="Processes generating and scoring items."
     )
@@ -329,6 +335,8 @@ class ReasoningGymEnv(BaseEnv):
         self.format_buffer: List[float] = []
         self.scorer_errors: Counter = Counter()
         self.eval_metrics: Dict[str, float] = {}
+        self._eval_questions: Dict[str, set] = {}
+        self.eval_overlap_skipped = 0
 
     @classmethod
     def config_init(cls) -> Tuple[ReasoningGymEnvConfig, List[APIServerConfig]]:
@@ -387,10 +395,33 @@ class ReasoningGymEnv(BaseEnv):
         entry = await self.generator.call(_rg_worker.generate_item, *args, index)
         return {"task": task, "seed": seed, "index": index, "entry": entry}
 
+    async def eval_questions(self, task: str) -> set:
+        """The questions of ``task``'s eval items (made once per task, on first use)."""
+        if task not in self._eval_questions:
+            items = await asyncio.gather(
+                *(
+                    self.make_item(task, seed, i)
+                    for seed in self.config.eval_seeds
+                    for i in range(self.config.eval_items_per_task)
+                )
+            )
+            self._eval_questions[task] = {it["entry"]["question"] for it in items}
+        return self._eval_questions[task]
+
     async def get_next_item(self) -> Dict[str, Any]:
-        task, index = self.task_for(self.iter)
-        self.iter += 1
-        return await self.make_item(task, self.config.seed, index)
+        for _ in range(MAX_EVAL_OVERLAP_SKIPS):
+            task, index = self.task_for(self.iter)
+            self.iter += 1
+            item = await self.make_item(task, self.config.seed, index)
+            if not self.config.exclude_eval_questions:
+                return item
+            if item["entry"]["question"] not in await self.eval_questions(task):
+                return item
+            self.eval_overlap_skipped += 1
+        raise RuntimeError(
+            f"reasoning_gym: {MAX_EVAL_OVERLAP_SKIPS} training items in a row were eval "
+            "questions; the task's problem space is too small for env.eval_items_per_task"
+        )
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
@@ -518,6 +549,7 @@ class ReasoningGymEnv(BaseEnv):
         )
         metrics["train/scorer_errors"] = float(sum(self.scorer_errors.values()))
         metrics["train/generator_restarts"] = float(self.generator.restarts)
+        metrics["train/eval_overlap_skipped"] = float(self.eval_overlap_skipped)
         await super().wandb_log(metrics)
 
     async def close_servers(self) -> None:
