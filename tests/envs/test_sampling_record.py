@@ -196,7 +196,18 @@ def test_serve_mode_groups_reach_the_trainer_with_temperature_and_finish_reasons
         trainer.drain()
     groups = [g for batch in trainer.batches for g in batch]
     assert groups, log.read_text()[-3000:]
+    from example_trainer.data import group_to_samples
+
+    lengths = 0
     for g in groups:
         assert g["generation_params"] == {"temperature": 0.5}
         reasons = [o["finish_reason"] for o in g["overrides"]]
         assert reasons == ["length" if generated(m) == 3 else "stop" for m in g["masks"]]
+        # what the trainer makes of them: scored at 0.5, --mask-truncated drops "length"
+        samples = group_to_samples(g, mask_truncated=True)
+        for sample, reason in zip(samples, reasons, strict=True):
+            assert sample.temperature == 0.5
+            assert sample.truncated == (reason == "length")
+            assert any(label != -100 for label in sample.labels) == (reason == "stop")
+        lengths += reasons.count("length")
+    assert lengths > 0
