@@ -27,7 +27,12 @@ from typing import Any
 from atroposlib.frontend.api_client import DEFAULT_API_URL
 from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
 from atroposlib.frontend.export import GroupView, dpo_records, pair_dpo
-from atroposlib.frontend.trainer_helpers import dpo_group_records, find_common_prefix
+from atroposlib.frontend.trainer_helpers import (
+    check_for_batch,
+    dpo_group_records,
+    find_common_prefix,
+    grabber_argv,
+)
 from atroposlib.frontend.trainer_helpers import register_to_api as _register
 
 __all__ = [
@@ -82,13 +87,6 @@ async def register_to_api(
     return await _register(group_size, max_token_len, api_url, num_steps, 8)
 
 
-async def check_for_batch(api_url: str = DEFAULT_API_URL) -> list[dict[str, Any]]:
-    """Wait for the next batch and return its groups."""
-    from atroposlib.frontend.trainer_helpers import check_for_batch as wait
-
-    return await wait(api_url)
-
-
 def grab_group_data(
     tok: Any,
     datagroup: dict[str, Any],
@@ -108,43 +106,6 @@ def grab_group_data(
     )
 
 
-def _grabber_argv(
-    filepath: str,
-    api_url: str,
-    group_size: int,
-    max_token_len: int,
-    tokenizer: Any,
-    save_messages: bool,
-    num_seqs_to_save: int,
-    allow_negative_scores: bool,
-    minimum_score_diff_max_min: float,
-    append_to_previous: bool,
-) -> list[str]:
-    argv = [
-        str(filepath),
-        "--api-url",
-        api_url,
-        "--group-size",
-        str(group_size),
-        "--max-token-len",
-        str(max_token_len),
-        "--tokenizer",
-        tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path,
-        "--num-seqs-to-save",
-        str(num_seqs_to_save),
-        "--minimum-score-diff-max-min",
-        str(minimum_score_diff_max_min),
-        "--no-progress",
-    ]
-    if save_messages:
-        argv.append("--save-messages")
-    if allow_negative_scores:
-        argv.append("--allow-negative-scores")
-    if append_to_previous:
-        argv.append("--append-to-previous")
-    return argv
-
-
 async def dpo_data_grabber(
     filepath: str,
     api_url: str,
@@ -160,7 +121,7 @@ async def dpo_data_grabber(
 ) -> int:
     """Run ``atropos-dpo-gen`` with these settings (``tokenizer``: a name or a loaded
     tokenizer); returns its exit code."""
-    argv = _grabber_argv(
+    argv = grabber_argv(
         filepath,
         api_url,
         group_size,

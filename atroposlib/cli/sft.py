@@ -25,7 +25,12 @@ from typing import Any
 from atroposlib.frontend.api_client import DEFAULT_API_URL
 from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
 from atroposlib.frontend.export import GroupView, select_sft, sft_records
-from atroposlib.frontend.trainer_helpers import find_common_prefix, sft_group_records
+from atroposlib.frontend.trainer_helpers import (
+    check_for_batch,
+    find_common_prefix,
+    grabber_argv,
+    sft_group_records,
+)
 from atroposlib.frontend.trainer_helpers import register_to_api as _register
 
 __all__ = [
@@ -92,13 +97,6 @@ async def register_to_api(
     return await _register(group_size, max_token_len, api_url, num_steps, tasks_per_step)
 
 
-async def check_for_batch(api_url: str = DEFAULT_API_URL) -> list[dict[str, Any]]:
-    """Wait for the next batch and return its groups."""
-    from atroposlib.frontend.trainer_helpers import check_for_batch as wait
-
-    return await wait(api_url)
-
-
 def grab_group_data(
     tok: Any,
     datagroup: dict[str, Any],
@@ -118,43 +116,6 @@ def grab_group_data(
     )
 
 
-def _grabber_argv(
-    filepath: str,
-    api_url: str,
-    group_size: int,
-    max_token_len: int,
-    tokenizer: Any,
-    save_messages: bool,
-    num_seqs_to_save: int,
-    allow_negative_scores: bool,
-    minimum_score_diff_max_min: float,
-    append_to_previous: bool,
-) -> list[str]:
-    argv = [
-        str(filepath),
-        "--api-url",
-        api_url,
-        "--group-size",
-        str(group_size),
-        "--max-token-len",
-        str(max_token_len),
-        "--tokenizer",
-        tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path,
-        "--num-seqs-to-save",
-        str(num_seqs_to_save),
-        "--minimum-score-diff-max-min",
-        str(minimum_score_diff_max_min),
-        "--no-progress",
-    ]
-    if save_messages:
-        argv.append("--save-messages")
-    if allow_negative_scores:
-        argv.append("--allow-negative-scores")
-    if append_to_previous:
-        argv.append("--append-to-previous")
-    return argv
-
-
 async def sft_data_grabber(
     filepath: str,
     api_url: str,
@@ -171,7 +132,7 @@ async def sft_data_grabber(
 ) -> int:
     """Run ``atropos-sft-gen`` with these settings (``tokenizer``: a name or a loaded
     tokenizer); returns its exit code."""
-    argv = _grabber_argv(
+    argv = grabber_argv(
         filepath,
         api_url,
         group_size,

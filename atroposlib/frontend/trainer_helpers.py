@@ -132,3 +132,42 @@ def dpo_group_records(
     )
     use_messages = save_messages and view.messages is not None
     return dpo_records(view, pairs, use_messages, fmt)
+
+
+def grabber_argv(
+    filepath: str,
+    api_url: str,
+    group_size: int,
+    max_token_len: int,
+    tokenizer: Any,
+    save_messages: bool,
+    num_seqs_to_save: int,
+    allow_negative_scores: bool,
+    minimum_score_diff_max_min: float,
+    append_to_previous: bool,
+) -> list[str]:
+    """The command line of ``atropos-sft-gen`` / ``atropos-dpo-gen`` that the original's
+    ``*_data_grabber`` functions stand for."""
+    argv = [
+        str(filepath),
+        "--api-url",
+        api_url,
+        "--group-size",
+        str(group_size),
+        "--max-token-len",
+        str(max_token_len),
+        "--tokenizer",
+        tokenizer if isinstance(tokenizer, str) else tokenizer.name_or_path,
+        "--num-seqs-to-save",
+        str(num_seqs_to_save),
+        "--minimum-score-diff-max-min",
+        str(minimum_score_diff_max_min),
+        "--no-progress",
+    ]
+    if save_messages:
+        argv.append("--save-messages")
+    if allow_negative_scores:
+        argv.append("--allow-negative-scores")
+    if append_to_previous:
+        argv.append("--append-to-previous")
+    return argv
