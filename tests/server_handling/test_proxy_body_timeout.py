@@ -12,6 +12,7 @@ import time
 
 import httpx
 
+from tests.helpers.pipelining import assert_flood_grows_server_little
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
 from tests.helpers.stalled_uploads import answer_of, stalled_uploads
 from tests.server_handling.conftest import start_fake
@@ -54,3 +55,21 @@ def test_stalled_bodies_get_408_while_honest_requests_keep_getting_200(tokenizer
     finally:
         stop_process(proc)
         stop_process(fake)
+
+
+def test_the_proxy_stops_reading_a_connection_whose_answers_are_not_taken(tokenizer, tmp_path):
+    """A client pipelining ``GET /health`` without reading cannot grow the proxy."""
+    tokenizer.save_pretrained(tmp_path / "tok")
+    fake_port, port = free_port(), free_port()
+    config = {"servers": [{"base_url": f"http://127.0.0.1:{fake_port}/v1", "server_type": "vllm"}]}
+    (tmp_path / "servers.json").write_text(json.dumps(config))
+    args = ["--port", str(port), "--config", str(tmp_path / "servers.json")]
+    args += ["--tokenizer", str(tmp_path / "tok"), "--model-name", "fake"]
+    proc = start_process(
+        [*PROXY, *args], log_path=tmp_path / "proxy.log", env={"HF_HUB_OFFLINE": "1"}
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc)
+        assert_flood_grows_server_little(port, proc.pid, "/health")
+    finally:
+        stop_process(proc)

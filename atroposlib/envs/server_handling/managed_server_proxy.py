@@ -854,7 +854,11 @@ def main(argv: list[str] | None = None) -> None:
         ),
         max_upstream_mb=args.max_upstream_mb,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    from atroposlib.utils.http_transport import http_protocol
+
+    # The bounded protocol: a client that pipelines requests and never reads the answers
+    # is no longer read from, instead of growing the proxy's memory.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=http_protocol())
 
 
 if __name__ == "__main__":
