@@ -168,7 +168,7 @@ def test_bad_requests_get_openai_4xx_naming_the_field(proxy):
         url, content=b"{nope", headers={**AUTH, "content-type": "application/json"}
     )
     assert not_json.status_code == 400 and "JSON" in not_json.json()["error"]["message"]
-    stream = post({"messages": USER, "stream": True})
+    stream = post({"messages": USER, "stream": "yes"})
     assert stream.status_code == 400 and stream.json()["error"]["param"] == "stream"
     unknown = httpx.post(
         f"{proxy.url}/nope/v1/chat/completions", json={"messages": USER}, headers=AUTH

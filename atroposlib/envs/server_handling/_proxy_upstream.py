@@ -89,6 +89,12 @@ UPSTREAM_REACHED: contextvars.ContextVar[list[bool] | None] = contextvars.Contex
 """Per request: set once the session's backend has been called, so a failure after that
 point is the inference server's (its answer could not be used), not the client's."""
 
+UPSTREAM_USAGE: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "proxy_upstream_usage", default=None
+)
+"""Per request that wants usage (a stream's ``include_usage``): ``[prompt_tokens,
+completion_tokens]`` as the inference server was asked and answered."""
+
 
 class UpstreamTap:
     """Stands in for a backend inside a session's ``ManagedServer`` and marks the request
@@ -112,7 +118,13 @@ class UpstreamTap:
     async def tokens_and_logprobs_completion(self, **kwargs: Any) -> Any:
         """The backend's call, marked as reaching the inference server."""
         self._mark()
-        return await self._server.tokens_and_logprobs_completion(**kwargs)
+        result = await self._server.tokens_and_logprobs_completion(**kwargs)
+        usage = UPSTREAM_USAGE.get()
+        if usage is not None:
+            # Prompt tokens count once per request (as OpenAI counts them for n > 1).
+            usage[0] = len(kwargs.get("input_ids") or ())
+            usage[1] += sum(len(out) for out in result[1])
+        return result
 
 
 def _finite(value: Any) -> Any:

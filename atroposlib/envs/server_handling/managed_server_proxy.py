@@ -8,6 +8,9 @@ Endpoints: ``POST /sessions/create``, ``POST /{uuid}/v1/chat/completions``,
 ``POST /{uuid}/v1/chat/completions/render``, ``POST /{uuid}/v1/completions``,
 ``GET /{uuid}/v1/models``, ``GET /{uuid}/nodes``, ``POST /{uuid}/reset``, ``DELETE /{uuid}``,
 ``GET /sessions``, ``GET /servers``, ``POST /setup``, ``GET /v1/models``, ``GET /health``.
+With ``"stream": true`` the chat and text completion routes answer server-sent events in
+OpenAI's chunk format (``include_usage`` honoured), after the same generation, bounds and
+node recording as a plain request; an error is still a JSON error with its status.
 Errors use OpenAI's format ``{"error": {"message", "type", "param", "code"}}``. Status
 classes: the client's mistake (a bad field, bad template input) is a 400 naming the field;
 the inference server's fault (its 5xx, an answer that is not what the protocol says, too
@@ -64,8 +67,15 @@ from atroposlib.envs.server_handling._proxy_state import (
     SessionStore,
     UpstreamPolicy,
 )
+from atroposlib.envs.server_handling._proxy_stream import (
+    chat_chunks,
+    completion_chunks,
+    sse_answer,
+    stream_options,
+)
 from atroposlib.envs.server_handling._proxy_upstream import (
     UPSTREAM_REACHED,
+    UPSTREAM_USAGE,
     UpstreamTap,
     json_answer,
     proxy_error_for,
@@ -648,6 +658,20 @@ def create_app(
             session.in_flight -= 1
             state.sessions.release(session, body.n, reserved)
 
+    async def _generate_counted(
+        session: SessionState, call: Any, body: Any, request: Request, count: bool
+    ) -> tuple[Any, list[int] | None]:
+        """:func:`_generate`, and with ``count`` the request's ``[prompt_tokens,
+        completion_tokens]`` as the inference server was asked and answered (else None)."""
+        if not count:
+            return await _generate(session, call, body, request.state.body_size), None
+        usage = [0, 0]
+        token = UPSTREAM_USAGE.set(usage)
+        try:
+            return await _generate(session, call, body, request.state.body_size), usage
+        finally:
+            UPSTREAM_USAGE.reset(token)
+
     @app.get("/{session_id}/v1/models")
     async def session_models(session_id: str) -> dict[str, Any]:
         state.session(session_id)
@@ -659,16 +683,17 @@ def create_app(
         body: ChatCompletionProxyRequest = await _body(
             request, ChatCompletionProxyRequest, merge_extra_body=True
         )
-        if body.model_extra and body.model_extra.get("stream"):
-            raise ProxyError(400, "streaming is not supported by the proxy", param="stream")
+        stream, include_usage = stream_options(body.model_extra)
         kwargs = body.upstream_kwargs()
         kwargs["messages"] = body.message_dicts()
         call = session.managed_server.chat_completion(**kwargs)
-        completion = await _generate(session, call, body, request.state.body_size)
+        completion, usage = await _generate_counted(session, call, body, request, include_usage)
         if state.model_name != "unknown":
             completion.model = state.model_name
         payload = completion.model_dump(exclude_none=True)
         strict_tool_arguments(payload)
+        if stream:
+            return sse_answer(chat_chunks(payload, usage))
         return json_answer(payload)
 
     @app.post("/{session_id}/v1/chat/completions/render")
@@ -688,11 +713,15 @@ def create_app(
     async def completions(session_id: str, request: Request) -> Response:
         session = state.session(session_id)
         body: CompletionRequest = await _body(request, CompletionRequest, merge_extra_body=True)
+        stream, include_usage = stream_options(body.model_extra)
         call = session.managed_server.completion(**_passthrough(body))
-        completion = await _generate(session, call, body, request.state.body_size)
+        completion, usage = await _generate_counted(session, call, body, request, include_usage)
         if state.model_name != "unknown":
             completion.model = state.model_name
-        return json_answer(completion.model_dump(exclude_none=True))
+        payload = completion.model_dump(exclude_none=True)
+        if stream:
+            return sse_answer(completion_chunks(payload, usage))
+        return json_answer(payload)
 
     @app.get("/{session_id}/nodes")
     async def get_nodes(session_id: str) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""Server-sent events for the managed-server proxy's ``stream: true`` requests.
+
+The proxy runs the same generation as for a plain request (the session's ``ManagedServer``
+records the nodes), then sends the finished answer as OpenAI stream chunks: per choice a
+chunk with its role and content, one with its tool calls, one with its finish reason; then,
+when ``stream_options.include_usage`` asks for it, a chunk with no choices and the usage;
+then ``data: [DONE]``. Every chunk is encoded before the response starts, so any failure is
+still a JSON error with its status, never a stream cut short.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import orjson
+from fastapi.responses import StreamingResponse
+
+from atroposlib.envs.server_handling._proxy_state import ProxyError
+
+
+def stream_options(extra: dict[str, Any] | None) -> tuple[bool, bool]:
+    """``(stream, include_usage)`` from a request's extra fields; 400 naming the field when
+    ``stream`` is not a boolean or ``stream_options`` not an object of booleans."""
+    extra = extra or {}
+    stream = extra.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ProxyError(400, "stream must be a boolean", param="stream")
+    options = extra.get("stream_options")
+    if not stream or options is None:
+        return bool(stream), False
+    if not isinstance(options, dict):
+        raise ProxyError(400, "stream_options must be an object", param="stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise ProxyError(
+            400,
+            "stream_options.include_usage must be a boolean",
+            param="stream_options.include_usage",
+        )
+    return True, bool(include_usage)
+
+
+def _usage(usage: list[int]) -> dict[str, int]:
+    prompt, completion = usage
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def chat_chunks(payload: dict[str, Any], usage: list[int] | None) -> Iterable[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects that stream ``payload`` (a ``chat.completion``);
+    ``usage`` (or None: no usage chunk) is ``[prompt_tokens, completion_tokens]``."""
+    base = {
+        "id": payload["id"],
+        "object": "chat.completion.chunk",
+        "created": payload["created"],
+        "model": payload["model"],
+    }
+    if usage is not None:
+        base["usage"] = None  # as OpenAI sends it: null on every chunk but the last
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**base, "choices": [choice]}
+
+    for choice in payload["choices"]:
+        index, message = choice["index"], choice.get("message") or {}
+        delta: dict[str, Any] = {"role": "assistant"}
+        if message.get("content") is not None:
+            delta["content"] = message["content"]
+        yield chunk(index, delta)
+        calls = message.get("tool_calls") or []
+        if calls:
+            yield chunk(index, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
+        yield chunk(index, {}, choice.get("finish_reason") or "stop")
+    if usage is not None:
+        yield {**base, "choices": [], "usage": _usage(usage)}
+
+
+def completion_chunks(payload: dict[str, Any], usage: list[int] | None) -> Iterable[dict[str, Any]]:
+    """The ``text_completion`` chunks that stream ``payload`` (a text completion): per
+    choice one with its text, one with its finish reason; then the usage, when asked."""
+    base = {
+        "id": payload["id"],
+        "object": "text_completion",
+        "created": payload["created"],
+        "model": payload["model"],
+    }
+    if usage is not None:
+        base["usage"] = None
+
+    def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**base, "choices": [choice]}
+
+    for choice in payload["choices"]:
+        yield chunk(choice["index"], choice.get("text") or "", None)
+        yield chunk(choice["index"], "", choice.get("finish_reason") or "stop")
+    if usage is not None:
+        yield {**base, "choices": [], "usage": _usage(usage)}
+
+
+def sse_answer(chunks: Iterable[dict[str, Any]]) -> StreamingResponse:
+    """The chunks as a ``text/event-stream`` response ending in ``data: [DONE]``.
+
+    All are encoded first: output that cannot be sent as JSON is a 502 before anything is
+    streamed (as for a plain answer)."""
+    events: list[bytes] = []
+    try:
+        for c in chunks:
+            events.append(b"data: " + orjson.dumps(c) + b"\n\n")
+    except (TypeError, orjson.JSONEncodeError) as e:
+        raise ProxyError(
+            502,
+            f"the inference server's output cannot be sent as JSON: {e}",
+            "upstream_error",
+        ) from e
+    events.append(b"data: [DONE]\n\n")
+
+    async def body() -> Any:
+        for event in events:
+            yield event
+
+    # no-cache and no proxy buffering: the events reach the client as they are written
+    return StreamingResponse(
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
