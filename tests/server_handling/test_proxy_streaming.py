@@ -225,6 +225,13 @@ def test_a_streamed_text_completion_equals_the_plain_one(proxy):
     assert text == {c["index"]: c["text"] for c in plain}
     assert finish == {c["index"]: c["finish_reason"] for c in plain}
     assert _node_records(proxy.nodes(stream_sid)) == _node_records(proxy.nodes(plain_sid))
+    sdk = openai.OpenAI(base_url=f"{proxy.url}/{stream_sid}/v1", api_key=KEY, max_retries=0)
+    with sdk:
+        sdk_text = {0: "", 1: ""}
+        for chunk in sdk.completions.create(model="fake", stream=True, **body):
+            for choice in chunk.choices:
+                sdk_text[choice.index] += choice.text
+    assert sdk_text == text
 
 
 @pytest.mark.parametrize(
