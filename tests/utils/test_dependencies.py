@@ -74,9 +74,7 @@ def _fake_distribution(root: Path, name: str, version: str) -> Path:
     ],
     ids=["atropos-serve-model", "atropos-grpo"],
 )
-def test_commands_exit_2_at_start_on_an_unsupported_transformers(
-    command, tmp_path, tiny_model_dir
-):
+def test_commands_exit_2_at_start_on_an_unsupported_transformers(command, tmp_path, tiny_model_dir):
     import os
 
     fake = _fake_distribution(tmp_path / "site", "transformers", "4.40.0")
