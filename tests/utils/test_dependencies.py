@@ -35,6 +35,8 @@ def test_an_out_of_range_version_is_one_line_naming_package_version_and_range(mo
 def test_the_installed_package_declares_the_ranges_of_pyproject():
     declared = declared_ranges()
     for req in direct_requirements():
+        if canonicalize_name(req.name) == "editables":
+            continue  # an editable install's metadata adds hatchling's own `editables~=0.3`
         assert str(declared[canonicalize_name(req.name)].specifier) == str(req.specifier)
 
 

@@ -632,8 +632,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     import uvicorn
 
+    from atroposlib.utils.http_transport import http_protocol
+
     uvicorn.run(
-        create_app(settings), host=args.host, port=args.port, log_level="warning", access_log=False
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        http=http_protocol(),
     )
 
 
