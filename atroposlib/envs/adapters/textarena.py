@@ -238,16 +238,7 @@ class TextArenaEnv(BaseEnv):
 
             players = self.opponents(item["seed"], self.untracked_policy(cfg.temperature))
             players[cfg.trained_player] = policy
-            episode = await play_episode(
-                TextArenaGame(item["game_id"], cfg.num_players),
-                players,
-                item["seed"],
-                system_prompt=cfg.system_prompt,
-                max_turns=cfg.max_turns,
-                max_tokens_per_turn=cfg.max_tokens_per_turn,
-                step_timeout_s=cfg.step_timeout_s,
-                budget_left=budget_left,
-            )
+            episode = await self.run_episode(item, players, budget_left)
             nodes = managed.get_state()["nodes"]
         self.end_reasons[episode.end_reason] += 1
         if not nodes:
@@ -263,6 +254,25 @@ class TextArenaEnv(BaseEnv):
             "masks": list(node.masked_tokens),
             "logprobs": list(node.logprobs),
         }
+
+    async def run_episode(
+        self,
+        item: Dict[str, Any],
+        players: Dict[int, Player],
+        budget_left: Callable[[int], int] | None = None,
+    ) -> Episode:
+        """One episode of ``item``'s game and seed under this env's limits."""
+        cfg = self.config
+        return await play_episode(
+            TextArenaGame(item["game_id"], cfg.num_players),
+            players,
+            item["seed"],
+            system_prompt=cfg.system_prompt,
+            max_turns=cfg.max_turns,
+            max_tokens_per_turn=cfg.max_tokens_per_turn,
+            step_timeout_s=cfg.step_timeout_s,
+            budget_left=budget_left,
+        )
 
     async def collect_trajectories(
         self, item: Dict[str, Any]
@@ -298,15 +308,7 @@ class TextArenaEnv(BaseEnv):
         async def one(item: Dict[str, Any]) -> Dict[str, Any]:
             players = self.opponents(item["seed"], policy)
             players[cfg.trained_player] = policy
-            episode = await play_episode(
-                TextArenaGame(item["game_id"], cfg.num_players),
-                players,
-                item["seed"],
-                system_prompt=cfg.system_prompt,
-                max_turns=cfg.max_turns,
-                max_tokens_per_turn=cfg.max_tokens_per_turn,
-                step_timeout_s=cfg.step_timeout_s,
-            )
+            episode = await self.run_episode(item, players)
             reward = episode.reward(cfg.trained_player)
             return {
                 "messages": episode.conversations.get(cfg.trained_player, []),
