@@ -42,27 +42,28 @@ lock:
 	  --constraint $(TORCH) --output-file $(LOCK) pyproject.toml
 	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(LOCK)
 
-# A fresh venv with the newest versions pyproject.toml allows (torch stays at the CPU pin),
-# then the smoke subset. CI runs it after the locked suite.
-test-latest:
-	rm -rf .venv-latest && $(PYTHON) -m venv .venv-latest
-	.venv-latest/bin/pip install -q --upgrade pip
-	.venv-latest/bin/pip install -q -r $(TORCH)
-	.venv-latest/bin/pip install -q -c $(TORCH) -e ".[all]"
-	.venv-latest/bin/pip freeze --exclude-editable > .venv-latest/versions.txt
-	@grep -iE '^(transformers|tokenizers|torch|fastapi|uvicorn|pydantic|openai|gradio)==' .venv-latest/versions.txt
-	$(SMOKE_ENV) .venv-latest/bin/python -m pytest -q -p no:cacheprovider -m smoke $(SMOKE)
+# $(call smoke_in,VENV,PIP_ARGS): a fresh venv at VENV, the torch pin, the project with PIP_ARGS,
+# its versions written to VENV/versions.txt, then the smoke subset.
+define smoke_in
+	rm -rf $(1) && $(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q -r $(TORCH)
+	$(1)/bin/pip install -q $(2) -e ".[all]"
+	$(1)/bin/pip freeze --exclude-editable > $(1)/versions.txt
+	@grep -iE '^(transformers|tokenizers|torch|fastapi|uvicorn|pydantic|openai|gradio)==' $(1)/versions.txt
+	$(SMOKE_ENV) $(1)/bin/python -m pytest -q -p no:cacheprovider -m smoke $(SMOKE)
+endef
 
-# The same with every direct dependency at its declared lower bound.
+# The newest versions pyproject.toml allows (torch stays at the CPU pin). CI runs it after the
+# locked suite.
+test-latest:
+	$(call smoke_in,.venv-latest,-c $(TORCH))
+
+# Every direct dependency at its declared lower bound.
 test-oldest:
-	rm -rf .venv-oldest && $(PYTHON) -m venv .venv-oldest
-	.venv-oldest/bin/pip install -q --upgrade pip
-	.venv-oldest/bin/pip install -q -r $(TORCH)
-	$(PYTHON) scripts/dependency_bounds.py --lowest > .venv-oldest/constraints.txt
-	.venv-oldest/bin/pip install -q -c .venv-oldest/constraints.txt -e ".[all]"
-	.venv-oldest/bin/pip freeze --exclude-editable > .venv-oldest/versions.txt
-	@grep -iE '^(transformers|tokenizers|torch|fastapi|uvicorn|pydantic|openai|gradio)==' .venv-oldest/versions.txt
-	$(SMOKE_ENV) .venv-oldest/bin/python -m pytest -q -p no:cacheprovider -m smoke $(SMOKE)
+	@mkdir -p .cache
+	$(PYTHON) scripts/dependency_bounds.py --lowest > .cache/oldest-constraints.txt
+	$(call smoke_in,.venv-oldest,-c .cache/oldest-constraints.txt)
 
 # The browser check of the Gradio viewer needs Debian's chromium; install it when we can (root).
 browser:
