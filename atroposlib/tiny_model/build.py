@@ -105,9 +105,10 @@ def build_tiny_model(
 
 
 def _transformers_major() -> int:
-    from atroposlib.utils.transformers_compat import TRANSFORMERS_MAJOR
+    # From the metadata: finding a cached model must not import torch.
+    from atroposlib.utils.dependencies import installed_major
 
-    return TRANSFORMERS_MAJOR
+    return installed_major("transformers")
 
 
 def _portable_tokenizer_class(out: Path) -> None:

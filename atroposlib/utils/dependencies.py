@@ -30,6 +30,11 @@ class UnsupportedDependency(RuntimeError):
     """A dependency is installed at a version outside the declared range."""
 
 
+def installed_major(package: str) -> int:
+    """The major version of an installed ``package`` (read from its metadata, not imported)."""
+    return int(metadata.version(package).split(".")[0])
+
+
 def declared_ranges(distribution: str = DISTRIBUTION) -> dict[str, Requirement]:
     """Each dependency of ``distribution`` (extras included) with its declared range.
 

@@ -21,14 +21,14 @@ What the rest of the package may use:
 from __future__ import annotations
 
 import inspect
-from importlib.metadata import version
 from typing import Any
 
 import torch
 from transformers import Cache
 
-TRANSFORMERS_VERSION = version("transformers")
-TRANSFORMERS_MAJOR = int(TRANSFORMERS_VERSION.split(".")[0])
+from atroposlib.utils.dependencies import installed_major
+
+TRANSFORMERS_MAJOR = installed_major("transformers")
 
 
 class CacheAdapter(Cache):
