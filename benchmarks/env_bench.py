@@ -116,7 +116,7 @@ def _measure(
             [
                 sys.executable,
                 "-m",
-                "atroposlib.envs.server_handling.fake_server",
+                "atroposlib.testing.fake_server",
                 "--port",
                 str(infer_port),
                 "--latency-ms",

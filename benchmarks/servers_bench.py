@@ -119,7 +119,7 @@ async def run_http(args: argparse.Namespace) -> dict[str, float]:
             [
                 sys.executable,
                 "-m",
-                "atroposlib.envs.server_handling.fake_server",
+                "atroposlib.testing.fake_server",
                 "--port",
                 str(p),
                 "--latency-ms",

@@ -32,7 +32,7 @@ def fake_server_cmd(port: int, latency_ms: int) -> List[str]:
     return [
         sys.executable,
         "-m",
-        "atroposlib.envs.server_handling.fake_server",
+        "atroposlib.testing.fake_server",
         "--port",
         str(port),
         "--latency-ms",

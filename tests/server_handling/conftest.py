@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.procs import free_port, start_process, stop_process, wait_http
 
-FAKE = [sys.executable, "-m", "atroposlib.envs.server_handling.fake_server"]
+FAKE = [sys.executable, "-m", "atroposlib.testing.fake_server"]
 
 
 @dataclass

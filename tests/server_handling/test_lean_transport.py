@@ -18,7 +18,7 @@ from atroposlib.envs.server_handling.openai_server import OpenAIServer, lean_req
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from tests.helpers.procs import free_port, running_process
 
-FAKE = [sys.executable, "-m", "atroposlib.envs.server_handling.fake_server"]
+FAKE = [sys.executable, "-m", "atroposlib.testing.fake_server"]
 
 
 async def _serve_raw(handler) -> tuple[asyncio.AbstractServer, int]:

@@ -24,7 +24,7 @@ _EXPORTS = {
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that light submodules (fake_server) do not pay for openai's import.
+    # Lazy, so that light submodules (the embedded servers) do not pay for openai's import.
     if name in _EXPORTS:
         module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
         return getattr(module, name)

@@ -20,7 +20,7 @@ reported weight version (``policy_version``, in the body or the header) at run t
 
 Example::
 
-    python -m atroposlib.envs.server_handling.fake_server --port 9004 --latency-ms 20
+    python -m atroposlib.testing.fake_server --port 9004 --latency-ms 20
 """
 
 from __future__ import annotations
@@ -604,7 +604,7 @@ def create_app(settings: FakeServerSettings | None = None) -> FakeASGIApp:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point: ``python -m atroposlib.envs.server_handling.fake_server``."""
+    """Command-line entry point: ``python -m atroposlib.testing.fake_server``."""
     parser = argparse.ArgumentParser(description="Deterministic fake OpenAI/vLLM inference server.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9004)
@@ -626,7 +626,7 @@ def main(argv: list[str] | None = None) -> None:
         ignore_n=args.ignore_n,
     )
     if args.lean:
-        from atroposlib.envs.server_handling.lean_http import serve_forever
+        from atroposlib.testing.lean_http import serve_forever
 
         asyncio.run(serve_forever(FakeBackend(settings).handle, args.host, args.port))
         return
