@@ -51,7 +51,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.procs import PYTHON, free_port, running_process  # noqa: E402
+from atroposlib.testing.ports import free_port  # noqa: E402
+from atroposlib.testing.processes import PYTHON, running_process  # noqa: E402
 
 TRAINER = {
     "wandb_group": "bench",
@@ -447,7 +448,6 @@ async def _floor_app(scope: dict, receive: Callable, send: Callable) -> None:
 def serve_floor(port: int) -> None:
     """Run :func:`_floor_app` with the uvicorn settings ``run-api`` uses."""
     import uvicorn
-
     from atroposlib.utils.http_transport import http_protocol
 
     uvicorn.run(

@@ -22,7 +22,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.procs import PYTHON, free_port, running_process  # noqa: E402
+from atroposlib.testing.ports import free_port  # noqa: E402
+from atroposlib.testing.processes import PYTHON, running_process  # noqa: E402
 
 
 def _hwm_kib(pid: int) -> int:

@@ -107,7 +107,8 @@ def _measure(
     import httpx
     import psutil
 
-    from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+    from atroposlib.testing.ports import free_port
+    from atroposlib.testing.processes import start_process, stop_process, wait_http
 
     api_port, infer_port = free_port(), free_port()
     procs = []

@@ -25,14 +25,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from atroposlib.testing.ports import free_port  # noqa: E402
+from atroposlib.testing.processes import PYTHON, start_process, stop_process, wait_http  # noqa: E402
 from atroposlib.tiny_model import load_tiny_tokenizer  # noqa: E402
-from tests.helpers.procs import (  # noqa: E402
-    PYTHON,
-    free_port,
-    start_process,
-    stop_process,
-    wait_http,
-)
 from tests.server_handling.hostile_upstream import HOSTILE, Upstream  # noqa: E402
 
 CASES = [

@@ -111,7 +111,8 @@ async def run_baseline(args: argparse.Namespace) -> dict[str, float]:
 
 
 async def run_http(args: argparse.Namespace) -> dict[str, float]:
-    from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+    from atroposlib.testing.ports import free_port
+    from atroposlib.testing.processes import start_process, stop_process, wait_http
 
     ports = [free_port() for _ in range(args.servers)]
     procs = [

@@ -136,8 +136,9 @@ def bench_step(model_dir: str, args: argparse.Namespace) -> None:
 
 
 def bench_sync(model_dir: str, args: argparse.Namespace) -> None:
+    from atroposlib.testing.ports import free_port
+    from atroposlib.testing.processes import running_process
     from example_trainer.weight_sync import HttpReloadSync, RestartSync
-    from tests.helpers.procs import free_port, running_process
 
     port = free_port()
     base = dict(

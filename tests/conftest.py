@@ -19,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("ATROPOS_API_KEY", None)
 os.environ.pop("ATROPOS_PROXY_URL", None)
 
-from tests.helpers.procs import free_port  # noqa: E402
+from atroposlib.testing.ports import free_port  # noqa: E402
 
 
 @pytest.fixture

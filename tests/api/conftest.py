@@ -9,7 +9,8 @@ from typing import Any, ContextManager, Iterator
 import httpx
 import pytest
 
-from tests.helpers.procs import PYTHON, free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON, running_process
 
 TRAINER = {
     "wandb_group": "grp",

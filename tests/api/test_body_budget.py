@@ -12,8 +12,8 @@ import json
 import socket
 import time
 
+from atroposlib.testing.stalled_uploads import answer_of, stalled_uploads
 from tests.api.conftest import Api, group, start_api
-from tests.helpers.stalled_uploads import answer_of, stalled_uploads
 
 
 def test_stalled_and_lying_uploads_cannot_starve_honest_posters(tmp_path):

@@ -24,9 +24,9 @@ import pytest
 from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.api.persistence import SqlitePersistence
 from atroposlib.api.store import IncomingGroup, RolloutStore, UnknownBatchError
+from atroposlib.testing.ports import free_port
 from example_trainer.api import BatchClient
 from tests.api.conftest import TRAINER, Api, group, start_api
-from tests.helpers.procs import free_port
 
 REG = Registration(**{**TRAINER, "batch_size": 4})
 

@@ -20,8 +20,9 @@ from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.api.persistence import check_database
 from atroposlib.api.store import IncomingGroup, RolloutStore
 from atroposlib.api.utils import find_groups_summing_to_target
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON
 from tests.api.conftest import TRAINER, Api, group, start_api
-from tests.helpers.procs import PYTHON, free_port
 
 REG = Registration(**{**TRAINER, "batch_size": 8})
 

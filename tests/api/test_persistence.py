@@ -9,8 +9,8 @@ import time
 
 import httpx
 
+from atroposlib.testing.ports import free_port
 from tests.api.conftest import TRAINER, group, start_api
-from tests.helpers.procs import free_port
 
 
 def _drain(c: httpx.Client, seen: set[str]) -> list[int]:

@@ -20,8 +20,9 @@ from typing import Dict, List
 import httpx
 import pytest
 
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process, start_process, stop_process, wait_http
 from tests.envs.serve_helpers import FakeTrainer, api_cmd, env_cmd, fake_server_cmd
-from tests.helpers.procs import free_port, running_process, start_process, stop_process, wait_http
 
 HERE = Path(__file__).resolve().parent
 WORD_GAME = HERE / "word_game_env.py"

@@ -21,10 +21,11 @@ from typing import Dict, List
 import pytest
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer, ManagedServerAdapter
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
+from atroposlib.testing.tokenizers import llama_style_tokenizer
 from tests.compat.originals import OriginalUnavailable, original_environments
 from tests.compat.test_env_files import groups_in, run_env
-from tests.helpers.llama_tokenizer import build_llama_style_tokenizer
-from tests.helpers.procs import free_port, running_process
 from tests.server_handling.test_original_interface import RecordingServer
 
 # The extra is outside "all" (verifiers pins its own dependencies): without it, skip.
@@ -50,7 +51,7 @@ def original_verifiers_server() -> Path:
 
 async def test_verifiers_states_pair_with_nodes_when_answers_arrive_reversed():
     """verifiers' own ``generate`` over the adapter: rollout i's state is node i."""
-    tok = build_llama_style_tokenizer()
+    tok = llama_style_tokenizer()
     words = ["six", "seven", "Hello", "there"]
     outs = [tok.encode(f" {w}!!", add_special_tokens=False) for w in words]
     # The first request is answered last, the last first.
@@ -85,7 +86,7 @@ async def test_verifiers_states_pair_with_nodes_when_answers_arrive_reversed():
 async def test_direct_managed_calls_keep_request_order_next_to_adapter_calls():
     """Only the adapter's calls follow their task's completion; plain calls in one task
     stay in request order."""
-    tok = build_llama_style_tokenizer()
+    tok = llama_style_tokenizer()
     outs = [tok.encode(f" {w}", add_special_tokens=False) for w in ("six", "seven")]
     server = RecordingServer(outs, delays=[0.2, 0.0])
     managed = ManagedServer(server, tok)

@@ -33,7 +33,7 @@ from typing import Dict, Iterator, List
 
 import httpx
 
-from tests.helpers.procs import free_port
+from atroposlib.testing.ports import free_port
 
 SHELL_LANGS = {"bash", "sh", "shell"}
 DOC_PORTS = (8000, 9001, 7860)

@@ -9,7 +9,8 @@ from typing import Dict, Iterator
 
 import pytest
 
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,11 @@ import httpx
 import pytest
 
 from atroposlib.envs.cli import build_env, parse_cli
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from environments.gsm8k_server import GSM8kEnv
 from tests.environments.env_helpers import write_jsonl
 from tests.envs.serve_helpers import api_cmd
-from tests.helpers.procs import free_port, running_process
 
 
 async def _serve_until_batch(env: GSM8kEnv, api: str, timeout_s: float) -> List[Any]:

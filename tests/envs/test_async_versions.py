@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from tests.serve_model.support import direct_logprobs, serve_cmd
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ import json
 
 import httpx
 
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 
 from .serve_helpers import env_cmd, fake_server_cmd
 from .test_process_evaluate import run

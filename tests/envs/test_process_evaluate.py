@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from atroposlib.envs.cli import run_cli
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 
 from .serve_helpers import env_cmd, fake_server_cmd
 from .trivial_env import TrivialEnv

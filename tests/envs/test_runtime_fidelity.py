@@ -25,7 +25,7 @@ from atroposlib.envs.health import FailureTracker, ServerWatch, TooManyFailuresE
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.validation import InvalidGroupError, normalize_group
 from atroposlib.frontend.jsonl2html import create_html_for_group
-from tests.helpers.procs import free_port
+from atroposlib.testing.ports import free_port
 
 from .test_base_hooks import group, make_env
 

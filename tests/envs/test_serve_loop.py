@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.procs import free_port, running_process, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process, start_process, stop_process, wait_http
 
 from .serve_helpers import FakeTrainer, api_cmd, env_cmd, fake_server_cmd, produced_ids
 

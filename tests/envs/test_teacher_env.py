@@ -11,7 +11,8 @@ from atroposlib.envs.teacher_distillation_env import (
     TeacherDistillationConfig,
     TeacherDistillationEnv,
 )
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 
 from .serve_helpers import fake_server_cmd
 

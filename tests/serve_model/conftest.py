@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.serve_model.support import KEY, ORIGIN, Served, serve_cmd
 
 

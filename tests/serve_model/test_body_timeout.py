@@ -10,8 +10,9 @@ import time
 
 import httpx
 
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
-from tests.helpers.stalled_uploads import answer_of, stalled_uploads
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
+from atroposlib.testing.stalled_uploads import answer_of, stalled_uploads
 from tests.serve_model.support import serve_cmd
 
 

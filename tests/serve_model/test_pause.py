@@ -10,8 +10,9 @@ import time
 import httpx
 import pytest
 
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from atroposlib.tiny_model import build_tiny_model
-from tests.helpers.procs import free_port, running_process
 from tests.serve_model.support import serve_cmd
 
 

@@ -17,8 +17,9 @@ import torch
 from atroposlib.serving.errors import InvalidRequest
 from atroposlib.serving.in_place import plan_in_place
 from atroposlib.serving.weights_version import write_weights_version
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from atroposlib.tiny_model import build_tiny_model
-from tests.helpers.procs import free_port, running_process
 from tests.serve_model.support import direct_logprobs, serve_cmd
 
 PROMPT = [5, 6, 7, 8, 9, 10]

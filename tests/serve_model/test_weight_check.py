@@ -16,7 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from tests.serve_model.support import serve_cmd
 
 PROMPT = [5, 6, 7, 8, 9, 10]

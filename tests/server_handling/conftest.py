@@ -10,7 +10,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 
 FAKE = [sys.executable, "-m", "atroposlib.testing.fake_server"]
 

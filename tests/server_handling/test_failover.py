@@ -10,7 +10,8 @@ import pytest
 from atroposlib.envs.server_handling.errors import NoHealthyServerError
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.helpers.procs import free_port, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import stop_process, wait_http
 from tests.server_handling.conftest import FakeServer, fake_servers, start_fake
 
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -16,7 +16,8 @@ from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
 from atroposlib.envs.server_handling.errors import is_transport_error
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, lean_request_body
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 
 FAKE = [sys.executable, "-m", "atroposlib.testing.fake_server"]
 

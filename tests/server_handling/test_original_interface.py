@@ -32,19 +32,19 @@ from atroposlib.envs.server_handling.server_harness import (
 )
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
-from tests.helpers.llama_tokenizer import build_llama_style_tokenizer
+from atroposlib.testing.tokenizers import llama_style_tokenizer
 
 USER = [{"role": "user", "content": "What is 2+2?"}]
 
 
 @pytest.fixture(scope="module")
 def llama_tok():
-    return build_llama_style_tokenizer()
+    return llama_style_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def llama_tok_bos_template():
-    return build_llama_style_tokenizer(template_writes_bos=True)
+    return llama_style_tokenizer(template_writes_bos=True)
 
 
 class RecordingServer:

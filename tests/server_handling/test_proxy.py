@@ -16,7 +16,8 @@ from atroposlib.envs.server_handling.managed_server_proxy import UpstreamPolicy,
 from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import fake_servers
 
 USER = [{"role": "user", "content": "Name a color."}]

@@ -12,9 +12,10 @@ import time
 
 import httpx
 
-from tests.helpers.pipelining import assert_flood_grows_server_little
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
-from tests.helpers.stalled_uploads import answer_of, stalled_uploads
+from atroposlib.testing.pipelining import assert_flood_grows_server_little
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
+from atroposlib.testing.stalled_uploads import answer_of, stalled_uploads
 from tests.server_handling.conftest import start_fake
 
 PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]

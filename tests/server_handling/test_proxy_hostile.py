@@ -15,7 +15,8 @@ from typing import Iterator
 import httpx
 import pytest
 
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import start_fake
 from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 

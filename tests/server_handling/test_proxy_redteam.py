@@ -16,7 +16,8 @@ import pytest
 from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import start_fake
 
 KEY = "redteam-proxy-key"

@@ -21,7 +21,8 @@ from atroposlib.envs.server_handling._proxy_state import (
 from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 
 USER = [{"role": "user", "content": "Name a color."}]
 PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]

@@ -16,7 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import fake_servers
 from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 

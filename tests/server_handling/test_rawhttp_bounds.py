@@ -22,7 +22,8 @@ from atroposlib.envs.server_handling._rawhttp import (
     _Conn,
 )
 from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 
 

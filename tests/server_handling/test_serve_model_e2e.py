@@ -12,7 +12,8 @@ import pytest
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from tests.helpers.procs import free_port, running_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 
 pytestmark = [
     pytest.mark.slow,

@@ -8,27 +8,15 @@ from typing import Any, Callable
 
 import pytest
 
-
-def _build_byte_tokenizer(out_dir: Path) -> Path:
-    from tokenizers import Tokenizer, decoders, models
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
-    )
-    fast.save_pretrained(str(out_dir))
-    return out_dir
+from atroposlib.testing.tokenizers import bytes_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level BPE tokenizer directory loadable offline by AutoTokenizer."""
-    return _build_byte_tokenizer(tmp_path_factory.mktemp("byte-tokenizer"))
+    out_dir = tmp_path_factory.mktemp("byte-tokenizer")
+    bytes_tokenizer().save_pretrained(str(out_dir))
+    return out_dir
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +85,8 @@ def api_key() -> str:
 def keyed_api(tmp_path_factory: pytest.TempPathFactory):
     """One real ``run-api`` for the tools' tests, requiring ``Authorization: Bearer API_KEY``."""
     pytest.importorskip("atroposlib.cli.run_api")
-    from tests.helpers.procs import PYTHON, free_port, running_process
+    from atroposlib.testing.ports import free_port
+    from atroposlib.testing.processes import PYTHON, running_process
 
     port = free_port()
     log = tmp_path_factory.mktemp("api") / "api.log"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from atroposlib.frontend import jsonl2html
-from tests.helpers.procs import PYTHON
+from atroposlib.testing.processes import PYTHON
 
 DEEP = '{"scores": [1.0], "messages": ' + "[" * 100_000 + "]" * 100_000 + "}"
 HUGE_INT = '{"scores": [1' + "0" * 5000 + '], "messages": [[{"role": "user", "content": "x"}]]}'

@@ -13,7 +13,8 @@ import pytest
 
 from atroposlib.cli import inference_node_wandb_watcher as watcher_cli
 from atroposlib.frontend.api_client import ApiError, TrainerClient
-from tests.helpers.procs import PYTHON, free_port, start_process, stop_process
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON, start_process, stop_process
 
 KEY = "test-secret-key"  # the key of the keyed_api fixture
 REGISTRATION = {

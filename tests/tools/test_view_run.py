@@ -11,8 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.pipelining import assert_flood_grows_server_little
-from tests.helpers.procs import PYTHON, free_port, start_process, stop_process, wait_http
+from atroposlib.testing.pipelining import assert_flood_grows_server_little
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON, start_process, stop_process, wait_http
 
 CHROMIUM = shutil.which("chromium") or (
     "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None

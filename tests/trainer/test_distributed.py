@@ -17,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON, running_process
 from example_trainer.distributed import split_groups
-from tests.helpers.procs import PYTHON, free_port, running_process
 from tests.trainer.conftest import make_batch
 
 ROOT = Path(__file__).resolve().parents[2]

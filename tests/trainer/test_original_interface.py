@@ -13,6 +13,7 @@ import httpx
 import pytest
 import torch
 
+from atroposlib.testing.ports import free_port
 from example_trainer import api as trainer_api
 from example_trainer import cli, vllm_manager
 from example_trainer.checkpointing import save_checkpoint, save_lora_checkpoint
@@ -23,7 +24,6 @@ from example_trainer.run import wait_for_bridge_config, wait_for_vllm
 from example_trainer.trainers import create_optimizer_for_params, train_shared_vllm
 from example_trainer.training import compute_grpo_loss, run_training_step
 from tests.api.conftest import TRAINER, start_api
-from tests.helpers.procs import free_port
 
 from .conftest import make_batch
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from atroposlib.testing.ports import free_port
 from example_trainer import api
 from example_trainer.processes import ProcessGroup
-from tests.helpers.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,11 +11,11 @@ from typing import Callable, Dict, Tuple
 import pytest
 import torch
 
+from atroposlib.testing.ports import free_port
 from example_trainer import api
 from example_trainer.config import TrainingConfig
 from example_trainer.model import setup_model
 from example_trainer.weight_sync import HttpReloadSync, LoraOnlySync, WeightSyncError, merged_copy
-from tests.helpers.procs import free_port
 
 Handler = Callable[[str, str, bytes], Tuple[int, Dict]]
 

@@ -8,8 +8,9 @@ import subprocess
 import sys
 import textwrap
 
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from tests.envs.serve_helpers import fake_server_cmd
-from tests.helpers.procs import free_port, running_process
 
 EVAL_FILE = textwrap.dedent(
     """

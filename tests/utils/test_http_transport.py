@@ -8,10 +8,11 @@ import socket
 from typing import List
 
 import httpx
-
 from atroposlib.utils.http_transport import CoalescingTransport, http_protocol
+
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON, running_process
 from tests.api.conftest import TRAINER, start_api
-from tests.helpers.procs import PYTHON, free_port, running_process
 
 
 class _Recording:

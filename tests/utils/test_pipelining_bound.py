@@ -13,9 +13,10 @@ import socket
 
 import pytest
 
+from atroposlib.testing.pipelining import assert_flood_grows_server_little
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.api.conftest import start_api
-from tests.helpers.pipelining import assert_flood_grows_server_little
-from tests.helpers.procs import free_port, start_process, stop_process, wait_http
 from tests.serve_model.support import serve_cmd
 
 

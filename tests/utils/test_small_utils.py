@@ -11,25 +11,11 @@ from pydantic import ValidationError
 from atroposlib.utils.best_of_n_selection import select_best_index
 from atroposlib.utils.display import display_metrics_table
 from atroposlib.utils.metrics import get_std_min_max_avg
-
-
-def _load_length_penalties():
-    """Load the top-level ``helpers/length_penalties.py`` by path: ``tests/helpers`` shadows the
-    name ``helpers`` whenever pytest puts ``tests/`` on ``sys.path``."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "helpers" / "length_penalties.py"
-    spec = importlib.util.spec_from_file_location("atropos_repo_helpers_length_penalties", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_lp = _load_length_penalties()
-ThresholdLengthPenaltyCalculator = _lp.ThresholdLengthPenaltyCalculator
-ThresholdLengthPenaltyConfig = _lp.ThresholdLengthPenaltyConfig
-length_penalty_factor = _lp.length_penalty_factor
+from helpers.length_penalties import (
+    ThresholdLengthPenaltyCalculator,
+    ThresholdLengthPenaltyConfig,
+    length_penalty_factor,
+)
 
 
 @settings(deadline=None)

@@ -1,14 +1,15 @@
-"""Start real server processes for integration tests and benchmarks.
+"""Start real server processes for integration tests and benchmarks, and stop them.
 
 Every integration test in this repository talks to real processes on loopback.
-These helpers pick a free port, start a command, wait until an HTTP health URL
-answers, and make sure the process (and its children) are gone afterwards.
+These helpers start a command in its own process group, wait until an HTTP health
+URL answers, and make sure the process (and its children) are gone afterwards.
+Ports come from :mod:`atroposlib.testing.ports`, command lines from
+:mod:`atroposlib.testing.launch`.
 
 Example::
 
     port = free_port()
-    with running_process([sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(port)],
-                         health_url=f"http://127.0.0.1:{port}/health") as proc:
+    with running_process(run_api_cmd(port), health_url=f"http://127.0.0.1:{port}/health"):
         ...
 """
 
@@ -25,9 +26,10 @@ from typing import Iterator, Mapping, Sequence
 
 import httpx
 
-from atroposlib.utils.ports import free_port as free_port  # the tests import it from here
+__all__ = ["PYTHON", "running_process", "start_process", "stop_process", "wait_http"]
 
 PYTHON = sys.executable
+"""The interpreter running the tests: every child process uses the same environment."""
 
 
 def wait_http(
