@@ -6,7 +6,8 @@ are async functions ``(messages, max_tokens) -> reply``: the policy through
 ``ManagedServer``, the same policy untracked (self-play), or a scripted opponent.
 :func:`play_episode` drives one game to its end, or stops it with a logged reason:
 ``max_turns``, ``token_budget``, ``step_timeout`` (a ``step`` that hangs is
-interrupted after ``step_timeout_s``) or ``step_error``.
+interrupted after ``step_timeout_s``), ``step_error``, or the reason of an
+:class:`EpisodeEnded` a player raised (an opponent whose server failed).
 
 Each player keeps its own conversation: the system prompt, then for every turn its
 observation as a user message and its reply as an assistant message, so the policy's
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Episode",
+    "EpisodeEnded",
     "GameStepTimeout",
     "Player",
     "StepResult",
@@ -72,6 +74,15 @@ class TextGame(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the game holds."""
+
+
+class EpisodeEnded(Exception):
+    """Raised by a player that cannot move (say, its server is down): the episode ends
+    with ``reason`` as its ``end_reason`` and the message logged."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class GameStepTimeout(Exception):
@@ -173,6 +184,9 @@ async def play_episode(
                 rewards = dict(result.rewards)
                 break
             turn = result.turn
+    except EpisodeEnded as err:
+        reason = err.reason
+        logger.warning("text game (seed %d) ended after %d turns: %s", seed, turns, err)
     except GameStepTimeout as err:
         reason = "step_timeout"
         logger.warning("text game (seed %d) ended after %d turns: %s", seed, turns, err)

@@ -4,9 +4,20 @@ One item is one game id and seed; a group is ``group_size`` episodes of that gam
 that seed, so GRPO compares like with like. The trained player (``trained_player``)
 is the policy through ``ManagedServer``: its turns extend one token sequence whose mask
 trains only its own replies. The other players are the same policy, untracked
-(``opponent: self_play``), or a scripted player that picks one of the bracketed moves
-the observation offers (``opponent: scripted``). The trained player's final reward is
-the score.
+(``opponent: self_play``), a scripted player that picks one of the bracketed moves
+the observation offers (``opponent: scripted``), or another OpenAI-compatible
+inference server (``opponent: server`` with ``opponent_server``: its URL, model, key,
+sampling and time limit), asked through a ``ServerManager`` of its own with each of its
+seats' observations as chat messages. Opponent moves are never tracked, so never
+trained. The trained player's final reward is the score.
+
+An opponent server that fails or does not answer within its time limit (by default
+``step_timeout_s``, like a game step) ends the episode (``end_reason:
+opponent_error`` or ``opponent_timeout``, the cause logged). Such an episode is not
+trained on: its reward says nothing about the policy. It is counted
+(``train/opponent_failures``); when it cost a group every episode, the item fails like
+any other failed item (counted, backed off, ``max_consecutive_failures`` applies); in
+``evaluate`` it counts in ``eval/failed_games``.
 
 TextArena games draw from the process-global ``random``; each episode keeps its own
 ``random`` state, swapped in (under a lock) around every call into the game, so
@@ -18,16 +29,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import re
 import threading
 from collections import Counter
 from typing import Any, Callable, Dict, List, Literal, Tuple
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from atroposlib.envs.adapters.text_games import (
     Episode,
+    EpisodeEnded,
     Messages,
     Player,
     StepResult,
@@ -38,10 +52,20 @@ from atroposlib.envs.adapters.text_games import (
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.server_handling.server_manager import ServerManager
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TextArenaEnv", "TextArenaEnvConfig", "TextArenaGame", "scripted_player"]
+__all__ = [
+    "OPPONENT_FAILURES",
+    "OpponentServerConfig",
+    "OpponentServerError",
+    "TextArenaEnv",
+    "TextArenaEnvConfig",
+    "TextArenaGame",
+    "scripted_player",
+    "server_player",
+]
 
 SYSTEM_PROMPT = (
     "You are playing a game. Each turn you see the game's messages. Reply with your move "
@@ -49,6 +73,9 @@ SYSTEM_PROMPT = (
 )
 _OPTION = re.compile(r"\[[^\[\]\n]{1,20}\]")
 _RANDOM_LOCK = threading.Lock()
+
+OPPONENT_FAILURES = ("opponent_error", "opponent_timeout")
+"""End reasons of episodes whose opponent server failed (not trained on)."""
 
 
 class TextArenaGame(TextGame):
@@ -116,6 +143,101 @@ def scripted_player(seed: int) -> Player:
     return play
 
 
+class OpponentServerError(RuntimeError):
+    """Every episode of a group lost its opponent server (the item fails and is counted)."""
+
+
+class OpponentServerConfig(BaseModel):
+    """The OpenAI-compatible inference server that plays the other seats (``opponent: server``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(
+        ..., description="Base URL of the opponent's server, e.g. http://127.0.0.1:9002/v1."
+    )
+    model_name: str = Field("default", description="Model name sent with every request.")
+    api_key: str = Field(
+        "", description="API key sent to the server (empty: $OPENAI_API_KEY, else none)."
+    )
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature of its moves.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus sampling (None: unset).")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Generation budget per move (None: env.max_tokens_per_turn)."
+    )
+    timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds one of its moves may take, retries included "
+        "(None: env.step_timeout_s); past it the episode ends (opponent_timeout).",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("expected an http(s) URL with a host, e.g. http://127.0.0.1:9002/v1")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError as err:
+            raise ValueError(f"bad port: {err}") from err
+        return value.strip().rstrip("/")
+
+    def api_server_config(self, timeout: float) -> APIServerConfig:
+        """The client config for a ``ServerManager`` of this server."""
+        return APIServerConfig(
+            base_url=self.base_url,
+            model_name=self.model_name,
+            api_key=self.api_key,
+            server_type="openai",
+            timeout=max(1, math.ceil(timeout)),
+            # One server, nothing to route around: a failed request fails the move at once
+            # instead of waiting for a probe to call the server healthy again.
+            health_check=False,
+        )
+
+
+def server_player(
+    manager: Any,
+    *,
+    temperature: float,
+    timeout: float,
+    max_tokens: int | None = None,
+    top_p: float | None = None,
+    split: str = "train",
+) -> Player:
+    """A player whose moves come from ``manager.chat_completion`` (an opponent server).
+
+    A move that raises or takes longer than ``timeout`` seconds raises
+    :class:`EpisodeEnded` (``opponent_error`` / ``opponent_timeout``), ending the episode.
+    """
+
+    async def play(messages: Messages, max_tokens_turn: int) -> str:
+        sampling: Dict[str, Any] = {"temperature": temperature}
+        if top_p is not None:
+            sampling["top_p"] = top_p
+        request = manager.chat_completion(
+            messages=messages,
+            n=1,
+            max_tokens=max_tokens or max_tokens_turn,
+            split=split,
+            **sampling,
+        )
+        try:
+            out = await asyncio.wait_for(request, timeout)
+        except asyncio.TimeoutError as err:
+            raise EpisodeEnded(
+                "opponent_timeout", f"the opponent server gave no move within {timeout:g} s"
+            ) from err
+        except Exception as err:  # any failure of the opponent ends this episode only
+            raise EpisodeEnded(
+                "opponent_error", f"the opponent server failed: {type(err).__name__}: {err}"
+            ) from err
+        return out.choices[0].message.content or ""
+
+    return play
+
+
 class TextArenaEnvConfig(BaseEnvConfig):
     """``BaseEnvConfig`` plus the TextArena knobs."""
 
@@ -123,10 +245,16 @@ class TextArenaEnvConfig(BaseEnvConfig):
         default=["TicTacToe-v0"], description="TextArena game ids; item i plays game i mod n."
     )
     num_players: int = Field(default=2, ge=1, description="Players per game.")
-    opponent: Literal["self_play", "scripted"] = Field(
+    opponent: Literal["self_play", "scripted", "server"] = Field(
         default="self_play",
-        description="Who plays the other seats: the same policy (untracked) or a scripted "
-        "player choosing among the bracketed moves offered.",
+        description="Who plays the other seats: the same policy (untracked), a scripted "
+        "player choosing among the bracketed moves offered, or opponent_server.",
+    )
+    opponent_server: OpponentServerConfig | None = Field(
+        default=None,
+        validate_default=True,
+        description="The inference server of the other seats when opponent is 'server' "
+        """(JSON on the command line: '{"base_url": "http://127.0.0.1:9002/v1", ...}').""",
     )
     trained_player: int = Field(default=0, ge=0, description="The seat whose reward trains.")
     max_turns: int = Field(default=30, ge=1, description="Moves (all players) before a draw.")
@@ -140,6 +268,18 @@ class TextArenaEnvConfig(BaseEnvConfig):
     eval_episodes: int = Field(default=8, ge=0, description="Episodes per game id in evaluate.")
     eval_seed: int = Field(default=1_000_000, description="First seed of evaluation episodes.")
     eval_temperature: float = Field(default=0.0, ge=0, description="Temperature of evaluation.")
+
+    @field_validator("opponent_server")
+    @classmethod
+    def _server_when_needed(
+        cls, value: OpponentServerConfig | None, info: ValidationInfo
+    ) -> OpponentServerConfig | None:
+        if info.data.get("opponent") == "server" and value is None:
+            raise ValueError(
+                "opponent 'server' needs opponent_server with at least base_url, e.g. "
+                '{"base_url": "http://127.0.0.1:9002/v1", "model_name": "..."}'
+            )
+        return value
 
 
 class TextArenaEnv(BaseEnv):
@@ -161,6 +301,8 @@ class TextArenaEnv(BaseEnv):
         self.end_reasons: Counter = Counter()
         self.rewards: List[float] = []
         self.eval_metrics: Dict[str, float] = {}
+        self.opponent_failures = 0
+        self.opponent_manager: ServerManager | None = None
 
     @classmethod
     def config_init(cls) -> Tuple[TextArenaEnvConfig, List[APIServerConfig]]:
@@ -188,6 +330,30 @@ class TextArenaEnv(BaseEnv):
         if self.config.trained_player >= self.config.num_players:
             raise ValueError("env.trained_player must be below env.num_players")
         self.iter = 0
+        opponent = self.config.opponent_server
+        if self.config.opponent == "server" and opponent is not None:
+            if self.opponent_manager is not None:
+                await self.opponent_manager.close()
+            self.opponent_manager = ServerManager(
+                [opponent.api_server_config(self.opponent_timeout())]
+            )
+
+    def opponent_timeout(self) -> float:
+        """Seconds one opponent-server move may take."""
+        server = self.config.opponent_server
+        if server is not None and server.timeout is not None:
+            return server.timeout
+        return self.config.step_timeout_s
+
+    async def close_servers(self) -> None:
+        """Close the opponent server's client with the policy's servers."""
+        if self.opponent_manager is not None:
+            manager, self.opponent_manager = self.opponent_manager, None
+            try:
+                await manager.close()
+            except (RuntimeError, OSError) as err:
+                logger.warning("closing the opponent server client failed: %s", err)
+        await super().close_servers()
 
     def save_checkpoint(self, step: int, data: Dict[str, Any] | None = None) -> None:
         super().save_checkpoint(step, {"iter": self.iter} if data is None else data)
@@ -198,14 +364,26 @@ class TextArenaEnv(BaseEnv):
         ids = self.config.game_ids
         return {"game_id": ids[i % len(ids)], "seed": self.config.seed + i}
 
-    def opponents(self, seed: int, policy: Player) -> Dict[int, Player]:
+    def opponents(self, seed: int, policy: Player, split: str = "train") -> Dict[int, Player]:
         """The other seats' players for an episode from ``seed``."""
         cfg = self.config
-        return {
-            p: policy if cfg.opponent == "self_play" else scripted_player(seed * 131 + p)
-            for p in range(cfg.num_players)
-            if p != cfg.trained_player
-        }
+        seats = [p for p in range(cfg.num_players) if p != cfg.trained_player]
+        if cfg.opponent == "self_play":
+            return {p: policy for p in seats}
+        if cfg.opponent == "scripted":
+            return {p: scripted_player(seed * 131 + p) for p in seats}
+        server = cfg.opponent_server
+        if self.opponent_manager is None or server is None:
+            raise RuntimeError("opponent 'server': call setup() first")
+        player = server_player(
+            self.opponent_manager,
+            temperature=server.temperature,
+            top_p=server.top_p,
+            max_tokens=server.max_tokens,
+            timeout=self.opponent_timeout(),
+            split=split,
+        )
+        return {p: player for p in seats}
 
     def untracked_policy(self, temperature: float, split: str = "train") -> Player:
         """The policy answering without token tracking (self-play seats, evaluation)."""
@@ -218,8 +396,10 @@ class TextArenaEnv(BaseEnv):
 
         return play
 
-    async def play_tracked(self, item: Dict[str, Any]) -> Dict[str, Any] | None:
-        """One episode with the trained seat through ManagedServer; its sequence and reward."""
+    async def play_tracked(self, item: Dict[str, Any]) -> Dict[str, Any]:
+        """One episode with the trained seat through ManagedServer: ``{"episode"}``, plus
+        ``tokens``, ``masks`` and ``logprobs`` when it is trainable (the trained seat moved
+        and the opponent did not fail)."""
         cfg = self.config
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
 
@@ -241,8 +421,11 @@ class TextArenaEnv(BaseEnv):
             episode = await self.run_episode(item, players, budget_left)
             nodes = managed.get_state()["nodes"]
         self.end_reasons[episode.end_reason] += 1
+        if episode.end_reason in OPPONENT_FAILURES:
+            self.opponent_failures += 1
+            return {"episode": episode}
         if not nodes:
-            return None  # the trained seat never moved
+            return {"episode": episode}  # the trained seat never moved
         if len(nodes) > 1:
             logger.warning(
                 "textarena: an episode made %d sequences; keeping the longest", len(nodes)
@@ -281,8 +464,11 @@ class TextArenaEnv(BaseEnv):
             *(self.play_tracked(item) for _ in range(self.config.group_size))
         )
         group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        lost = [
+            r["episode"].end_reason for r in played if r["episode"].end_reason in OPPONENT_FAILURES
+        ]
         for run in played:
-            if run is None:
+            if "tokens" not in run:
                 continue
             episode: Episode = run["episode"]
             reward = episode.reward(self.config.trained_player)
@@ -293,6 +479,11 @@ class TextArenaEnv(BaseEnv):
             group["messages"].append(episode.conversations.get(self.config.trained_player, []))
             group["scores"].append(reward)
         if not group["tokens"]:
+            if lost:
+                raise OpponentServerError(
+                    f"{item['game_id']} seed {item['seed']}: {len(lost)} of {len(played)} "
+                    f"episodes ended by the opponent server ({', '.join(sorted(set(lost)))})"
+                )
             return None, []
         return group, []
 
@@ -306,9 +497,15 @@ class TextArenaEnv(BaseEnv):
         ]
 
         async def one(item: Dict[str, Any]) -> Dict[str, Any]:
-            players = self.opponents(item["seed"], policy)
+            players = self.opponents(item["seed"], policy, split="eval")
             players[cfg.trained_player] = policy
             episode = await self.run_episode(item, players)
+            if episode.end_reason in OPPONENT_FAILURES:
+                self.opponent_failures += 1
+                raise OpponentServerError(
+                    f"{item['game_id']} seed {item['seed']}: ended by the opponent server "
+                    f"({episode.end_reason})"
+                )
             reward = episode.reward(cfg.trained_player)
             return {
                 "messages": episode.conversations.get(cfg.trained_player, []),
@@ -353,4 +550,7 @@ class TextArenaEnv(BaseEnv):
         for reason, count in self.end_reasons.items():
             metrics[f"train/end_{reason}_rate"] = count / total
         self.end_reasons.clear()
+        if self.config.opponent == "server":
+            metrics["train/opponent_failures"] = float(self.opponent_failures)
+            self.opponent_failures = 0
         await super().wandb_log(metrics)
