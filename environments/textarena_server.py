@@ -4,7 +4,9 @@ Needs ``pip install 'atroposlib[textarena]'``. The adapter is
 :class:`atroposlib.envs.adapters.textarena.TextArenaEnv` (built on the text-game base in
 :mod:`atroposlib.envs.adapters.text_games`); this file runs it. Choose games with
 ``--env.game_ids '["TicTacToe-v0","ConnectFour-v0"]'``, the other seats with
-``--env.opponent self_play|scripted``.
+``--env.opponent self_play|scripted|server`` (``server``: another OpenAI-compatible
+inference server, ``--env.opponent_server '{"base_url": "http://127.0.0.1:9002/v1",
+"model_name": "..."}'``; its moves are not trained).
 
 Try it against the tiny model (after ``atropos-serve-model MODEL_DIR --port 9001``)::
 
