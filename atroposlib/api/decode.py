@@ -33,6 +33,7 @@ is stored as posted, unknown keys included.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -41,14 +42,20 @@ from typing import Dict, List, Tuple
 
 import msgspec
 import simdjson
+from pydantic import ValidationError
 
-from atroposlib.api.models import ScoredData
+from atroposlib.api.codec import posted_form
+from atroposlib.api.errors import BodyValidationError, invalid_body
+from atroposlib.api.lax import integral_floats_as_ints
+from atroposlib.api.models import ScoredData, ScoredDataList
 
 __all__ = [
     "FAST_FIELDS",
     "GroupShape",
+    "ParsedGroup",
     "fast_shape",
     "model_shape",
+    "parse_groups",
     "split_lenient",
     "split_list",
     "split_shapes",
@@ -350,3 +357,84 @@ def split_lenient(body: bytes) -> List[bytes]:
         if text[i] != ",":
             raise ValueError(f"unexpected {text[i]!r} at {i}")
         i += 1
+
+
+def _shape(raw: bytes, shape: GroupShape | None = None) -> tuple[bytes, GroupShape]:
+    """The bytes to store and the shape of one posted group: simdjson's single pass, or
+    strict pydantic for the rest. A group that fails only by integral floats in int fields
+    (``1.0``, as the original's lax models accepted) is stored with them as ints."""
+    if shape is None:
+        shape = fast_shape(raw)
+    if shape is None:
+        try:
+            group = ScoredData.model_validate_json(raw)
+        except ValidationError as e:
+            fixed = integral_floats_as_ints(raw, e)
+            if fixed is None:
+                raise
+            raw = fixed
+            group = ScoredData.model_validate_json(raw)
+        shape = model_shape(group)
+        version = version_of(raw)
+        if version is not None:
+            shape = dataclasses.replace(shape, version=version)
+    return raw, shape
+
+
+@dataclass(frozen=True)
+class ParsedGroup:
+    """A type-valid posted group, before the consistency checks: its shape, its posted
+    bytes and the null fields its stored form adds (see :func:`~atroposlib.api.codec.posted_form`)."""
+
+    shape: GroupShape
+    body: bytes
+    fill: bytes = b""
+
+
+def _split(body: bytes) -> List[tuple[bytes, GroupShape | None]]:
+    """A posted list's elements: exact bytes, and the fast path's shape where it has one."""
+    pairs = split_shapes(body)
+    if pairs is not None:
+        return pairs
+    raws = split_list(body)
+    if raws is None:  # not strict JSON, or not an array: pydantic words it (or reads NaN)
+        try:
+            ScoredDataList.validate_json(body)
+        except ValidationError as e:
+            raise invalid_body(e) from None
+        try:
+            raws = split_lenient(body)
+        except (ValueError, IndexError, RecursionError) as e:  # pydantic read it, json not
+            raise BodyValidationError(
+                [{"type": "json_invalid", "loc": ["body"], "msg": f"Invalid JSON: {e}"}]
+            ) from None
+    return [(raw, None) for raw in raws]
+
+
+def parse_groups(body: bytes, many: bool) -> List[ParsedGroup]:
+    """Type-validate one group (or a list of groups) from the posted bytes, in one parse each.
+
+    A list is parsed whole and cut into its elements' exact bytes (or split by
+    msgspec first when the cut cannot be proven, see
+    :func:`~atroposlib.api.decode.split_shapes`); each group is kept as posted,
+    unknown keys included. Any type error is reported as strict pydantic
+    reports it for the whole body (every error, FastAPI-shaped).
+    """
+    pairs = _split(body) if many else [(body, None)]
+    try:
+        checked = [_shape(raw, shape) for raw, shape in pairs]
+    except ValidationError as e:
+        if not many:
+            raise invalid_body(e) from None
+        try:  # every element's errors, located by index, as for the whole list
+            ScoredDataList.validate_json(body)
+        except ValidationError as whole:
+            raise invalid_body(whole) from None
+        raise invalid_body(
+            e
+        ) from None  # pragma: no cover - the list cannot pass when an element fails
+    out = []
+    for raw, shape in checked:
+        posted, fill = posted_form(raw, shape.fields)
+        out.append(ParsedGroup(shape, posted, fill))
+    return out

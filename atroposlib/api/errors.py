@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +22,7 @@ __all__ = [
     "UnknownEnvError",
     "error_response",
     "install_error_handlers",
+    "invalid_body",
     "validation_detail",
 ]
 
@@ -132,6 +134,13 @@ def validation_detail(
     ]
 
 
+def invalid_body(e: ValidationError, prefix: Sequence[Any] = ("body",)) -> BodyValidationError:
+    """The 422 of a body that pydantic rejected: every error, located, inputs not echoed."""
+    return BodyValidationError(
+        validation_detail(e.errors(include_url=False, include_input=False), prefix)
+    )
+
+
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return JSONResponse(exc.payload(), status_code=exc.status_code, headers=exc.headers())
@@ -154,7 +163,7 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
     store = getattr(request.app, "atropos_store", None)
     if store is not None:
-        store.counters["internal_errors"] += 1
+        store.count("internal_errors")
     return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
 
 

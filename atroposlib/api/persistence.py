@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Change",
+    "CommitTicket",
+    "DeferredChanges",
     "DamagedDatabaseError",
     "GroupRow",
     "PersistedState",
@@ -94,6 +96,47 @@ class Change:
     delete: Sequence[int] = ()
     meta: dict[str, Any] | None = None
     clear_groups: bool = False
+
+
+class CommitTicket:
+    """Whether some deferred changes are committed: ``done`` once a commit included them (or
+    failed), ``error`` its :class:`StorageError`. Each deferred post waits on one."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: StorageError | None = None
+
+
+class DeferredChanges:
+    """Changes applied in memory but not committed yet, with the ticket their posts wait on.
+
+    Posts handled in one turn of the event loop defer their changes here; the next
+    commit (a group commit, or any other change, which includes them first) takes
+    them all in one transaction and settles the ticket.
+    """
+
+    def __init__(self) -> None:
+        self.changes: List[Change] = []
+        self.payload: List[Any] = []
+        self.ticket: CommitTicket | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.changes)
+
+    def add(self, change: Change, payload: Sequence[Any] = ()) -> None:
+        """Defer ``change``; ``payload`` (the caller's objects it concerns) comes back with it."""
+        self.changes.append(change)
+        self.payload.extend(payload)
+        if self.ticket is None:
+            self.ticket = CommitTicket()
+
+    def take(self) -> tuple[List[Change], CommitTicket | None, List[Any]]:
+        """Everything deferred (changes, ticket, payload), leaving nothing behind."""
+        out = (self.changes, self.ticket, self.payload)
+        self.changes, self.ticket, self.payload = [], None, []
+        return out
 
 
 class SqlitePersistence:

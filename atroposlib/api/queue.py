@@ -14,25 +14,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List
 
-from atroposlib.api.compression import unpack
+from atroposlib.api.codec import stored_json
 from atroposlib.api.utils import grab_batch_with_minimum_allocations
 
-__all__ = ["EnvQueueStats", "GroupQueue", "StoredGroup", "canonical_json"]
-
-
-def canonical_json(body: bytes, fill: bytes) -> bytes:
-    """The stored form of a posted group: its bytes with ``fill`` (the ``"field":null,``
-    of its absent fields) inserted after the opening ``{``."""
-    if not fill:
-        return body
-    return b"".join((b"{", fill, memoryview(body)[1:]))
+__all__ = ["EnvQueueStats", "GroupQueue", "StoredGroup"]
 
 
 class StoredGroup:
     """One validated group: queue position, sender, sequence count and its JSON bytes.
 
     ``body`` is the group as posted and ``fill`` the null fields its JSON gets
-    (see :func:`canonical_json` and :meth:`json`; ``fill`` objects are shared
+    (see :func:`~atroposlib.api.codec.canonical_json` and :meth:`json`; ``fill`` objects are shared
     between groups with the same fields, so they cost no memory per group).
     ``body`` is None when the bytes live only in the persistence database
     (``--persist``), and an LZ4 block of the posted bytes when ``packed`` (see
@@ -69,8 +61,7 @@ class StoredGroup:
     def json(self) -> bytes:
         """The group's JSON (in memory only: None-bodied groups are read from the database)."""
         assert self.body is not None
-        body = unpack(self.body, self.nbytes - len(self.fill)) if self.packed else self.body
-        return canonical_json(body, self.fill)
+        return stored_json(self.body, self.fill, self.packed, self.nbytes)
 
 
 @dataclass

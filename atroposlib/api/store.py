@@ -1,20 +1,21 @@
-"""``RolloutStore``: the one owner of the rollout API's state.
+"""``RolloutStore``: the one owner of the rollout API's state, and the only way to change it.
 
-It holds the trainer registration, the env registry, the FIFO queue of scored
-groups, the per-env buffers of odd-sized groups, the step counter and the
-batch last served but not yet acknowledged. Its methods are the only way to
-change that state; routes call them and answer. With a
-:class:`~atroposlib.api.persistence.SqlitePersistence` every change is
-committed before the method returns (and therefore before the HTTP answer).
+It holds the trainer registration, the step counter, and the parts with a job
+each: the env registry (:mod:`~atroposlib.api.registry`), the FIFO queue of
+scored groups (:mod:`~atroposlib.api.queue`), the odd-size buffer
+(:mod:`~atroposlib.api.buffer`), the unacknowledged batch
+(:mod:`~atroposlib.api.delivery`) and the staleness bound
+(:mod:`~atroposlib.api.staleness`). Routes call its methods and answer; the
+throttling signal is computed by :func:`~atroposlib.api.throttle.env_signal` and
+the answers' bytes by :mod:`~atroposlib.api.codec`. With a
+:class:`~atroposlib.api.persistence.SqlitePersistence` every change is committed
+before the method returns (and therefore before the HTTP answer), or deferred
+to a group commit whose ticket the caller waits on.
 
-Delivery (SPEC D19): a served batch stays in the store, in memory and in the
-database, until the trainer acknowledges it: explicitly (``GET
-/batch?ack=ID`` or ``POST /batch/ack``), or implicitly by its next ``GET
-/batch`` without ``ack`` (the original's clients). Until then it is served
-again, byte for byte, to a client that did not acknowledge it, so a batch lost
-in transit (a crash of the server while answering, or of the trainer before it
-trained) is not lost. The answer carries ``batch_id`` and ``step`` for the
-client to de-duplicate on.
+Delivery (docs/design.md, "Delivery guarantee"): a served batch stays in the
+store, in memory and in the database, until the trainer acknowledges it
+(see :class:`~atroposlib.api.delivery.Delivery`). The answer carries
+``batch_id`` and ``step`` for the client to de-duplicate on.
 
 Without persistence, groups are kept as their JSON bytes; once more than
 ``pack_above_bytes`` of JSON is held, further groups are stored as LZ4 blocks
@@ -22,48 +23,53 @@ Without persistence, groups are kept as their JSON bytes; once more than
 when served. Environments throttle at a few batches of queued data, so in
 normal operation nothing is packed; a backlog costs half of the memory.
 The queue budget (``--max-queue-mb``) always counts JSON bytes.
+
+Time (``--env-timeout``) is read from the ``clock`` passed in
+(``time.monotonic`` by default), so tests move it by hand instead of sleeping.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
-import math
-import re
-import secrets
 import time
 import uuid
-from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass, field
-from typing import Any, Deque, Dict, List, Sequence
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Sequence
 
+from atroposlib.api import codec
+from atroposlib.api.buffer import OddSizeBuffer
 from atroposlib.api.compression import pack
-from atroposlib.api.errors import ApiError, QueueFullError, StorageError, UnknownEnvError
+from atroposlib.api.delivery import Delivery, PendingBatch, UnknownBatchError
+from atroposlib.api.errors import QueueFullError, StorageError
 from atroposlib.api.models import RegisterEnv, Registration
-from atroposlib.api.persistence import Change, GroupRow, SqlitePersistence
-from atroposlib.api.queue import GroupQueue, StoredGroup, canonical_json
+from atroposlib.api.persistence import (
+    Change,
+    CommitTicket,
+    DeferredChanges,
+    GroupRow,
+    SqlitePersistence,
+)
+from atroposlib.api.queue import GroupQueue, StoredGroup
+from atroposlib.api.registry import DEFAULT_ENV_TIMEOUT, Clock, EnvRecord, EnvRegistry
 from atroposlib.api.staleness import StalenessControl, histogram
-from atroposlib.api.utils import find_groups_summing_to_target
+from atroposlib.api.throttle import MIN_ENV_WEIGHT, env_signal, unregistered_signal
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_ENV_TIMEOUT",
     "MIN_ENV_WEIGHT",
+    "CommitTicket",
     "EnvRecord",
     "IncomingGroup",
+    "IngestOutcome",
     "PendingBatch",
     "RolloutStore",
     "UnknownBatchError",
 ]
 
-MIN_ENV_WEIGHT = 0.01
-"""Floor of the ``env_weight`` that ``/status-env`` reports."""
-
 _META_KEY = "state"
-_BATCH_NUMBER = re.compile(r"[1-9][0-9]{0,17}")
-"""The number of a ``batch_id`` as this server writes it (ASCII, canonical, bounded)."""
 
 DEFAULT_PACK_ABOVE_BYTES = 4 * 1024 * 1024
 """Queued JSON beyond this many bytes is kept packed in memory (``--pack-above-mb``)."""
@@ -71,35 +77,35 @@ DEFAULT_PACK_ABOVE_BYTES = 4 * 1024 * 1024
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 """Bound of the odd-sized group buffers (``--max-buffer-mb``)."""
 
-DEFAULT_ENV_TIMEOUT = 300.0
-"""Seconds of silence after which an env stops counting for ``min_batch_allocation``."""
+COUNTERS = (
+    "groups_ingested",
+    "sequences_ingested",
+    "batches_served",
+    "sequences_served",
+    "batches_resent",
+    "batches_acknowledged",
+    "rejected_queue_full",
+    "rejected_invalid",
+    "rejected_unknown_env",
+    "buffer_released",
+    "buffer_dropped",
+    "internal_errors",
+    "stale_dropped",
+)
+"""The counters ``/metrics`` always shows (``inconsistent_<field>`` ones appear when counted)."""
 
-
-class UnknownBatchError(ApiError):
-    """A ``batch_id`` this server never served (404)."""
-
-    status_code = 404
-
-    def __init__(self, batch_id: str) -> None:
-        shown = batch_id if len(batch_id) <= 80 else batch_id[:80] + "..."
-        super().__init__(
-            f"unknown batch_id {shown!r}: acknowledge the batch_id of the last /batch answer"
-        )
-
-
-@dataclass
-class EnvRecord:
-    """A registered environment (ids are list positions, never reused)."""
-
-    max_context_len: int
-    weight: float
-    desired_name: str
-    real_name: str
-    registered_id: int
-    last_update: float
-    connected: bool
-    min_batch_allocation: float | None
-    group_size: int
+_TRAINER_KEYS = (
+    "registered",
+    "started",
+    "step",
+    "wandb_group",
+    "wandb_project",
+    "batch_size",
+    "num_steps",
+    "max_token_len",
+    "checkpoint_dir",
+    "save_checkpoint_interval",
+)
 
 
 @dataclass(frozen=True)
@@ -111,18 +117,7 @@ class IncomingGroup:
     body: bytes
     version: int | None = None
     fill: bytes = b""
-    """The ``"field":null,`` bytes of the absent fields (see :func:`~atroposlib.api.queue.canonical_json`)."""
-
-
-class CommitTicket:
-    """Whether the deferred changes of some ``ingest(..., defer=True)`` calls are committed:
-    ``done`` once a commit included them (or failed), ``error`` its :class:`StorageError`."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = False
-        self.error: StorageError | None = None
+    """The ``"field":null,`` bytes of the absent fields (see :func:`~atroposlib.api.codec.canonical_json`)."""
 
 
 @dataclass(frozen=True)
@@ -136,72 +131,6 @@ class IngestOutcome:
 _RECEIVED = IngestOutcome("received")
 
 
-@dataclass
-class PendingBatch:
-    """The batch served last and not acknowledged yet; ``live`` once this process served it."""
-
-    batch_id: str
-    step: int
-    groups: List[StoredGroup]
-    live: bool = True
-    staleness: Dict[str, int] | None = None
-
-    def meta(self) -> Dict[str, Any]:
-        return {
-            "batch_id": self.batch_id,
-            "step": self.step,
-            "seqs": [g.seq for g in self.groups],
-        }
-
-
-@dataclass
-class _EnvBuffer:
-    """One env's odd-sized groups, per size in arrival order, with running totals."""
-
-    by_size: Dict[int, Deque[StoredGroup]] = field(default_factory=dict)
-    groups: int = 0
-    sequences: int = 0
-    nbytes: int = 0
-
-    def add(self, g: StoredGroup) -> None:
-        self.by_size.setdefault(g.size, deque()).append(g)
-        self.groups += 1
-        self.sequences += g.size
-        self.nbytes += g.nbytes
-
-    def remove(self, g: StoredGroup) -> None:
-        bucket = self.by_size[g.size]
-        if bucket[0] is g:
-            bucket.popleft()
-        else:
-            bucket.remove(g)
-        if not bucket:
-            del self.by_size[g.size]
-        self.groups -= 1
-        self.sequences -= g.size
-        self.nbytes -= g.nbytes
-
-    def candidates(self, target: int) -> List[StoredGroup]:
-        """The groups that can take part in a sum to ``target``, oldest first.
-
-        Of each size ``s`` only the oldest ``target // s`` groups can: more
-        would overshoot. On these the original's choice
-        (:func:`find_groups_summing_to_target`: greedy in FIFO order, then the
-        oldest-preferring subset sum) is the same as on the whole buffer, since
-        the groups left out never change which sums are reachable. So matching
-        costs O(target log target) per post, however many groups wait.
-        """
-        picked: List[StoredGroup] = []
-        for size, bucket in self.by_size.items():
-            if size <= target:
-                picked.extend(itertools.islice(bucket, target // size))
-        picked.sort(key=lambda g: g.seq)
-        return picked
-
-    def ordered(self) -> List[StoredGroup]:
-        return sorted(itertools.chain.from_iterable(self.by_size.values()), key=lambda g: g.seq)
-
-
 class RolloutStore:
     """Queue, env registry, trainer registration and step counter of one API server."""
 
@@ -213,6 +142,9 @@ class RolloutStore:
         max_buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         env_timeout: float = DEFAULT_ENV_TIMEOUT,
         max_staleness: int | None = None,
+        *,
+        strict_groups: bool = False,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.max_queue_bytes = max_queue_bytes
         self.staleness = StalenessControl(max_staleness)
@@ -220,37 +152,18 @@ class RolloutStore:
         # The buffer never holds more than half the queue budget, so odd-sized groups
         # alone can never fill the queue and block every env with 503s.
         self.max_buffer_bytes = min(max_buffer_bytes, max_queue_bytes // 2)
-        self.env_timeout = env_timeout
+        self.strict_groups = strict_groups
+        """Reject optional per-token fields whose lengths differ from ``tokens`` (``--strict-groups``)."""
         self._db = persistence
-        self._deferred: List[Change] = []
-        self._deferred_groups: List[StoredGroup] = []
-        self._ticket: CommitTicket | None = None
+        self._deferred = DeferredChanges()
         self.queue = GroupQueue()
-        self._buffers: Dict[int, _EnvBuffer] = {}
-        self._buffer_order: OrderedDict[int, StoredGroup] = OrderedDict()
-        self._buffer_bytes = 0
+        self.registry = EnvRegistry(env_timeout, clock)
+        self.buffer = OddSizeBuffer()
+        self.delivery = Delivery()
         self._next_seq = 1
         self._latest: StoredGroup | None = None
-        self.pending: PendingBatch | None = None
-        self._run_token = secrets.token_hex(4)
-        self._batches_formed = 0
-        self._last_seen: Dict[int, float] = {}
-        self._inactive: set[int] = set()
-        self.counters: Dict[str, int] = {
-            "groups_ingested": 0,
-            "sequences_ingested": 0,
-            "batches_served": 0,
-            "sequences_served": 0,
-            "batches_resent": 0,
-            "batches_acknowledged": 0,
-            "rejected_queue_full": 0,
-            "rejected_invalid": 0,
-            "rejected_unknown_env": 0,
-            "buffer_released": 0,
-            "buffer_dropped": 0,
-            "internal_errors": 0,
-            "stale_dropped": 0,
-        }
+        self._counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._warned: set[tuple[int | None, str]] = set()
         self._reset_registration()
         self.max_token_len = -1
         self.checkpoint_dir: str | None = None
@@ -259,36 +172,67 @@ class RolloutStore:
             self._restore()
 
     # ----------------------------------------------------------------- state
+    @property
+    def counters(self) -> Mapping[str, int]:
+        """The event counters ``/metrics`` renders (read-only: :meth:`count` adds to them)."""
+        return MappingProxyType(self._counters)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` (created at 0 the first time)."""
+        self._counters[name] = self._counters.get(name, 0) + n
+
+    def note_inconsistent(self, findings: Sequence[tuple[int | None, str]]) -> None:
+        """Count accepted groups whose optional per-token fields ``(env_id, field)`` disagree
+        with ``tokens`` in length; warn once per env and field (docs/design.md,
+        "Per-token fields")."""
+        for env_id, name in findings:
+            self.count(f"inconsistent_{name}")
+            if (env_id, name) not in self._warned:
+                self._warned.add((env_id, name))
+                logger.warning(
+                    "env %s sent %s whose lengths differ from tokens; accepted as the original "
+                    "API does (counted in atropos_inconsistent_groups_total; run-api "
+                    "--strict-groups rejects such groups with 422). Further ones from this env "
+                    "are only counted.",
+                    "without env_id" if env_id is None else env_id,
+                    name,
+                )
+
+    @property
+    def envs(self) -> List[EnvRecord]:
+        """The registered envs, by id."""
+        return self.registry.envs
+
+    @property
+    def env_timeout(self) -> float:
+        """Seconds of silence after which an env stops counting for ``min_batch_allocation``."""
+        return self.registry.env_timeout
+
+    @property
+    def pending(self) -> PendingBatch | None:
+        """The batch served last and not acknowledged yet."""
+        return self.delivery.pending
+
     def _reset_registration(self) -> None:
         self.registered = False
         self.started = False
         self.step = 0
         self.requesters: List[int] = []
-        self.envs: List[EnvRecord] = []
+        self.registry.clear()
         self.wandb_group: str | None = None
         self.wandb_project: str | None = None
         self.batch_size = -1
         self.num_steps = -1
-        self._last_seen.clear()
-        self._inactive.clear()
 
     def _meta(self) -> Dict[str, Any]:
+        pending = self.delivery.pending
         return {
-            "registered": self.registered,
-            "started": self.started,
-            "step": self.step,
+            **{key: getattr(self, key) for key in _TRAINER_KEYS},
             "requesters": [str(r) for r in self.requesters],
             "envs": [asdict(e) for e in self.envs],
-            "wandb_group": self.wandb_group,
-            "wandb_project": self.wandb_project,
-            "batch_size": self.batch_size,
-            "num_steps": self.num_steps,
-            "max_token_len": self.max_token_len,
-            "checkpoint_dir": self.checkpoint_dir,
-            "save_checkpoint_interval": self.save_checkpoint_interval,
-            "run_token": self._run_token,
-            "batches_formed": self._batches_formed,
-            "pending": self.pending.meta() if self.pending is not None else None,
+            "run_token": self.delivery.run_token,
+            "batches_formed": self.delivery.formed,
+            "pending": pending.meta() if pending is not None else None,
         }
 
     def _restore(self) -> None:
@@ -297,30 +241,19 @@ class RolloutStore:
         meta = state.meta.get(_META_KEY)
         pending_meta = None
         if meta:
-            for key in (
-                "registered",
-                "started",
-                "step",
-                "wandb_group",
-                "wandb_project",
-                "batch_size",
-                "num_steps",
-                "max_token_len",
-                "checkpoint_dir",
-                "save_checkpoint_interval",
-            ):
+            for key in _TRAINER_KEYS:
                 setattr(self, key, meta[key])
             self.requesters = [int(r) for r in meta["requesters"]]
-            self.envs = [EnvRecord(**e) for e in meta["envs"]]
-            self._run_token = meta.get("run_token") or self._run_token
-            self._batches_formed = meta.get("batches_formed", 0)
+            self.registry.restore(meta["envs"])
+            self.delivery.run_token = meta.get("run_token") or self.delivery.run_token
+            self.delivery.formed = meta.get("batches_formed", 0)
             pending_meta = meta.get("pending")
+        else:
+            self.registry.restore(None)
         self.queue.clear()
         self.staleness.forget_all()
-        self._buffers.clear()
-        self._buffer_order.clear()
-        self._buffer_bytes = 0
-        self.pending = None
+        self.buffer.clear()
+        self.delivery.pending = None
         in_batch = {seq: None for seq in pending_meta["seqs"]} if pending_meta else {}
         last_queued: int | None = None
         for row in state.groups:
@@ -328,7 +261,7 @@ class RolloutStore:
             if row.seq in in_batch:
                 in_batch[row.seq] = g
             elif row.buffered and row.env_id is not None:
-                self._add_to_buffer(g)
+                self.buffer.add(g)
             else:
                 self.queue.append(g)
                 last_queued = g.seq
@@ -342,17 +275,15 @@ class RolloutStore:
                 )
             # Served before the restart, maybe never received: serve it again, once, even
             # to a client that does not acknowledge.
-            self.pending = PendingBatch(
+            self.delivery.pending = PendingBatch(
                 pending_meta["batch_id"], pending_meta["step"], groups, live=False
             )
         if last_queued is not None:
             self.latest = self._db.body(last_queued)
-        now = time.monotonic()
-        self._last_seen = {i: now for i in range(len(self.envs))}
         logger.info(
             "restored %d queued groups, %d buffered, %d envs, step %d%s from %s",
             len(self.queue),
-            len(self._buffer_order),
+            len(self.buffer),
             len(self.envs),
             self.step,
             f", unacknowledged batch {self.pending.batch_id}" if self.pending else "",
@@ -367,8 +298,7 @@ class RolloutStore:
         self._write([Change(**changes)])
 
     def _write(self, changes: List[Change]) -> None:
-        deferred, ticket, groups = self._deferred, self._ticket, self._deferred_groups
-        self._deferred, self._ticket, self._deferred_groups = [], None, []
+        deferred, ticket, groups = self._deferred.take()
         assert self._db is not None
         try:
             self._db.commit_many(deferred + changes)
@@ -395,7 +325,7 @@ class RolloutStore:
     @property
     def pending_ticket(self) -> CommitTicket | None:
         """The ticket of the deferred changes not committed yet (None when there are none)."""
-        return self._ticket
+        return self._deferred.ticket
 
     def _release_bodies(self, groups: Sequence[StoredGroup]) -> None:
         """The database holds these groups' bytes now; memory keeps the ints."""
@@ -424,66 +354,34 @@ class RolloutStore:
     @property
     def queued_bytes(self) -> int:
         """Bytes held by queued and buffered groups (the ``--max-queue-mb`` budget)."""
-        return self.queue.nbytes + self._buffer_bytes
+        return self.queue.nbytes + self.buffer.nbytes
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes held by the odd-sized group buffers (bounded by ``--max-buffer-mb``)."""
-        return self._buffer_bytes
+        return self.buffer.nbytes
 
     @property
     def buffered_groups(self) -> int:
         """Odd-sized groups waiting in all buffers."""
-        return len(self._buffer_order)
+        return len(self.buffer)
 
     def buffered(self, env_id: int) -> List[StoredGroup]:
         """The odd-sized groups of ``env_id`` waiting to add up to its group size, oldest first."""
-        buf = self._buffers.get(env_id)
-        return buf.ordered() if buf is not None else []
+        return self.buffer.ordered(env_id)
 
     def buffer_stats(self, env_id: int) -> tuple[int, int, int]:
         """``(groups, sequences, bytes)`` buffered for ``env_id``, in O(1)."""
-        buf = self._buffers.get(env_id)
-        return (buf.groups, buf.sequences, buf.nbytes) if buf is not None else (0, 0, 0)
+        return self.buffer.stats(env_id)
 
     def env(self, env_id: Any) -> EnvRecord:
         """The record of ``env_id``; :class:`UnknownEnvError` when there is none."""
-        if (
-            not isinstance(env_id, int)
-            or isinstance(env_id, bool)
-            or not 0 <= env_id < len(self.envs)
-        ):
-            raise UnknownEnvError(env_id)
-        return self.envs[env_id]
+        return self.registry.get(env_id)
 
-    # ------------------------------------------------------------ activity
     def inactive_envs(self) -> List[int]:
         """Connected envs silent for more than ``env_timeout`` s (they stop counting for
         ``min_batch_allocation`` until they post again). Logs each change."""
-        if self.env_timeout <= 0:
-            return []
-        now = time.monotonic()
-        silent: List[int] = []
-        for i, e in enumerate(self.envs):
-            quiet = e.connected and now - self._last_seen.get(i, now) > self.env_timeout
-            if quiet:
-                silent.append(i)
-                if i not in self._inactive:
-                    self._inactive.add(i)
-                    logger.warning(
-                        "env %d (%s) has not posted for %.0f s (--env-timeout): it no longer "
-                        "counts for min_batch_allocation until it posts again",
-                        i,
-                        e.real_name,
-                        now - self._last_seen.get(i, now),
-                    )
-        return silent
-
-    def _seen(self, env_id: int) -> None:
-        self._last_seen[env_id] = time.monotonic()
-        if env_id in self._inactive:
-            self._inactive.discard(env_id)
-            logger.info("env %d posted again: it counts for min_batch_allocation again", env_id)
+        return self.registry.inactive()
 
     # -------------------------------------------------------- registration
     def register_trainer(self, reg: Registration) -> int:
@@ -491,7 +389,7 @@ class RolloutStore:
         if not self.registered:
             self.registered = True
             self.started = False
-            self.envs = []
+            self.registry.clear()
             self.wandb_group, self.wandb_project = reg.wandb_group, reg.wandb_project
             self.batch_size, self.max_token_len = reg.batch_size, reg.max_token_len
             self.checkpoint_dir = reg.checkpoint_dir
@@ -506,25 +404,11 @@ class RolloutStore:
         """Add an env record; None while the trainer has not polled /batch yet."""
         if not self.started:
             return None
-        same_name = sum(1 for e in self.envs if e.desired_name == req.desired_name)
-        env_id = len(self.envs)
-        record = EnvRecord(
-            max_context_len=req.max_token_length,
-            weight=req.weight,
-            desired_name=req.desired_name,
-            real_name=f"{req.desired_name}_{same_name}",
-            registered_id=env_id,
-            last_update=time.time(),
-            connected=True,
-            min_batch_allocation=req.min_batch_allocation,
-            group_size=req.group_size,
-        )
-        self.envs.append(record)
-        self._last_seen[env_id] = time.monotonic()
+        record = self.registry.add(req)
         self._commit(meta={_META_KEY: self._meta()})
         return {
             "status": "success",
-            "env_id": env_id,
+            "env_id": record.registered_id,
             "wandb_name": record.real_name,
             "checkpoint_dir": self.checkpoint_dir,
             "starting_step": self.step,
@@ -534,8 +418,7 @@ class RolloutStore:
 
     def disconnect_env(self, env_id: int) -> None:
         """Mark an env disconnected (its record and id stay)."""
-        self.env(env_id).connected = False
-        self._inactive.discard(env_id)
+        self.registry.disconnect(env_id)
         self._commit(meta={_META_KEY: self._meta()})
 
     def reset(self) -> None:
@@ -547,10 +430,8 @@ class RolloutStore:
         """
         self.queue.clear()
         self.staleness.forget_all()
-        self._buffers.clear()
-        self._buffer_order.clear()
-        self._buffer_bytes = 0
-        self.pending = None
+        self.buffer.clear()
+        self.delivery.pending = None
         self._reset_registration()
         self._commit(clear_groups=True, meta={_META_KEY: self._meta()})
 
@@ -569,11 +450,11 @@ class RolloutStore:
         """
         for g in groups:
             if g.env_id is not None:
-                self.env(g.env_id)
+                self.registry.get(g.env_id)
         incoming = sum(len(g.body) + len(g.fill) for g in groups)
         used = self.queued_bytes
         if used and used + incoming > self.max_queue_bytes:
-            self.counters["rejected_queue_full"] += 1
+            self.count("rejected_queue_full")
             raise QueueFullError(used, self.max_queue_bytes)
         inserts: List[GroupRow] = []
         moves: List[tuple[int, int]] = []
@@ -584,6 +465,7 @@ class RolloutStore:
         # group buy a queue half the size (the RSS target).
         held = used
         persist = self._db is not None
+        envs = self.envs
         for g in groups:
             nbytes = len(g.body) + len(g.fill)
             held += nbytes
@@ -601,13 +483,17 @@ class RolloutStore:
             created.append(stored)
             self._next_seq += 1
             if g.env_id is not None:
-                self._seen(g.env_id)
-            target = self.envs[g.env_id].group_size if g.env_id is not None else g.size
+                self.registry.seen(g.env_id)
+            target = envs[g.env_id].group_size if g.env_id is not None else g.size
             if g.size == target:
                 if persist:
                     inserts.append(
                         GroupRow(
-                            stored.seq, g.env_id, g.size, False, canonical_json(g.body, g.fill)
+                            stored.seq,
+                            g.env_id,
+                            g.size,
+                            False,
+                            codec.canonical_json(g.body, g.fill),
                         )
                     )
                 self._enqueue(stored)
@@ -615,10 +501,12 @@ class RolloutStore:
                 continue
             if persist:
                 inserts.append(
-                    GroupRow(stored.seq, g.env_id, g.size, True, canonical_json(g.body, g.fill))
+                    GroupRow(
+                        stored.seq, g.env_id, g.size, True, codec.canonical_json(g.body, g.fill)
+                    )
                 )
             outcomes.append(IngestOutcome("buffered", self._buffer(stored, target, moves)))
-        if self._buffer_bytes > self.max_buffer_bytes:
+        if self.buffer.nbytes > self.max_buffer_bytes:
             self._shrink_buffer(moves, drops)
         # A group inserted and dropped in the same post never needs a row.
         dropped_now = {s for s in drops if s >= created[0].seq} if created else set()
@@ -626,15 +514,12 @@ class RolloutStore:
             inserts = [r for r in inserts if r.seq not in dropped_now]
             drops = [s for s in drops if s not in dropped_now]
         if persist and defer:
-            self._deferred.append(Change(insert=inserts, move_to_queue=moves, delete=drops))
-            self._deferred_groups.extend(created)
-            if self._ticket is None:
-                self._ticket = CommitTicket()
+            self._deferred.add(Change(insert=inserts, move_to_queue=moves, delete=drops), created)
         else:
             self._commit(insert=inserts, move_to_queue=moves, delete=drops)
             self._release_bodies(created if persist else ())
-        self.counters["groups_ingested"] += len(groups)
-        self.counters["sequences_ingested"] += sum(g.size for g in groups)
+        self.count("groups_ingested", len(groups))
+        self.count("sequences_ingested", sum(g.size for g in groups))
         return outcomes
 
     def _enqueue(self, g: StoredGroup) -> None:
@@ -642,24 +527,6 @@ class RolloutStore:
         self.staleness.track(g)
         if g.body is not None:
             self._latest = g
-
-    def _add_to_buffer(self, g: StoredGroup) -> None:
-        assert g.env_id is not None
-        buf = self._buffers.get(g.env_id)
-        if buf is None:
-            buf = self._buffers[g.env_id] = _EnvBuffer()
-        buf.add(g)
-        self._buffer_order[g.seq] = g
-        self._buffer_bytes += g.nbytes
-
-    def _take_from_buffer(self, g: StoredGroup) -> None:
-        assert g.env_id is not None
-        buf = self._buffers[g.env_id]
-        buf.remove(g)
-        if not buf.groups:
-            del self._buffers[g.env_id]
-        del self._buffer_order[g.seq]
-        self._buffer_bytes -= g.nbytes
 
     def _to_queue(self, g: StoredGroup, moves: List[tuple[int, int]]) -> None:
         """Move a buffered group to the queue's tail under a new queue position."""
@@ -681,17 +548,10 @@ class RolloutStore:
                 g.size,
                 target,
             )
-        self._add_to_buffer(g)
-        buf = self._buffers[g.env_id]
-        candidates = buf.candidates(target)
-        picked = find_groups_summing_to_target(
-            [{"tokens": range(c.size)} for c in candidates], target
-        )
-        for i in picked:
-            flushed = candidates[i]
-            self._take_from_buffer(flushed)
-            self._to_queue(flushed, moves)
-        return buf.sequences if g.env_id in self._buffers else 0
+        flushed, left = self.buffer.match(g, target)
+        for done in flushed:
+            self._to_queue(done, moves)
+        return left
 
     def _shrink_buffer(self, moves: List[tuple[int, int]], drops: List[int]) -> None:
         """Bring the buffers back under ``--max-buffer-mb``, oldest group first.
@@ -701,13 +561,12 @@ class RolloutStore:
         size); any other size could never be packed into a batch, so it is
         dropped, logged and counted (``atropos_buffer_dropped_total``).
         """
-        while self._buffer_bytes > self.max_buffer_bytes and self._buffer_order:
-            oldest = next(iter(self._buffer_order.values()))
-            self._take_from_buffer(oldest)
-            assert oldest.env_id is not None
-            target = self.envs[oldest.env_id].group_size
-            if oldest.size < target and target % oldest.size == 0:
-                self.counters["buffer_released"] += 1
+        envs = self.envs
+        for oldest, target, release in self.buffer.evict(
+            self.max_buffer_bytes, lambda env_id: envs[env_id].group_size
+        ):
+            if release:
+                self.count("buffer_released")
                 logger.warning(
                     "buffer over --max-buffer-mb: released env %d's oldest buffered group "
                     "(%d sequences, group_size %d) onto the queue as a group of its own",
@@ -717,7 +576,7 @@ class RolloutStore:
                 )
                 self._to_queue(oldest, moves)
             else:
-                self.counters["buffer_dropped"] += 1
+                self.count("buffer_dropped")
                 logger.warning(
                     "buffer over --max-buffer-mb: dropped env %d's oldest buffered group "
                     "(%d sequences cannot be packed with group_size %d; reason: buffer_full)",
@@ -748,18 +607,15 @@ class RolloutStore:
         self.flush()  # the batch may hold groups whose rows are still deferred
         newly_started = not self.started
         self.started = True
-        pending = self.pending
-        consume: List[StoredGroup] = []
-        if pending is not None:
-            acked = pending.live if ack is None else ack == pending.batch_id
-            if not acked:
-                pending.live = True
-                self.counters["batches_resent"] += 1
-                logger.info("serving unacknowledged batch %s again", pending.batch_id)
-                return self._bodies(pending.groups), pending.batch_id, pending.step
-            consume = pending.groups
-            self.pending = None
-            self.counters["batches_acknowledged"] += 1
+        consume = self.delivery.settle(ack)
+        if consume is None:
+            pending = self.delivery.pending
+            assert pending is not None
+            self.count("batches_resent")
+            logger.info("serving unacknowledged batch %s again", pending.batch_id)
+            return self._bodies(pending.groups), pending.batch_id, pending.step
+        if consume:
+            self.count("batches_acknowledged")
         self._drop_stale()
         batch = self._pop_batch()
         if batch is None:
@@ -767,15 +623,12 @@ class RolloutStore:
                 self._commit(delete=[g.seq for g in consume], meta={_META_KEY: self._meta()})
             return None
         self.step += 1
-        self._batches_formed += 1
-        pending = self.pending = PendingBatch(
-            f"{self._run_token}-{self._batches_formed}", self.step, batch
-        )
+        pending = self.delivery.form(self.step, batch)
         if self.staleness.max_staleness is not None or any(g.version is not None for g in batch):
             pending.staleness = histogram(self.step - 1, batch)
-        self.counters["batches_served"] += 1
+        self.count("batches_served")
         sequences = sum(g.size for g in batch)
-        self.counters["sequences_served"] += sequences
+        self.count("sequences_served", sequences)
         if self._db is None:
             bodies = self._bodies(batch)
         else:
@@ -795,35 +648,23 @@ class RolloutStore:
         Returns ``"acknowledged"``, or ``"already acknowledged"`` for an
         earlier batch of this server; :class:`UnknownBatchError` otherwise.
         """
-        pending = self.pending
-        if pending is not None and batch_id == pending.batch_id:
-            self.pending = None
-            self.counters["batches_acknowledged"] += 1
-            self._commit(delete=[g.seq for g in pending.groups], meta={_META_KEY: self._meta()})
-            return "acknowledged"
-        token, _, number = batch_id.rpartition("-")
-        # Only the form this server writes: ASCII digits without a leading zero, at most 18 of
-        # them (``isdigit`` also accepts '²' and '١', and "01" would pass for batch 1 while
-        # batch 1 is still pending).
-        if (
-            token == self._run_token
-            and _BATCH_NUMBER.fullmatch(number)
-            and int(number) <= self._batches_formed
-        ):
+        consumed = self.delivery.acknowledge(batch_id)
+        if consumed is None:
             return "already acknowledged"
-        raise UnknownBatchError(batch_id)
+        self.count("batches_acknowledged")
+        self._commit(delete=[g.seq for g in consumed], meta={_META_KEY: self._meta()})
+        return "acknowledged"
 
     def batch_answer(self, ack: str | None) -> bytes:
         """The ``GET /batch`` JSON: ``{"batch":[...],"batch_id":...,"step":...}`` or ``{"batch":null}``."""
         served = self.serve_batch(ack)
         if served is None:
-            return b'{"batch":null}'
+            return codec.NO_BATCH
         bodies, batch_id, step = served
-        tail = b'],"batch_id":' + json.dumps(batch_id).encode() + b',"step":%d' % step
-        hist = self.pending.staleness if self.pending is not None else None
-        if hist is not None:
-            tail += b',"staleness":' + json.dumps(hist, separators=(",", ":")).encode()
-        return b'{"batch":[' + b",".join(bodies) + tail + b"}"
+        pending = self.delivery.pending
+        return codec.batch_answer(
+            bodies, batch_id, step, pending.staleness if pending is not None else None
+        )
 
     def _bodies(self, groups: Sequence[StoredGroup]) -> List[bytes]:
         if self._db is not None:
@@ -841,7 +682,7 @@ class RolloutStore:
             return
         self.queue.remove(stale)
         self.staleness.record_drops(self.step, stale)
-        self.counters["stale_dropped"] += len(stale)
+        self.count("stale_dropped", len(stale))
         self._commit(delete=[g.seq for g in stale])
 
     def _pop_batch(self) -> List[StoredGroup] | None:
@@ -859,8 +700,8 @@ class RolloutStore:
         return {
             "current_step": self.step,
             "queue_size": len(self.queue),
-            "buffered_groups": len(self._buffer_order),
-            "buffered_bytes": self._buffer_bytes,
+            "buffered_groups": len(self.buffer),
+            "buffered_bytes": self.buffer.nbytes,
             "unacknowledged_batch": self.pending.batch_id if self.pending else None,
             "inactive_envs": self.inactive_envs(),
         }
@@ -873,60 +714,21 @@ class RolloutStore:
         return out
 
     def env_status(self, env_id: int) -> Dict[str, Any]:
-        """The throttling signal of one env (SPEC §2.7), in O(number of envs)."""
+        """The throttling signal of one env (see :mod:`~atroposlib.api.throttle`); an env's
+        group size that grew to its largest queued group is kept."""
         if not self.registered:
-            return {
-                "current_step": self.step,
-                "queue_size": 0,
-                "unallocated_fraction": 1.0,
-                "self_queue_size": 0,
-                "max_group_size": 1,
-                "env_weight": 1.0,
-                "self_buffered_groups": 0,
-                **self._version_status(),
-            }
-        me = self.env(env_id)
-        connected = [e for e in self.envs if e.connected]
-        total = sum(e.max_context_len * max(0.0, e.weight) for e in connected)
-        share = me.max_context_len * me.weight / total if total > 0 else 0.0
-        env_weight = max(MIN_ENV_WEIGHT, share)
-        silent = set(self.inactive_envs()) if self.env_timeout > 0 else set()
-        allocated = sum(
-            e.min_batch_allocation
-            for i, e in enumerate(self.envs)
-            if e.connected and e.min_batch_allocation is not None and i not in silent
+            return {**unregistered_signal(self.step), **self._version_status()}
+        self.registry.get(env_id)
+        signal = env_signal(
+            env_id,
+            self.envs,
+            self.queue.per_env,
+            self.queue.max_group_size,
+            self.batch_size,
+            set(self.inactive_envs()),
+            self.step,
+            self.buffer.stats(env_id)[0],
         )
-        unallocated = 1.0 - min(allocated, 1.0)
-        max_group = max(1, self.queue.max_group_size)
-        mine = self.queue.per_env.get(env_id)
-        own = mine.sequences if mine else 0
-        group_size = max(me.group_size, mine.max_size if mine else 0)
-        if group_size != me.group_size:
-            me.group_size = group_size
+        if self.registry.grow_group_size(env_id, signal.group_size):
             self._commit(meta={_META_KEY: self._meta()})
-        from_others = 0
-        if max_group > 1:
-            for other_id, stats in self.queue.per_env.items():
-                if other_id == env_id:
-                    continue
-                packed = math.ceil(stats.sequences / max_group) * max_group
-                reserved = 0
-                if other_id is not None and 0 <= other_id < len(self.envs):
-                    other = self.envs[other_id]
-                    if (
-                        other.connected
-                        and other.min_batch_allocation is not None
-                        and other_id not in silent
-                    ):
-                        reserved = int(self.batch_size * other.min_batch_allocation)
-                from_others += max(0, packed - reserved)
-        return {
-            "current_step": self.step,
-            "queue_size": (own + from_others) // group_size,
-            "unallocated_fraction": unallocated,
-            "self_queue_size": own // group_size,
-            "max_group_size": max_group,
-            "env_weight": env_weight,
-            "self_buffered_groups": self.buffer_stats(env_id)[0],
-            **self._version_status(),
-        }
+        return {**signal.answer, **self._version_status()}
