@@ -47,8 +47,9 @@ REFERENCE_RE = re.compile(r"\bD[0-9]{1,2}\b|§ ?[0-9]|\bSPEC\b")
 """What counts as a reference to the old document: a decision number, a section sign
 followed by a number, or the document's name."""
 
-CITATION_RE = re.compile(r'docs/design\.md, \\?"([^"\\]+)\\?"')
-"""A citation of a section of docs/design.md (the quotes may be escaped in a string)."""
+CITATION_RE = re.compile(r'docs/design\.md, \\?"([^"\\<][^"\\]*)\\?"')
+"""A citation of a section of docs/design.md (the quotes may be escaped in a string; a title in
+angle brackets, as in ``"<section title>"``, is a placeholder in prose, not a citation)."""
 
 SECTIONS_BY_DECISION = {
     1: "Differences from the original",

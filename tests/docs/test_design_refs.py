@@ -137,7 +137,10 @@ def test_check_finds_what_the_rewrite_leaves_and_the_rewrite_keeps_python_valid(
     (pkg / "doc.py").write_text(f'"""Delivery ({DOC} {OLD}19)."""\n', encoding="utf-8")
     # Inside a one-line string the citation's quotes would end the string: left alone.
     (pkg / "string.py").write_text(f'MESSAGE = "see ({OLD}19)"\n', encoding="utf-8")
-    (pkg / "bad.md").write_text('Cited: (docs/design.md, "No such section").\n', encoding="utf-8")
+    (pkg / "bad.md").write_text(
+        'Cite as (docs/design.md, "<section title>").\nCited: (docs/design.md, "No such section").\n',
+        encoding="utf-8",
+    )
 
     files = refs.repo_files(tmp_path)
     assert files == ["docs/design.md", "pkg/bad.md", "pkg/doc.py", "pkg/string.py"]
@@ -145,7 +148,8 @@ def test_check_finds_what_the_rewrite_leaves_and_the_rewrite_keeps_python_valid(
         "pkg/doc.py",
         "pkg/string.py",
     ]
-    assert [f.path for f in refs.find_bad_citations(tmp_path, files)] == ["pkg/bad.md"]
+    bad = refs.find_bad_citations(tmp_path, files)
+    assert [(f.path, f.line) for f in bad] == [("pkg/bad.md", 2)]  # line 1 is a placeholder
 
     assert refs.rewrite_files(tmp_path, files) == 1
     assert (
