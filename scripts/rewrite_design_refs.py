@@ -47,9 +47,22 @@ REFERENCE_RE = re.compile(r"\bD[0-9]{1,2}\b|§ ?[0-9]|\bSPEC\b")
 """What counts as a reference to the old document: a decision number, a section sign
 followed by a number, or the document's name."""
 
-CITATION_RE = re.compile(r'docs/design\.md, \\?"([^"\\<][^"\\]*)\\?"')
-"""A citation of a section of docs/design.md (the quotes may be escaped in a string; a title in
-angle brackets, as in ``"<section title>"``, is a placeholder in prose, not a citation)."""
+CITATION_RE = re.compile(r'docs/design\.md,\s+(?:#\s*)?\\?"([^"\\<][^"\\]{0,100})\\?"')
+"""A citation of a section of docs/design.md. The quotes may be escaped (inside a string) and
+the title may wrap onto the next line (of a comment, too); a title in angle brackets, as in
+``"<section title>"``, is a placeholder in prose, not a citation."""
+
+_WRAP = re.compile(r"\s*\n\s*(?:#\s*)?")
+"""A line break inside a wrapped title, with the next comment line's ``#``."""
+
+
+def citations(text: str) -> List[tuple[int, str]]:
+    """``(line number, section title)`` of every citation of docs/design.md in ``text``."""
+    return [
+        (text.count("\n", 0, m.start()) + 1, _WRAP.sub(" ", m.group(1)).strip())
+        for m in CITATION_RE.finditer(text)
+    ]
+
 
 SECTIONS_BY_DECISION = {
     1: "Differences from the original",
@@ -285,12 +298,19 @@ def find_bad_citations(root: Path = ROOT, files: Iterable[str] | None = None) ->
     """Every citation ``(docs/design.md, "<title>")`` whose title is not a section there."""
     files = repo_files(root) if files is None else files
     titles = set(design_sections(root))
-    return [
-        Finding(rel, n, line, f"no section {title!r} in {DESIGN}")
-        for rel, n, line in _lines(root, files)
-        for title in CITATION_RE.findall(line)
-        if title not in titles
-    ]
+    found = []
+    for rel in files:
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        lines = text.splitlines()
+        found += [
+            Finding(rel, n, lines[n - 1], f"no section {title!r} in {DESIGN}")
+            for n, title in citations(text)
+            if title not in titles
+        ]
+    return found
 
 
 def _parses(text: str) -> bool:
