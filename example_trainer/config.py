@@ -3,7 +3,8 @@
 Field names and defaults follow the original trainer (single-file 2025 version plus
 the 2026 modular additions). Each field's ``description`` is also its ``--help`` text
 (see :mod:`example_trainer.cli`, which turns ``lr`` into ``--lr`` and
-``gradient_accumulation_steps`` into ``--gradient-accumulation-steps``).
+``gradient_accumulation_steps`` into ``--gradient-accumulation-steps`` with
+:mod:`atroposlib.utils.settings_cli`, as ``run-api`` and ``atropos-serve-model`` do).
 
 Additions over the original (all default to the original behaviour):
 
@@ -31,9 +32,11 @@ from __future__ import annotations
 import os
 import random
 import string
-from typing import List, Literal
+from typing import Annotated, List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from atroposlib.utils.settings_cli import Cli
 
 WeightBridgeMode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "http_reload"]
 OptimizerName = Literal["adamw", "adamw_8bit", "adafactor"]
@@ -201,7 +204,7 @@ class TrainingConfig(BaseModel):
     gradient_checkpointing: bool = Field(
         False, description="Enable gradient checkpointing (saves memory on big models, costs time)."
     )
-    device: str = Field(
+    device: Annotated[str, Cli(default_text="cuda when available, else cpu")] = Field(
         default_factory=_default_device, description="Torch device (cuda, cpu, cuda:1...)."
     )
     dtype: str = Field(
@@ -337,7 +340,7 @@ class TrainingConfig(BaseModel):
         False, description="Log metrics to Weights & Biases (WANDB_MODE=offline works)."
     )
     wandb_project: str | None = Field(None, description="W&B project.")
-    wandb_group: str | None = Field(
+    wandb_group: Annotated[str | None, Cli(default_text="")] = Field(
         default_factory=_random_group, description="W&B group (random 8 characters if unset)."
     )
     log_dir: str | None = Field(

@@ -53,12 +53,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def _add_group(parser: argparse.ArgumentParser, topic: str, title: str) -> None:
-    from .cli import _add_field
+    from .cli import add_training_fields
 
     group = parser.add_argument_group(title)
-    for name in GROUPS[topic]:
-        if name in TrainingConfig.model_fields:
-            _add_field(group, name)
+    add_training_fields(group, [n for n in GROUPS[topic] if n in TrainingConfig.model_fields])
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +121,7 @@ def create_base_parser(description: str) -> argparse.ArgumentParser:
 
 def create_full_parser() -> argparse.ArgumentParser:
     """Every group, then every other ``TrainingConfig`` field (this trainer's additions)."""
-    from .cli import _add_field
+    from .cli import add_training_fields
 
     parser = create_base_parser("GRPO trainer for Atropos.")
     for add in (
@@ -141,9 +139,7 @@ def create_full_parser() -> argparse.ArgumentParser:
         add(parser)
     grouped = {name for names in GROUPS.values() for name in names}
     others = parser.add_argument_group("other options")
-    for name in TrainingConfig.model_fields:
-        if name not in grouped:
-            _add_field(others, name)
+    add_training_fields(others, [n for n in TrainingConfig.model_fields if n not in grouped])
     return parser
 
 

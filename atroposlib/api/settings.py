@@ -1,15 +1,19 @@
-"""Settings of the rollout API server; each field's description is its ``run-api --help`` text.
+"""Settings of the rollout API server; each field is a ``run-api`` flag and its description
+that flag's ``--help`` text (see :mod:`atroposlib.utils.settings_cli`).
 
-Values come from ``run-api`` flags or, for ``uvicorn atroposlib.api:app``, from
-``ATROPOS_*`` environment variables (e.g. ``ATROPOS_API_KEY``, ``ATROPOS_PERSIST``).
+Values come from ``run-api`` flags, then ``ATROPOS_*`` environment variables (e.g.
+``ATROPOS_API_KEY``, ``ATROPOS_PERSIST``; the only source for ``uvicorn atroposlib.api:app``),
+then the defaults.
 """
 
 from __future__ import annotations
 
-from typing import List
+from typing import Annotated, List
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from atroposlib.utils.settings_cli import Cli
 
 __all__ = ["APISettings"]
 
@@ -26,16 +30,16 @@ class APISettings(BaseSettings):
     reload: bool = Field(
         False, description="Restart the server when the code changes (development)."
     )
-    persist: str | None = Field(
+    persist: Annotated[str | None, Cli(metavar="PATH")] = Field(
         None,
         description="SQLite file keeping queue, envs, registration and step across restarts (WAL mode).",
     )
-    api_key: str | None = Field(
+    api_key: Annotated[str | None, Cli(metavar="KEY")] = Field(
         None,
         description="Require 'Authorization: Bearer KEY' on every endpoint but / and /health. "
         "A key on the command line shows in `ps`: prefer ATROPOS_API_KEY or --api-key-file.",
     )
-    api_key_file: str | None = Field(
+    api_key_file: Annotated[str | None, Cli(metavar="PATH")] = Field(
         None, description="Read the API key from this file (the key alone; white space ignored)."
     )
     persist_recover: bool = Field(
@@ -43,47 +47,47 @@ class APISettings(BaseSettings):
         description="Start from a damaged --persist database: salvage every readable group into "
         "a fresh database (the damaged files are kept beside it) and report how many.",
     )
-    max_buffer_mb: float = Field(
+    max_buffer_mb: Annotated[float, Cli(metavar="N")] = Field(
         64,
         gt=0,
         description="Bound of the odd-sized group buffers in MiB (at most half of --max-queue-mb); "
         "beyond it the oldest buffered group is released onto the queue (when its size divides "
         "the group size) or dropped, logged and counted.",
     )
-    env_timeout: float = Field(
+    env_timeout: Annotated[float, Cli(metavar="S")] = Field(
         300,
         ge=0,
         description="Seconds without a post after which an env stops counting for "
         "min_batch_allocation (until it posts again); 0 never.",
     )
-    max_inflight_mb: float = Field(
+    max_inflight_mb: Annotated[float, Cli(metavar="N")] = Field(
         512,
         gt=0,
         description="Bound on the request bodies being received or processed at once, in MiB, "
         "counting the bytes actually received (not declared lengths); beyond it requests get "
         "503 with Retry-After.",
     )
-    body_timeout: float = Field(
+    body_timeout: Annotated[float, Cli(metavar="S")] = Field(
         30,
         ge=0,
         description="Seconds a request body may go without receiving a byte; a stalled body is "
         "dropped with 408 and its share of --max-inflight-mb freed; 0 never.",
     )
-    max_queue_mb: float = Field(
+    max_queue_mb: Annotated[float, Cli(metavar="N")] = Field(
         1024,
         gt=0,
         description="Queue budget in MiB; above it /scored_data answers 503 with Retry-After.",
     )
-    max_request_mb: float = Field(
+    max_request_mb: Annotated[float, Cli(metavar="N")] = Field(
         256, gt=0, description="Largest accepted request body in MiB (413 above)."
     )
-    pack_above_mb: float = Field(
+    pack_above_mb: Annotated[float, Cli(metavar="N")] = Field(
         4,
         ge=0,
         description="Without --persist, queued JSON beyond this many MiB is kept LZ4-compressed in "
         "memory (about 2x smaller, ~13 microseconds per 26 KiB group); 0 packs every group.",
     )
-    cors_origins: List[str] = Field(
+    cors_origins: Annotated[List[str], Cli(flag="--cors-origin")] = Field(
         default_factory=list, description="Origins allowed by CORS (repeatable); none by default."
     )
     gzip_level: int = Field(
@@ -93,7 +97,9 @@ class APISettings(BaseSettings):
         description="gzip level of responses of 1000 bytes or more (1 is fastest; levels 1-3 "
         "use ISA-L when the isal package is installed, higher levels zlib).",
     )
-    log_level: str = Field("info", description="Log level: debug, info, warning or error.")
+    log_level: Annotated[str, Cli(choices=("debug", "info", "warning", "error"))] = Field(
+        "info", description="Log level: debug, info, warning or error."
+    )
     access_log: bool = Field(False, description="Log every request (costs throughput).")
     strict_groups: bool = Field(
         False,
@@ -102,7 +108,7 @@ class APISettings(BaseSettings):
         "warned about once per env and counted in atropos_inconsistent_groups_total).",
     )
 
-    max_staleness: int | None = Field(
+    max_staleness: Annotated[int | None, Cli(metavar="K")] = Field(
         None,
         ge=0,
         description="Drop groups whose policy_version is more than K trainer steps behind when "

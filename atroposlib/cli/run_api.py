@@ -16,89 +16,38 @@ from typing import Sequence
 import uvicorn
 
 from atroposlib.api.settings import APISettings
-from atroposlib.utils.http_security import is_loopback_host, load_api_key
-from atroposlib.utils.http_transport import http_protocol
+from atroposlib.http.security import is_loopback_host, load_api_key
+from atroposlib.http.transport import http_protocol
+from atroposlib.utils.settings_cli import add_fields, parse_values, validate
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["build_parser", "main", "parse_settings"]
 
-
-def _help(field: str) -> str:
-    info = APISettings.model_fields[field]
-    return f"{info.description} (default: {info.get_default(call_default_factory=True)!r})"
-
-
-# Numeric flags: (flag, settings field, type, metavar). Help texts come from the field.
-_NUMBERS = (
-    ("--max-buffer-mb", "max_buffer_mb", float, "N"),
-    ("--env-timeout", "env_timeout", float, "S"),
-    ("--max-inflight-mb", "max_inflight_mb", float, "N"),
-    ("--body-timeout", "body_timeout", float, "S"),
-    ("--max-queue-mb", "max_queue_mb", float, "N"),
-    ("--max-request-mb", "max_request_mb", float, "N"),
-    ("--pack-above-mb", "pack_above_mb", float, "N"),
-    ("--gzip-level", "gzip_level", int, None),
-    ("--max-staleness", "max_staleness", int, "K"),
-)
-# On/off flags: absent means "take the environment variable or the default".
-_SWITCHES = (
-    ("--reload", "reload"),
-    ("--persist-recover", "persist_recover"),
-    ("--access-log", "access_log"),
-    ("--strict-groups", "strict_groups"),
-)
+PROG = "run-api"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``run-api`` flags; help texts come from :class:`APISettings`."""
-    p = argparse.ArgumentParser(prog="run-api", description="Start the Atropos rollout API server.")
-    p.add_argument("--host", help=_help("host"))
-    p.add_argument("--port", type=int, help=_help("port"))
-    p.add_argument("--persist", metavar="PATH", help=_help("persist"))
-    p.add_argument(
-        "--api-key",
-        dest="api_key",
-        metavar="KEY",
-        help=_help("api_key") + " Also read from ATROPOS_API_KEY.",
-    )
-    p.add_argument(
-        "--api-key-file", dest="api_key_file", metavar="PATH", help=_help("api_key_file")
-    )
-    p.add_argument(
-        "--cors-origin",
-        dest="cors_origins",
-        action="append",
-        metavar="ORIGIN",
-        help=_help("cors_origins"),
-    )
-    p.add_argument(
-        "--log-level",
-        dest="log_level",
-        choices=["debug", "info", "warning", "error"],
-        help=_help("log_level"),
-    )
-    for flag, field, kind, metavar in _NUMBERS:
-        p.add_argument(flag, dest=field, type=kind, metavar=metavar, help=_help(field))
-    for flag, field in _SWITCHES:
-        p.add_argument(flag, dest=field, action="store_true", default=None, help=_help(field))
-    return p
+    """The ``run-api`` flags: one per :class:`APISettings` field, its description the help."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Start the Atropos rollout API server.")
+    add_fields(parser, APISettings)
+    return parser
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> APISettings:
-    """Flags override ``ATROPOS_*`` environment variables, which override defaults."""
-    args = build_parser().parse_args(argv)
-    given = {k: v for k, v in vars(args).items() if v is not None}
-    return APISettings(**given)
+    """Flags override ``ATROPOS_*`` environment variables, which override defaults; a bad
+    value exits 2 naming the flag."""
+    return validate(APISettings, parse_values(build_parser(), argv), prog=PROG)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``run-api``."""
-    settings = parse_settings(argv)
+    values = parse_values(build_parser(), argv)
+    settings = validate(APISettings, values, prog=PROG)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    flag_key = build_parser().parse_args(argv).api_key
+    flag_key = values.get("api_key")
     try:
         # Flag > --api-key-file > ATROPOS_API_KEY; a key given as a flag is warned about (ps).
         api_key = load_api_key(flag_key, settings.api_key_file, component="run-api")

@@ -1,16 +1,21 @@
-"""Configuration of ``atropos-serve-model`` (the field descriptions are the CLI help)."""
+"""Configuration of ``atropos-serve-model``: each field is a flag and its description that
+flag's ``--help`` text (see :mod:`atroposlib.utils.settings_cli`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
+
+from atroposlib.utils.settings_cli import Cli
 
 
 class ServeModelConfig(BaseModel):
     """Settings of the embedded inference server."""
 
-    model: str = Field(..., description="Local model directory or a Hugging Face hub name.")
+    model: Annotated[str, Cli(positional=True)] = Field(
+        ..., description="Local model directory or a Hugging Face hub name."
+    )
     host: str = Field(
         "127.0.0.1", description="Interface to bind (use 0.0.0.0 for remote clients)."
     )
@@ -27,7 +32,7 @@ class ServeModelConfig(BaseModel):
         description="Longest prompt+completion in tokens; default: the model's "
         "max_position_embeddings.",
     )
-    served_model_name: list[str] | None = Field(
+    served_model_name: Annotated[list[str] | None, Cli(nargs="+")] = Field(
         None, description="Name(s) clients use in the 'model' field; default: MODEL as given."
     )
     api_key: str | None = Field(
