@@ -195,6 +195,48 @@ def test_default_bind_is_loopback():
     assert parse_settings([]).host == "127.0.0.1"
 
 
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--port", "70000"], "--port"),
+        (["--gzip-level", "0"], "--gzip-level"),
+        (["--max-queue-mb", "0"], "--max-queue-mb"),
+        (["--max-staleness", "-1"], "--max-staleness"),
+    ],
+)
+def test_run_api_value_out_of_bounds_exits_2_naming_the_flag(argv, needle, capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_settings(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("run-api: error: invalid value: ") and needle in err
+
+
+def test_run_api_bad_environment_variable_exits_2_naming_it(monkeypatch, capsys):
+    monkeypatch.setenv("ATROPOS_MAX_REQUEST_MB", "-5")
+    with pytest.raises(SystemExit) as info:
+        parse_settings([])
+    assert info.value.code == 2
+    assert "--max-request-mb (or ATROPOS_MAX_REQUEST_MB)" in capsys.readouterr().err
+
+
+def test_run_api_console_exits_2_with_one_line_on_a_bad_port():
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "atroposlib.cli.run_api", "--port", "70000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "run-api: error: invalid value: --port (or ATROPOS_PORT): "
+        "Input should be less than or equal to 65535"
+    ]
+
+
 def test_public_bind_without_key_warns(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ):

@@ -127,6 +127,25 @@ def test_cli_flags_mirror_the_config_fields():
         build_parser().parse_args(["/m", "--device", "tpu"])
 
 
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["/m", "--port", "70000"], "--port"),
+        (["/m", "--max-n", "0"], "--max-n"),
+        (["/m", "--gpu-memory-fraction", "1.5"], "--gpu-memory-fraction"),
+        (["/m", "--client-template-timeout", "600"], "--client-template-timeout"),
+    ],
+)
+def test_cli_value_out_of_bounds_exits_2_naming_the_flag(argv, needle, capsys):
+    from atroposlib.cli.serve_model import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)  # refused before any model is loaded
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("atropos-serve-model: error: invalid value: ") and needle in err
+
+
 async def test_engine_joins_staggered_requests_without_changing_results(tmp_path):
     """Sequences that join a running batch (left-padded caches, llama config) keep exact
     logprobs, and n>1 rows that share a prefilled prompt diverge independently."""
