@@ -36,6 +36,8 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
+from atroposlib.utils.settings_cli import add_fields
+
 from . import supervision
 from .launcher import Launcher, as_flags
 from .plugins import load_function
@@ -59,7 +61,7 @@ __all__ = [
 
 logger = logging.getLogger("atropos-grpo-run")
 
-# Flags copied onto RunConfig fields of the same name.
+# RunConfig fields that are flags (the rest are set in the YAML file).
 _DIRECT = (
     "run_dir",
     "model",
@@ -81,7 +83,6 @@ _DIRECT = (
 
 def build_parser() -> argparse.ArgumentParser:
     """Flags of ``atropos-grpo-run``; everything after ``--`` goes to the trainer."""
-    fields = RunConfig.model_fields
     p = argparse.ArgumentParser(
         prog="atropos-grpo-run",
         allow_abbrev=False,
@@ -89,34 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start run-api, an inference server, environments and the GRPO trainer; stop them all on exit.",
     )
     p.add_argument("--config", help="YAML file with RunConfig fields.")
-    p.add_argument("--run-dir", help=fields["run_dir"].description)
-    p.add_argument("--model", help=fields["model"].description)
-    p.add_argument("--api-port", type=int, help=fields["api_port"].description)
-    p.add_argument("--max-staleness", type=int, help=fields["max_staleness"].description)
-    p.add_argument("--inference-port", type=int, help=fields["inference_port"].description)
-    p.add_argument("--inference-backend", choices=["serve_model", "vllm"])
-    p.add_argument("--inference-device", help=fields["inference_device"].description)
-    p.add_argument(
-        "--inference-dtype",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help=fields["inference_dtype"].description,
-    )
-    p.add_argument("--device", help=fields["device"].description)
-    p.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"],
-        help=fields["precision"].description,
-    )
-    p.add_argument("--trainer-procs", type=int, help=fields["trainer_procs"].description)
-    p.add_argument(
-        "--weight-bridge-mode", choices=["http_reload", "none", "lora_only", "lora_restart"]
-    )
-    p.add_argument("--env", action="append", dest="envs", help="Environment file (repeatable).")
-    p.add_argument("--group-size", type=int)
+    add_fields(p, RunConfig, _DIRECT)
     p.add_argument(
         "--training-steps", type=int, help="Shortcut for the trainer's --training-steps."
     )
-    p.add_argument("--max-wall-time", type=float, help=fields["max_wall_time"].description)
     p.add_argument(
         "--no-warmup", action="store_true", help="Skip the supervised warm-up of the config."
     )
@@ -142,7 +119,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
         if not isinstance(data, dict):
             parser.error("--config: the YAML file must hold a mapping")
     for key in _DIRECT:
-        if getattr(ns, key) is not None:
+        if key in ns:  # given on the command line: overrides the YAML file
             data[key] = getattr(ns, key)
     if ns.training_steps is not None:
         data.setdefault("trainer", {})["training_steps"] = ns.training_steps

@@ -5,9 +5,11 @@ Every field's ``description`` is its documentation (CONFIG.md is generated from 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal
+from typing import Annotated, Any, Dict, List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from atroposlib.utils.settings_cli import Cli
 
 from .config import Precision
 
@@ -99,9 +101,9 @@ class RunConfig(BaseModel):
         ge=1,
         description="Trainer processes; >1 launches the trainer with torchrun (FSDP2 across processes/GPUs).",
     )
-    envs: List[str] = Field(
+    envs: Annotated[List[str], Cli(flag="--env")] = Field(
         default_factory=lambda: ["environments/arithmetic_server.py"],
-        description="Environment files to run (python FILE serve ...).",
+        description="Environment files to run (python FILE serve ...); one --env per file.",
     )
     env_args: List[str] = Field(
         default_factory=list, description="Extra flags for every environment."

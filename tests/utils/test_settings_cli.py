@@ -254,3 +254,16 @@ def test_every_field_of_each_command_is_one_of_its_flags():
     ):
         dests = {a.dest for a in parser._actions} - {"help"}
         assert dests == set(model.model_fields), model.__name__
+
+
+def test_the_launcher_flags_that_set_run_config_fields_are_built_from_them():
+    from example_trainer.run import build_parser
+    from example_trainer.run_config import RunConfig
+
+    parser = build_parser()
+    own = {"help", "config", "training_steps", "no_warmup", "no_eval"}
+    fields = {a.dest for a in parser._actions} - own
+    assert fields <= set(RunConfig.model_fields)
+    by_dest = {a.dest: a for a in parser._actions}
+    assert by_dest["envs"].option_strings == ["--env"]
+    assert by_dest["group_size"].help.startswith(RunConfig.model_fields["group_size"].description)
