@@ -24,34 +24,36 @@ pool, sender with outbox, CLI, logging, files) lives in sibling modules.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from typing import Any, Dict, List, Tuple, Type, Union
 
-from atroposlib.envs import files, scheduling, serve
+from rich.console import Console
+
+from atroposlib.envs import cli, files
 from atroposlib.envs import wandb_logging as wl
-from atroposlib.envs.api_client import RolloutAPIClient
+from atroposlib.envs.api_client import encode_body
 from atroposlib.envs.config import (
     BaseEnvConfig,
     EvalHandlingEnum,
     ScoredDataGroup,
     ScoredDataItem,
 )
-from atroposlib.envs.health import FailureTracker, ServerWatch, TooManyFailuresError
-from atroposlib.envs.sender import GroupSender
-from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
-from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
+from atroposlib.envs.runner import EnvRunner
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
     OpenaiConfig,
+    ReasoningConfig,
     ServerBaseline,
 )
+from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.validation import InvalidGroupError, normalize_group
-from atroposlib.envs.workers import WorkerPool
 from atroposlib.type_definitions import Item
+from atroposlib.utils.display import display_metrics_table
 from atroposlib.utils.io import auth_headers
 
 __all__ = [
@@ -98,7 +100,6 @@ class BaseEnv(ABC):
         self.curr_step = 0
         self.max_token_len = -1
         self.status_dict: Dict[str, Any] = {}
-        self._derived_batch_size = -1
         self.env_id: int | None = None
         self.wandb_prepend: str | None = None
         self.wandb_project: str | None = None
@@ -107,7 +108,6 @@ class BaseEnv(ABC):
         self.checkpoint_interval = -1
         self.max_num_workers = config.max_num_workers
         self.backlog: List[Item] = []
-        self.eval_runner: asyncio.Task | None = None
         self.eval_workers: set = set()
         self.items_sent_this_step = 0
         self.items_sent_total = 0
@@ -121,37 +121,21 @@ class BaseEnv(ABC):
         self.mainloop_timings: List[float] = []
         self.workers_added_list: List[int] = []
         self.jsonl_writer: files.JsonlGroupWriter | None = None
+        # Set by the command line's process mode.
         self.process_mode = False
         self.n_groups_to_process: int | None = None
         self.group_size_to_process: int | None = None
-        self._wake = asyncio.Event()
-        self.pool = WorkerPool(on_done=self._wake.set)
-        self.workers = self.pool.tasks
-        self.running_items = self.pool.running
-        self._api: RolloutAPIClient | None = None
-        self._sender: GroupSender | None = None
-        self._status: scheduling.EnvStatus | None = None
-        self._status_task: asyncio.Task | None = None
-        self._last_reap = 0.0
-        self._stop_requested = False
-        self._serving = False
-        self._main_task: asyncio.Task | None = None
-        # Failure handling: backoff, the consecutive-failure limit, the server watch.
-        self.failures = FailureTracker(getattr(config, "max_consecutive_failures", 20))
-        self.server_watch: ServerWatch | None = None
-        self.fatal_error: BaseException | None = None
+        # The loop that drives these hooks and what it holds while it runs (API client,
+        # sender, status, worker pool, failure tracking): see EnvRunner.
+        self.runner = EnvRunner(self)
 
     def _make_server_manager(self, server_configs: Any, slurm: bool, testing: bool) -> Any:
-        from atroposlib.envs.server_handling.server_manager import ServerManager
-
         reasoning = None
         if (
             self.config.thinking_mode
             or self.config.reasoning_effort
             or self.config.max_reasoning_tokens
         ):
-            from atroposlib.envs.server_handling.server_baseline import ReasoningConfig
-
             reasoning = ReasoningConfig(
                 enabled=self.config.thinking_mode or None,
                 effort=self.config.reasoning_effort,
@@ -262,8 +246,6 @@ class BaseEnv(ABC):
             return
         path = files.checkpoint_path(self.checkpoint_dir, self.wandb_prepend, step)
         path.parent.mkdir(parents=True, exist_ok=True)
-        import json
-
         path.write_text(json.dumps(data, default=str))
         logger.info("env checkpoint saved to %s", path)
 
@@ -275,8 +257,6 @@ class BaseEnv(ABC):
         if path is None:
             logger.info("no env checkpoint at or before step %d", self.curr_step)
             return
-        import json
-
         for key, value in json.loads(path.read_text()).items():
             setattr(self, key, value)
         logger.info("env checkpoint loaded from %s", path)
@@ -330,10 +310,7 @@ class BaseEnv(ABC):
     def all_rejections(self) -> Counter:
         """Every dropped group or item so far, counted per reason."""
         total = Counter(self.items_rejected)
-        if self._sender is not None:
-            total.update(self._sender.rejected)
-        if self.pool.timed_out_dropped:
-            total["worker_timeout"] = self.pool.timed_out_dropped
+        total.update(self.runner.rejected())
         return total
 
     async def wandb_log(self, wandb_metrics: Dict[str, Any] | None = None) -> None:
@@ -389,55 +366,6 @@ class BaseEnv(ABC):
         path = files.write_eval_results(self.config.data_dir_to_save_evals, doc, samples)
         logger.info("evaluation results written to %s", path)
 
-    # -------------------------------------------------------- failure handling
-
-    def record_failure(self, err: BaseException, where: str) -> None:
-        """Count a failure (with backoff when transient); past the limit, stop the env.
-
-        While the server watch sees every inference server down, failures are not
-        counted: the outage has its own budget (``max_server_downtime``).
-        """
-        count = self.server_watch is None or not self.server_watch.all_down
-        try:
-            self.failures.record_failure(err, where, count=count)
-        except TooManyFailuresError as fatal:
-            self.stop_with_error(fatal)
-
-    def stop_with_error(self, err: BaseException) -> None:
-        """Make the running ``serve``/``process`` loop stop and raise ``err``."""
-        if self.fatal_error is None:
-            self.fatal_error = err
-        self._wake.set()
-
-    def raise_if_fatal(self) -> None:
-        """Raise the error that stopped the env, if any."""
-        if self.fatal_error is not None:
-            raise self.fatal_error
-
-    def can_start_work(self) -> bool:
-        """False while a failure backoff is pending or every inference server is down."""
-        if self.server_watch is not None and self.server_watch.all_down:
-            return False
-        return self.failures.ready()
-
-    def start_server_watch(self) -> None:
-        """Probe the inference servers in the background (not for mock/testing servers)."""
-        if self.testing or self.server_watch is not None:
-            return
-        from atroposlib.envs.health import server_urls
-
-        self.server_watch = ServerWatch(
-            server_urls(self.server),
-            float(getattr(self.config, "max_server_downtime", 600)),
-            self.stop_with_error,
-        )
-        self.server_watch.start()
-
-    async def stop_server_watch(self) -> None:
-        """Stop the background probes."""
-        if self.server_watch is not None:
-            await self.server_watch.stop()
-
     # ----------------------------------------------------------------- sending
 
     def _drop(self, reason: str, detail: str = "") -> None:
@@ -461,7 +389,7 @@ class BaseEnv(ABC):
         except InvalidGroupError as err:
             reason = f"invalid_{err.field.split('[', 1)[0]}"
             self._drop(reason, f"{err} (the group breaks the ScoredData rules)")
-            self.record_failure(err, "group validation")
+            self.runner.record_failure(err, "group validation")
             return None
         expected = (group.get("group_overrides") or {}).get("group_size", self.config.group_size)
         if self.process_mode and self.group_size_to_process:
@@ -517,133 +445,62 @@ class BaseEnv(ABC):
             return
         for group in valid:
             group["env_id"] = self.env_id  # type: ignore[typeddict-unknown-key]
-        payload: Any = valid[0] if len(valid) == 1 else valid
-        if self._sender is None:
-            raise RuntimeError("handle_send_to_api(do_send_to_api=True) needs a running serve loop")
-        await self._sender.send(payload, wait=False)
+        await self.runner.send(valid[0] if len(valid) == 1 else valid)
         self.items_sent_this_step += len(valid)
         self.items_sent_total += len(valid)
 
-    # --------------------------------------------------------------- workers
+    # ----------------------------------------------------- the loop's steps
+    # Each is a method of the original that a subclass may override; the defaults hand
+    # over to the runner, which calls them by these names.
 
     async def handle_env(self, item_uuid: str) -> None:
         """Run one item: collect, postprocess, send, clean up."""
-        entry = self.running_items[item_uuid]
-        item = entry["item"]
-        started = time.time()
-        result: Any = None
-        try:
-            with recording_versions() as versions_seen, recording_sampling() as sampled:
-                result, backlog = await self.collect_trajectories(item)
-            self.backlog.extend(backlog or [])
-            if result is not None:
-                for group in result if isinstance(result, list) else [result]:
-                    stamp_group(group, versions_seen)
-                    stamp_sampling(group, sampled)
-                result = await self.postprocess_histories(result)
-            self.failures.record_success()
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            logger.exception("collect_trajectories failed for an item")
-            self.record_failure(err, "collect_trajectories")
-            result = None
-        duration = time.time() - started
-        self.task_duration.append(duration)
-        (self.succeeded_task_duration if result is not None else self.failed_task_duration).append(
-            duration
-        )
-        self.pool.mark_sending(item_uuid)
-        try:
-            if result is not None:
-                await self.handle_send_to_api(result, item)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("handle_send_to_api failed; the group is dropped")
-            self.items_rejected["send_error"] += 1
-        finally:
-            await self.cleanup()
-
-    def _worker_cap(self) -> int:
-        status = self._status or scheduling.EnvStatus()
-        eval_running = self.eval_runner is not None and not self.eval_runner.done()
-        return scheduling.train_worker_cap(
-            max_num_workers=self.max_num_workers,
-            eval_running=eval_running,
-            eval_handling=self.config.eval_handling.value,
-            eval_limit_ratio=self.config.eval_limit_ratio,
-            max_batches_offpolicy=self.config.max_batches_offpolicy,
-            derived_batch=self.derived_batch_size,
-            group_size=self.config.group_size,
-            status=status,
-            min_batch_allocation=self.config.min_batch_allocation,
-            batch_size=self.config.batch_size,
-        )
+        await self.runner.run_item(item_uuid)
 
     async def add_train_workers(self) -> None:
         """Start workers up to the current cap; backlog items first (FIFO)."""
-        cap = self._worker_cap()
-        self.pool.park_excess(cap)
-        added = 0
-        while len(self.pool) < cap:
-            if self.pool.requeue:
-                item, timeouts = self.pool.requeue.popleft()
-            elif self.backlog:
-                item, timeouts = self.backlog.pop(0), 0
-            else:
-                try:
-                    item, timeouts = await self.get_next_item(), 0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:
-                    logger.exception("get_next_item failed")
-                    self.record_failure(err, "get_next_item")
-                    break
-                if item is None:
-                    break
-            self.pool.spawn(item, self.handle_env, timeouts=timeouts)
-            added += 1
-        self.workers_added_list.append(added)
+        await self.runner.add_train_workers()
 
-    # ------------------------------------------------------------ serve mode
+    @property
+    def workers(self) -> set:
+        """The live rollout worker tasks (sending ones included)."""
+        return self.runner.pool.tasks
+
+    @property
+    def running_items(self) -> Dict[str, Dict[str, Any]]:
+        """``uuid -> {"item", "worker", "start_time", "timeouts"}`` of collecting workers."""
+        return self.runner.pool.running
+
+    @property
+    def eval_runner(self) -> asyncio.Task | None:
+        """The running (or last) evaluation task started on a step change."""
+        return self.runner.eval_task
+
+    @eval_runner.setter
+    def eval_runner(self, task: asyncio.Task | None) -> None:
+        self.runner.eval_task = task
 
     @property
     def derived_batch_size(self) -> int:
         """This env's share of the trainer's batch, from the API's status (``-1`` before
         the first status poll); ``min_batch_allocation`` raises it."""
-        return self._derived_batch_size
+        return self.runner.derived_batch_size
 
     @derived_batch_size.setter
     def derived_batch_size(self, value: int) -> None:
-        self._derived_batch_size = int(value)
+        self.runner.derived_batch_size = int(value)
 
     async def _register_env(self) -> Dict[str, Any]:
         """One ``POST /register-env`` attempt (no waiting for the trainer): the API's answer.
 
         :meth:`register_env` repeats it until the trainer has registered.
         """
-        api = self._api or RolloutAPIClient(self.config.rollout_server_url)
-        try:
-            return await api.register_env(serve.registration_payload(self))
-        finally:
-            if api is not self._api:
-                await api.aclose()
+        return await self.runner.register_once()
 
     async def _send_scored_data_to_api(self, scored_data: Any) -> None:
         """POST one group (a dict) or several (a list) to the API now, bypassing the outbox;
         raises ``RuntimeError`` naming the status when the API does not accept it."""
-        api = self._api or RolloutAPIClient(self.config.rollout_server_url)
-        try:
-            result = await api.post_scored(scored_data)
-        finally:
-            if api is not self._api:
-                await api.aclose()
-        if not result.ok:
-            raise RuntimeError(
-                f"the rollout API did not accept the scored data: status {result.status} "
-                f"{result.detail}"
-            )
+        await self.runner.post_now(scored_data)
 
     def _post_json_with_compression(
         self, session: Any, url: str, payload: Any, *, minimum_size: int = 1024
@@ -654,8 +511,6 @@ class BaseEnv(ABC):
         Works with an ``aiohttp.ClientSession`` (returns its request context manager) and an
         ``httpx.AsyncClient`` (returns the request coroutine).
         """
-        from atroposlib.envs.api_client import encode_body
-
         body, headers = encode_body(payload, minimum_size=minimum_size)
         headers.update(auth_headers())
         if hasattr(session, "build_request"):  # httpx
@@ -664,19 +519,19 @@ class BaseEnv(ABC):
 
     async def setup_wandb(self) -> None:
         """Join the trainer's W&B project and group (waits until the trainer registered)."""
-        await serve.setup_wandb(self)
+        await self.runner.setup_wandb()
 
     async def register_env(self) -> None:
         """Register with the rollout API, waiting until the trainer has started."""
-        await serve.register_env(self)
+        await self.runner.register()
 
     async def get_server_info(self) -> None:
         """Take ``batch_size`` and ``max_token_len`` from ``GET /info``."""
-        await serve.get_server_info(self)
+        await self.runner.get_server_info()
 
     async def get_status(self) -> None:
         """Poll ``GET /status-env`` once and update the throttling state."""
-        await serve.get_status(self)
+        await self.runner.get_status()
 
     @property
     def latest_policy_version(self) -> int | None:
@@ -696,25 +551,18 @@ class BaseEnv(ABC):
         return current - policy_version > limit
 
     async def env_step_checks(self) -> None:
-        """On a trainer step change: start evals, save checkpoints, log metrics (§4.7)."""
-        await serve.env_step_checks(self)
+        """On a trainer step change: start evals, save checkpoints, log metrics."""
+        await self.runner.env_step_checks()
+
+    # ------------------------------------------------------------------ modes
 
     async def env_manager(self) -> None:
-        """The ``serve`` lifecycle: register, then keep workers busy until ``total_steps``.
+        """The ``serve`` mode: register, then keep workers busy until ``total_steps``.
 
         SIGINT/SIGTERM stop it gracefully: groups already made are delivered (or
         kept in the outbox) before it returns.
         """
-        await serve.env_manager(self)
-
-    def request_stop(self) -> None:
-        """Stop the serve loop gracefully: finish sending, drain the outbox, disconnect."""
-        if not self._stop_requested:
-            logger.info("stop requested; delivering what is in flight, then exiting")
-        self._stop_requested = True
-        self._wake.set()
-        if not self._serving and self._main_task is not None:
-            self._main_task.cancel()  # still setting up or registering: nothing to deliver
+        await self.runner.serve()
 
     async def close_servers(self) -> None:
         """Stop the inference servers' background tasks (health checks)."""
@@ -725,19 +573,13 @@ class BaseEnv(ABC):
             except (RuntimeError, OSError) as err:
                 logger.warning("closing inference servers failed: %s", err)
 
-    # ---------------------------------------------------- process / evaluate
-
     async def process_manager(self) -> None:
         """The ``process`` mode: roll out ``n_groups_to_process`` groups to jsonl + html, no API."""
-        from atroposlib.envs.offline import run_process
-
-        await run_process(self)
+        await self.runner.process()
 
     async def run_evaluate(self) -> None:
         """The ``evaluate`` mode: ``setup()`` then ``evaluate()`` once."""
-        from atroposlib.envs.offline import run_evaluate
-
-        await run_evaluate(self)
+        await self.runner.evaluate()
 
     async def _run_evaluate(self) -> None:
         """The original's name of :meth:`run_evaluate` (what ``evaluate`` mode runs)."""
@@ -747,30 +589,22 @@ class BaseEnv(ABC):
     def get_cli_serve_config_cls(cls) -> type:
         """The settings class of ``serve`` (``--env.*``, ``--openai.*``, ...); an instance's
         ``cli_cmd()`` runs serve mode with its values. Override to add flags."""
-        from atroposlib.envs.cli import mode_config_cls
-
-        return mode_config_cls(cls, "serve")
+        return cli.mode_config_cls(cls, "serve")
 
     @classmethod
     def get_cli_process_config_cls(cls) -> type:
         """The settings class of ``process`` (see :meth:`get_cli_serve_config_cls`)."""
-        from atroposlib.envs.cli import mode_config_cls
-
-        return mode_config_cls(cls, "process")
+        return cli.mode_config_cls(cls, "process")
 
     @classmethod
     def get_cli_evaluate_config_cls(cls) -> type:
         """The settings class of ``evaluate`` (see :meth:`get_cli_serve_config_cls`)."""
-        from atroposlib.envs.cli import mode_config_cls
-
-        return mode_config_cls(cls, "evaluate")
+        return cli.mode_config_cls(cls, "evaluate")
 
     @classmethod
     def cli(cls) -> None:
         """Command line: ``serve``, ``process`` or ``evaluate`` with ``--env.*``/``--openai.*`` flags."""
-        from atroposlib.envs.cli import run_cli
-
-        run_cli(cls)
+        cli.run_cli(cls)
 
 
 def _first_model_name(server: Any) -> str | None:
@@ -782,8 +616,4 @@ def _first_model_name(server: Any) -> str | None:
 
 
 def _print_metrics_table(metrics: Dict[str, Any], task_name: str | None) -> None:
-    from rich.console import Console
-
-    from atroposlib.utils.display import display_metrics_table
-
     display_metrics_table(task_name or "evaluation", metrics, console=Console(stderr=True))

@@ -32,7 +32,14 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_mode
 from pydantic_settings import BaseSettings, CliSettingsSource, CliSubCommand, SettingsConfigDict
 
 from atroposlib.envs.constants import ENV_NAMESPACE, NAMESPACE_SEP, OPENAI_NAMESPACE
-from atroposlib.envs.health import NoServerReachableError, ServersDownError, TooManyFailuresError
+from atroposlib.envs.health import (
+    NoServerReachableError,
+    ServersDownError,
+    TooManyFailuresError,
+    probe_servers,
+    server_urls,
+    unreachable_message,
+)
 from atroposlib.envs.offline import ProcessFailedError
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
@@ -93,14 +100,16 @@ def _mode_env_defaults(mode: str) -> Dict[str, Any]:
 
 
 def _declares_config_cls(env_cls: type) -> bool:
-    """True when a subclass of ``BaseEnv`` sets ``env_config_cls`` itself."""
-    from atroposlib.envs.base import BaseEnv
+    """True when a subclass of ``BaseEnv`` sets ``env_config_cls`` itself.
 
-    return any(
-        "env_config_cls" in vars(klass)
-        for klass in env_cls.__mro__
-        if klass is not BaseEnv and issubclass(klass, BaseEnv)
-    )
+    ``BaseEnv`` is the most basic class of the MRO that declares ``env_config_cls``
+    (found that way so this module need not import ``base``, which imports it).
+    """
+    declaring = [k for k in env_cls.__mro__ if "env_config_cls" in vars(k)]
+    if not declaring:
+        return False
+    root = declaring[-1]
+    return any(klass is not root and issubclass(klass, root) for klass in declaring)
 
 
 def env_config_class(env_cls: Type[BaseEnv], env_default: Any = None) -> Type[BaseModel]:
@@ -542,11 +551,9 @@ def check_servers(env: BaseEnv, parsed: ParsedCli) -> None:
     probed here: its inference servers are often started by the trainer (the
     example trainer launches vLLM itself) after the environment, so ``serve``
     waits for them instead, with a status line a minute, for up to
-    ``--env.max_server_downtime`` seconds (see ``BaseEnv.start_server_watch``).
+    ``--env.max_server_downtime`` seconds (see ``EnvRunner.start_server_watch``).
     Mock servers (``--testing``) and SLURM discovery are not probed.
     """
-    from atroposlib.envs.health import probe_servers, server_urls, unreachable_message
-
     if parsed.testing or parsed.slurm or parsed.mode == "serve":
         return
     urls = server_urls(env.server)

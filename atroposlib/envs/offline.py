@@ -1,9 +1,17 @@
-"""The ``process`` and ``evaluate`` modes: run an environment without the rollout API (§4.11)."""
+"""The ``process`` and ``evaluate`` modes: run an environment without the rollout API.
+
+:class:`~atroposlib.envs.runner.EnvRunner` calls :func:`run_process` and
+:func:`run_evaluate` with itself: the env's hooks are reached through ``runner.env``,
+failure handling through the runner.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Set
 
 from rich.console import Console
@@ -23,6 +31,7 @@ from atroposlib.envs.server_handling.sampling_record import recording_sampling, 
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.runner import EnvRunner
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +55,9 @@ class ProcessFailedError(RuntimeError):
     """``process`` mode ended without writing a group, and groups or items failed."""
 
 
-async def _next_item(env: BaseEnv) -> Any:
-    """The next item (backlog first); failures are counted and give None."""
+async def _next_item(runner: EnvRunner) -> Any:
+    """The next item (backlog first); failures are counted and give ``_FAILED``."""
+    env = runner.env
     if env.backlog:
         return env.backlog.pop(0)
     try:
@@ -56,14 +66,15 @@ async def _next_item(env: BaseEnv) -> Any:
         raise
     except Exception as err:
         logger.exception("get_next_item failed")
-        env.record_failure(err, "get_next_item")
+        runner.record_failure(err, "get_next_item")
         return _FAILED
 
 
 _FAILED = object()
 
 
-async def _collect(env: BaseEnv, item: Any) -> Any:
+async def _collect(runner: EnvRunner, item: Any) -> Any:
+    env = runner.env
     try:
         with recording_versions() as versions_seen, recording_sampling() as sampled:
             result, backlog = await env.collect_trajectories(item)
@@ -74,14 +85,14 @@ async def _collect(env: BaseEnv, item: Any) -> Any:
         raise
     except Exception as err:
         logger.exception("collect_trajectories failed; trying the next item")
-        env.record_failure(err, "collect_trajectories")
+        runner.record_failure(err, "collect_trajectories")
         return None
-    env.failures.record_success()
+    runner.failures.record_success()
     env.backlog.extend(backlog or [])
     return result
 
 
-async def run_process(env: BaseEnv) -> None:
+async def run_process(runner: EnvRunner) -> None:
     """Roll out ``n_groups_to_process`` groups concurrently and write them to jsonl (then html).
 
     Items run ``max_num_workers`` at a time (or ``max_num_workers_per_node`` per
@@ -90,6 +101,7 @@ async def run_process(env: BaseEnv) -> None:
     item delays the next ones (backoff on transient errors) and, after
     ``max_consecutive_failures`` failures in a row, ends the run with an error.
     """
+    env = runner.env
     env.process_mode = True
     await env.setup()
     if env.config.use_wandb:
@@ -102,30 +114,30 @@ async def run_process(env: BaseEnv) -> None:
     limit = _concurrency(env)
     in_flight: Set[asyncio.Task] = set()
     exhausted = False
-    env.start_server_watch()
+    runner.start_server_watch()
     try:
         with _progress(target) as progress:
             bar = progress.add_task("groups", total=target)
             while True:
-                env.raise_if_fatal()
+                runner.raise_if_fatal()
                 while (
-                    env.can_start_work()
+                    runner.can_start_work()
                     and not exhausted
                     and len(in_flight) < limit
                     and env.curr_step + len(in_flight) < target
                 ):
-                    item = await _next_item(env)
-                    env.raise_if_fatal()
+                    item = await _next_item(runner)
+                    runner.raise_if_fatal()
                     if item is _FAILED:
                         break
                     if item is None:
                         exhausted = True
                         break
-                    in_flight.add(asyncio.create_task(_collect(env, item)))
+                    in_flight.add(asyncio.create_task(_collect(runner, item)))
                 if not in_flight:
                     if exhausted or env.curr_step >= target:
                         break
-                    await asyncio.sleep(0.05 if env.can_start_work() else 0.25)
+                    await asyncio.sleep(0.05 if runner.can_start_work() else 0.25)
                     continue
                 done, in_flight = await asyncio.wait(
                     in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
@@ -133,16 +145,16 @@ async def run_process(env: BaseEnv) -> None:
                 for task in done:
                     await _handle_result(env, task.result(), target)
                     progress.update(bar, completed=env.curr_step)
-        env.raise_if_fatal()
+        runner.raise_if_fatal()
     finally:
         for task in in_flight:
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
-        await bounded(env.stop_server_watch(), "stopping the server watch")
+        await bounded(runner.stop_server_watch(), "stopping the server watch")
         await bounded(env.close_servers(), "closing the inference servers")
     if env.curr_step < target:
         logger.warning("get_next_item ran out after %d of %d groups", env.curr_step, target)
-    await _finish_files(env)
+    await _finish_files(runner)
 
 
 async def _handle_result(env: BaseEnv, result: Any, target: int) -> None:
@@ -158,13 +170,14 @@ async def _handle_result(env: BaseEnv, result: Any, target: int) -> None:
     env.curr_step += 1
 
 
-async def _finish_files(env: BaseEnv) -> None:
+async def _finish_files(runner: EnvRunner) -> None:
+    env = runner.env
     if env.jsonl_writer is None:
         failed = env.all_rejections()
         failed.pop("scores_all_equal", None)
-        if env.failures.total or sum(failed.values()):
+        if runner.failures.total or sum(failed.values()):
             raise ProcessFailedError(
-                f"no group was written: {env.failures.total} failures, "
+                f"no group was written: {runner.failures.total} failures, "
                 f"groups dropped by reason: {dict(failed) or 'none'}"
             )
         logger.warning("no group was written")
@@ -172,14 +185,51 @@ async def _finish_files(env: BaseEnv) -> None:
     env.jsonl_writer.close()
     path = env.jsonl_writer.path
     logger.info("%d groups written to %s", env.jsonl_writer.lines, path)
-    from atroposlib.frontend.jsonl2html import generate_html
-
-    html = generate_html(str(path))
-    logger.info("html view written to %s", html)
+    await runner.write_report(Path(path))
 
 
-async def run_evaluate(env: BaseEnv) -> None:
+REPORT_MODULE = "atroposlib.frontend.jsonl2html"
+
+
+async def html_report(jsonl_path: Path) -> None:
+    """Write ``<stem>.html`` beside ``jsonl_path`` with the frontend's report command.
+
+    The frontend sits above environments in the package layering (it reads what they
+    write), so ``process`` hands it the file through its command line,
+    ``python -m atroposlib.frontend.jsonl2html IN OUT``, in a child process, instead
+    of importing it. Raises :class:`ProcessFailedError` when the report cannot be
+    written; a report with no renderable group is only logged.
+    """
+    html = jsonl_path.with_suffix(".html")
+    # The child must import this same atroposlib, also when the env file put it on sys.path.
+    package_root = str(Path(__file__).resolve().parents[2])
+    child_env = dict(os.environ)
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        REPORT_MODULE,
+        str(jsonl_path),
+        str(html),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=child_env,
+    )
+    out, err = await proc.communicate()
+    message = (err or out).decode(errors="replace").strip()
+    if proc.returncode == 0:
+        logger.info("html view written to %s", html)
+    elif proc.returncode == 1:  # written, but no group had messages to show
+        logger.warning("html view %s is empty: %s", html, message)
+    else:
+        raise ProcessFailedError(f"the html view of {jsonl_path} was not written: {message}")
+
+
+async def run_evaluate(runner: EnvRunner) -> None:
     """``setup()`` then ``evaluate()`` once, with a progress spinner."""
+    env = runner.env
     await env.setup()
     if env.config.use_wandb:
         wl.init_run(

@@ -14,7 +14,9 @@ from typing import Any, Dict, Mapping, Sequence, Type
 from pydantic import BaseModel, create_model
 from pydantic.fields import FieldInfo
 
-from atroposlib.envs.constants import NAMESPACE_SEP
+# The separator of namespaced flags (``--env.group_size``); atroposlib.envs.constants
+# re-exports it under its original path.
+NAMESPACE_SEP = "."
 
 
 def merge_dicts(*dicts: Mapping[str, Any]) -> Dict[str, Any]:

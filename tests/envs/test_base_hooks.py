@@ -255,8 +255,8 @@ async def test_failed_collect_is_timed_as_failure_and_does_not_crash():
         raise RuntimeError("model exploded")
 
     env.collect_trajectories = boom
-    key = env.pool.spawn("x", env.handle_env)
-    await env.pool.wait_all(5)
+    key = env.runner.pool.spawn("x", env.handle_env)
+    await env.runner.pool.wait_all(5)
     assert len(env.failed_task_duration) == 1 and not env.succeeded_task_duration
     assert key not in env.running_items
 
@@ -319,7 +319,7 @@ async def test_error_while_sending_is_logged_and_counted(caplog):
         return group(), []
 
     env.collect_trajectories = one_group
-    env.pool.spawn("x", env.handle_env)
-    await env.pool.wait_all(5)
+    env.runner.pool.spawn("x", env.handle_env)
+    await env.runner.pool.wait_all(5)
     assert env.items_rejected["send_error"] == 1
     assert "group is dropped" in caplog.text

@@ -172,7 +172,7 @@ async def test_process_writer_never_writes_an_invalid_group(tmp_path, caplog):
     assert len(lines) == 1 and lines[0]["tokens"] == group()["tokens"]
     assert env.items_rejected == {"invalid_tokens": 1}
     assert "tokens[1]" in caplog.text
-    assert env.failures.consecutive == 1
+    assert env.runner.failures.consecutive == 1
 
 
 def test_group_writer_refuses_instead_of_stringifying(tmp_path):
@@ -275,18 +275,18 @@ async def test_server_watch_reports_each_minute_and_gives_up(caplog, monkeypatch
 
 
 async def test_failures_while_all_servers_are_down_are_not_counted():
-    env = make_env(group_size=2, max_consecutive_failures=2)
-    env.server_watch = ServerWatch(["http://127.0.0.1:9/v1"], 600, env.stop_with_error)
-    env.server_watch.all_down = True
+    runner = make_env(group_size=2, max_consecutive_failures=2).runner
+    runner.server_watch = ServerWatch(["http://127.0.0.1:9/v1"], 600, runner.stop_with_error)
+    runner.server_watch.all_down = True
     for _ in range(5):
-        env.record_failure(httpx.ConnectError("refused"), "collect_trajectories")
-    assert env.fatal_error is None and not env.can_start_work()
-    env.server_watch.all_down = False
-    env.record_failure(ValueError("x"), "collect_trajectories")
-    env.record_failure(ValueError("x"), "collect_trajectories")
-    assert isinstance(env.fatal_error, TooManyFailuresError)
+        runner.record_failure(httpx.ConnectError("refused"), "collect_trajectories")
+    assert runner.fatal_error is None and not runner.can_start_work()
+    runner.server_watch.all_down = False
+    runner.record_failure(ValueError("x"), "collect_trajectories")
+    runner.record_failure(ValueError("x"), "collect_trajectories")
+    assert isinstance(runner.fatal_error, TooManyFailuresError)
     with pytest.raises(TooManyFailuresError):
-        env.raise_if_fatal()
+        runner.raise_if_fatal()
 
 
 # ----------------------------------------------------------------- 5. teacher env
@@ -337,16 +337,15 @@ def test_unknown_flag_suggests_the_closest_field():
 
 
 async def test_rollout_api_not_reachable_names_the_url(caplog):
-    caplog.set_level(logging.INFO, logger="atroposlib.envs.serve")
-    from atroposlib.envs import serve
+    caplog.set_level(logging.INFO, logger="atroposlib.envs.runner")
     from atroposlib.envs.api_client import RolloutAPIClient
 
     url = f"http://127.0.0.1:{free_port()}"
     env = make_env(group_size=2, rollout_server_url=url)
-    env._api = RolloutAPIClient(url)
+    env.runner.api = RolloutAPIClient(url)
     with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(serve.register_env(env), 1.0)
-    await env._api.aclose()
+        await asyncio.wait_for(env.register_env(), 1.0)
+    await env.runner.api.aclose()
     assert f"rollout API at {url} not reachable yet" in caplog.text
 
 

@@ -1,0 +1,559 @@
+"""``EnvRunner``: the loop that drives an environment's hooks, and the state of that loop.
+
+``BaseEnv`` holds the hooks an environment overrides (``get_next_item``,
+``collect_trajectories``, ``evaluate`` ...) and the attributes environment files read
+(``config``, ``server``, ``curr_step``, ``status_dict`` ...). What exists only while a
+mode runs is owned here, by one object per env (``env.runner``): the rollout API
+client, the group sender, the last ``/status-env`` answer, the wake event, the main
+and status-poll tasks, the worker pool, the failure tracker and the server watch.
+
+``serve`` (:meth:`EnvRunner.serve`): set up, join W&B, register with the rollout API,
+then loop — poll ``/status-env`` in the background, run the step-change hooks, stop
+at ``total_steps``, pause when enough data is queued (off-policy limit) or the API is
+failing, otherwise top up the workers. ``process`` and ``evaluate`` run without the
+API (:mod:`atroposlib.envs.offline`).
+
+The runner calls the env's methods by their original names (``env.register_env()``,
+``env.get_status()``, ``env.env_step_checks()``, ``env.add_train_workers()``,
+``env.handle_env(uuid)`` ...), so a subclass that overrides one changes what the loop
+does; the defaults of those methods hand back to the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict
+
+import httpx
+
+from atroposlib.envs import offline, scheduling
+from atroposlib.envs import wandb_logging as wl
+from atroposlib.envs.api_client import RolloutAPIClient
+from atroposlib.envs.config import EvalHandlingEnum
+from atroposlib.envs.health import (
+    FailureTracker,
+    ServerWatch,
+    TooManyFailuresError,
+    bounded,
+    server_urls,
+)
+from atroposlib.envs.outbox import Outbox, default_outbox_dir
+from atroposlib.envs.sender import GroupSender
+from atroposlib.envs.serve import (
+    MAINLOOP_TICK_S,
+    STATUS_POLL_S,
+    Notice,
+    install_stop_signals,
+    registration_payload,
+)
+from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
+from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
+from atroposlib.envs.workers import WorkerPool
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from atroposlib.envs.base import BaseEnv
+
+logger = logging.getLogger(__name__)
+
+
+class EnvRunner:
+    """Runs one environment in ``serve``, ``process`` or ``evaluate`` mode.
+
+    Created by ``BaseEnv.__init__`` as ``env.runner``; the env's ``env_manager()``,
+    ``process_manager()`` and ``run_evaluate()`` call :meth:`serve`, :meth:`process`
+    and :meth:`evaluate`. ``write_report`` renders the ``process`` jsonl as html
+    (default: :func:`atroposlib.envs.offline.html_report`); set it to another
+    ``async (path) -> None`` to change or skip the report.
+    """
+
+    def __init__(self, env: BaseEnv) -> None:
+        self.env = env
+        self.wake = asyncio.Event()
+        self.pool = WorkerPool(on_done=self.wake.set)
+        self.api: RolloutAPIClient | None = None
+        self.sender: GroupSender | None = None
+        self.status: scheduling.EnvStatus | None = None
+        self.derived_batch_size = -1
+        self.eval_task: asyncio.Task | None = None
+        # Failure handling: backoff, the consecutive-failure limit, the server watch.
+        self.failures = FailureTracker(getattr(env.config, "max_consecutive_failures", 20))
+        self.server_watch: ServerWatch | None = None
+        self.fatal_error: BaseException | None = None
+        self.write_report: Callable[[Path], Awaitable[None]] = offline.html_report
+        self._status_task: asyncio.Task | None = None
+        self._main_task: asyncio.Task | None = None
+        self._last_reap = 0.0
+        self._stop_requested = False
+        self._serving = False
+
+    # ------------------------------------------------------------ failures
+
+    def record_failure(self, err: BaseException, where: str) -> None:
+        """Count a failure (with backoff when transient); past the limit, stop the env.
+
+        While the server watch sees every inference server down, failures are not
+        counted: the outage has its own budget (``max_server_downtime``).
+        """
+        count = self.server_watch is None or not self.server_watch.all_down
+        try:
+            self.failures.record_failure(err, where, count=count)
+        except TooManyFailuresError as fatal:
+            self.stop_with_error(fatal)
+
+    def stop_with_error(self, err: BaseException) -> None:
+        """Make the running ``serve``/``process`` loop stop and raise ``err``."""
+        if self.fatal_error is None:
+            self.fatal_error = err
+        self.wake.set()
+
+    def raise_if_fatal(self) -> None:
+        """Raise the error that stopped the env, if any."""
+        if self.fatal_error is not None:
+            raise self.fatal_error
+
+    def can_start_work(self) -> bool:
+        """False while a failure backoff is pending or every inference server is down."""
+        if self.server_watch is not None and self.server_watch.all_down:
+            return False
+        return self.failures.ready()
+
+    def start_server_watch(self) -> None:
+        """Probe the inference servers in the background (not for mock/testing servers)."""
+        if self.env.testing or self.server_watch is not None:
+            return
+        self.server_watch = ServerWatch(
+            server_urls(self.env.server),
+            float(getattr(self.env.config, "max_server_downtime", 600)),
+            self.stop_with_error,
+        )
+        self.server_watch.start()
+
+    async def stop_server_watch(self) -> None:
+        """Stop the background probes."""
+        if self.server_watch is not None:
+            await self.server_watch.stop()
+
+    def rejected(self) -> Dict[str, int]:
+        """Groups and items dropped below the env's own checks: by the sender (refused by
+        the API) and by the pool (workers that timed out twice), per reason."""
+        counts: Dict[str, int] = dict(self.sender.rejected) if self.sender is not None else {}
+        if self.pool.timed_out_dropped:
+            counts["worker_timeout"] = self.pool.timed_out_dropped
+        return counts
+
+    # ------------------------------------------------------------- workers
+
+    def worker_cap(self) -> int:
+        """How many training workers may run now (eval handling, off-policy room, quotas)."""
+        env = self.env
+        eval_running = self.eval_task is not None and not self.eval_task.done()
+        return scheduling.train_worker_cap(
+            max_num_workers=env.max_num_workers,
+            eval_running=eval_running,
+            eval_handling=env.config.eval_handling.value,
+            eval_limit_ratio=env.config.eval_limit_ratio,
+            max_batches_offpolicy=env.config.max_batches_offpolicy,
+            derived_batch=env.derived_batch_size,
+            group_size=env.config.group_size,
+            status=self.status or scheduling.EnvStatus(),
+            min_batch_allocation=env.config.min_batch_allocation,
+            batch_size=env.config.batch_size,
+        )
+
+    async def add_train_workers(self) -> None:
+        """Start workers (``env.handle_env``) up to the current cap; re-queued items
+        first, then the backlog (FIFO), then ``env.get_next_item()``."""
+        env = self.env
+        cap = self.worker_cap()
+        self.pool.park_excess(cap)
+        added = 0
+        while len(self.pool) < cap:
+            if self.pool.requeue:
+                item, timeouts = self.pool.requeue.popleft()
+            elif env.backlog:
+                item, timeouts = env.backlog.pop(0), 0
+            else:
+                try:
+                    item, timeouts = await env.get_next_item(), 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as err:
+                    logger.exception("get_next_item failed")
+                    self.record_failure(err, "get_next_item")
+                    break
+                if item is None:
+                    break
+            self.pool.spawn(item, env.handle_env, timeouts=timeouts)
+            added += 1
+        env.workers_added_list.append(added)
+
+    async def run_item(self, item_uuid: str) -> None:
+        """One worker: collect, postprocess, send, clean up (what ``env.handle_env`` runs)."""
+        env = self.env
+        item = self.pool.running[item_uuid]["item"]
+        started = time.time()
+        result: Any = None
+        try:
+            with recording_versions() as versions_seen, recording_sampling() as sampled:
+                result, backlog = await env.collect_trajectories(item)
+            env.backlog.extend(backlog or [])
+            if result is not None:
+                for group in result if isinstance(result, list) else [result]:
+                    stamp_group(group, versions_seen)
+                    stamp_sampling(group, sampled)
+                result = await env.postprocess_histories(result)
+            self.failures.record_success()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            logger.exception("collect_trajectories failed for an item")
+            self.record_failure(err, "collect_trajectories")
+            result = None
+        duration = time.time() - started
+        env.task_duration.append(duration)
+        (env.succeeded_task_duration if result is not None else env.failed_task_duration).append(
+            duration
+        )
+        self.pool.mark_sending(item_uuid)
+        try:
+            if result is not None:
+                await env.handle_send_to_api(result, item)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("handle_send_to_api failed; the group is dropped")
+            env.items_rejected["send_error"] += 1
+        finally:
+            await env.cleanup()
+
+    async def send(self, payload: Any) -> None:
+        """Hand validated groups to the sender (delivered in order, outbox as fallback)."""
+        if self.sender is None:
+            raise RuntimeError("handle_send_to_api(do_send_to_api=True) needs a running serve loop")
+        await self.sender.send(payload, wait=False)
+
+    # --------------------------------------------------- rollout API calls
+
+    def _api_or_temporary(self) -> RolloutAPIClient:
+        return self.api or RolloutAPIClient(self.env.config.rollout_server_url)
+
+    async def register_once(self) -> Dict[str, Any]:
+        """One ``POST /register-env`` (no waiting for the trainer): the API's answer."""
+        api = self._api_or_temporary()
+        try:
+            return await api.register_env(registration_payload(self.env))
+        finally:
+            if api is not self.api:
+                await api.aclose()
+
+    async def post_now(self, scored_data: Any) -> None:
+        """POST one group or a list to the API now, bypassing the outbox; raises
+        ``RuntimeError`` naming the status when the API does not accept it."""
+        api = self._api_or_temporary()
+        try:
+            result = await api.post_scored(scored_data)
+        finally:
+            if api is not self.api:
+                await api.aclose()
+        if not result.ok:
+            raise RuntimeError(
+                f"the rollout API did not accept the scored data: status {result.status} "
+                f"{result.detail}"
+            )
+
+    def _waiting_for_trainer(self, notice: Notice) -> None:
+        notice("waiting for a trainer to register at %s (POST /register)", self._api_url())
+
+    def _api_url(self) -> str:
+        return self.api.base_url if self.api is not None else self.env.config.rollout_server_url
+
+    async def setup_wandb(self) -> None:
+        """Join the trainer's W&B project and group (waits until the trainer registered)."""
+        env = self.env
+        if not env.config.use_wandb:
+            return
+        api = self._require_api()
+        trainer_notice, api_notice = Notice(), Notice()
+        while True:
+            try:
+                info = await api.wandb_info()
+                if info.get("project") is not None:
+                    break
+                self._waiting_for_trainer(trainer_notice)
+            except httpx.HTTPError as err:
+                api_notice("rollout API at %s not reachable yet (%s)", api.base_url, err)
+            await asyncio.sleep(1)
+        env.wandb_project, env.wandb_group = info["project"], info.get("group")
+        wl.init_run(
+            env.wandb_project,
+            env.wandb_group,
+            wl.run_name(env.config.wandb_name),
+            env.config.model_dump(mode="json"),
+        )
+
+    async def register(self) -> None:
+        """Register with the rollout API, waiting until the trainer has started; adopt the
+        env id, W&B name, starting step and checkpoint settings it answers."""
+        env = self.env
+        api = self._require_api()
+        payload = registration_payload(env)
+        failures = 0
+        trainer_notice = Notice()
+        while True:
+            try:
+                data = await api.register_env(payload)
+            except httpx.HTTPStatusError as err:
+                if err.response.status_code < 500:
+                    raise RuntimeError(f"register-env refused: {err.response.text}") from err
+                data = {"status": f"http {err.response.status_code}"}
+            except httpx.HTTPError as err:
+                failures += 1
+                logger.info("rollout API at %s not reachable yet (%s)", api.base_url, err)
+                await asyncio.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
+                continue
+            if data.get("status") == "success":
+                break
+            self._waiting_for_trainer(trainer_notice)
+            await asyncio.sleep(1)
+        env.env_id = data["env_id"]
+        env.wandb_prepend = data.get("wandb_name")
+        env.curr_step = int(data.get("starting_step", 0))
+        env.checkpoint_dir = data.get("checkpoint_dir") or ""
+        env.checkpoint_interval = int(data.get("checkpoint_interval", -1))
+        if env.config.total_steps == -1:
+            if int(data.get("num_steps", -1)) == -1:
+                raise ValueError("total_steps is -1 and the rollout API has no num_steps")
+            env.config.total_steps = int(data["num_steps"])
+        logger.info(
+            "registered as env %s (%s) at step %d", env.env_id, env.wandb_prepend, env.curr_step
+        )
+        if env.curr_step > 0:
+            env.load_checkpoint()
+
+    async def get_server_info(self) -> None:
+        """Take ``batch_size`` and ``max_token_len`` from ``GET /info``."""
+        env = self.env
+        info = await self._require_api().info()
+        if int(info.get("batch_size", -1)) != -1:
+            env.config.batch_size = int(info["batch_size"])
+        env.max_token_len = int(info.get("max_token_len", -1))
+        if env.config.batch_size == -1:
+            logger.warning("batch_size is unknown (-1); no workers start until it is set")
+        elif env.config.group_size > env.config.batch_size:
+            raise ValueError(
+                f"group_size ({env.config.group_size}) is larger than batch_size "
+                f"({env.config.batch_size})"
+            )
+
+    async def get_status(self) -> None:
+        """Poll ``GET /status-env`` once and update the throttling state."""
+        env = self.env
+        payload = await self._require_api().status_env(env.env_id)  # type: ignore[arg-type]
+        env.status_dict = payload
+        self.status = scheduling.EnvStatus.from_payload(payload)
+        self.derived_batch_size = scheduling.derived_batch_size(
+            env.config.batch_size, self.status, env.config.min_batch_allocation
+        )
+        if env.config.max_num_workers == -1:
+            env.max_num_workers = env.config.max_num_workers_per_node * max(
+                1, len(getattr(env.server, "servers", [1]))
+            )
+        else:
+            env.max_num_workers = env.config.max_num_workers
+        if env.config.inference_weight != -1 and hasattr(env.server, "update_weight"):
+            # The original's update_weight is a coroutine; a user's server may still have a plain one.
+            pending = env.server.update_weight(self.status.env_weight)
+            if inspect.isawaitable(pending):
+                await pending
+
+    def _require_api(self) -> RolloutAPIClient:
+        if self.api is None:
+            raise RuntimeError("no rollout API client: this step runs inside serve mode")
+        return self.api
+
+    async def status_loop(self) -> None:
+        """Poll ``/status-env`` (``env.get_status()``) until cancelled; re-register when the
+        API answers 404 (it restarted and forgot this env)."""
+        env = self.env
+        failures = 0
+        while True:
+            try:
+                await env.get_status()
+                failures = 0
+                self.wake.set()
+            except httpx.HTTPStatusError as err:
+                failures += 1
+                if err.response.status_code == 404:
+                    logger.warning("rollout API forgot env %s; registering again", env.env_id)
+                    await env.register_env()
+                else:
+                    logger.warning("status-env failed: %s", err)
+            except httpx.HTTPError as err:
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    logger.warning(
+                        "rollout API at %s not reachable (status-env, %d tries): %s",
+                        self._api_url(),
+                        failures,
+                        err,
+                    )
+            delay = STATUS_POLL_S if failures == 0 else min(2.0, STATUS_POLL_S * failures)
+            await asyncio.sleep(delay)
+
+    async def env_step_checks(self) -> None:
+        """On a trainer step change: start evals, save checkpoints, log metrics."""
+        env = self.env
+        if self.status is None:
+            return
+        old, new = env.curr_step, self.status.current_step
+        if new == old:
+            return
+        spe = env.config.steps_per_eval
+        if spe > 0 and (new // spe) > (old // spe):
+            if self.eval_task is not None and not self.eval_task.done():
+                logger.warning(
+                    "previous evaluation still running; skipping the one at step %d", new
+                )
+            else:
+                if env.config.eval_handling == EvalHandlingEnum.STOP_TRAIN:
+                    self.pool.park_all()
+                self.eval_task = asyncio.create_task(self._run_eval())
+        interval = env.checkpoint_interval
+        if interval > 0 and (new // interval) > (old // interval):
+            env.save_checkpoint((new // interval) * interval)
+        env.curr_step = new
+        if env.items_sent_this_step >= env.config.min_items_sent_before_logging:
+            env.items_sent_this_step = 0
+            await env.wandb_log({})
+
+    async def _run_eval(self) -> None:
+        """``env.evaluate()`` as a background task; its errors are logged, not raised."""
+        try:
+            await self.env.evaluate()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("evaluate() failed")
+
+    # ---------------------------------------------------------------- modes
+
+    async def serve(self) -> None:
+        """The ``serve`` lifecycle: register, then keep workers busy until ``total_steps``.
+
+        SIGINT/SIGTERM stop it gracefully: groups already made are delivered (or
+        kept in the outbox) before it returns.
+        """
+        env = self.env
+        self._main_task = asyncio.current_task()
+        uninstall = install_stop_signals(self.request_stop)
+        self.api = RolloutAPIClient(env.config.rollout_server_url)
+        try:
+            await env.setup()
+            await env.setup_wandb()
+            await env.register_env()
+            await env.get_server_info()
+            outbox_dir = default_outbox_dir(env.config.wandb_name or env.name)
+            outbox = Outbox(outbox_dir)
+            outbox.adopt_orphans(outbox_dir.parent, outbox_dir.name.rsplit("-", 1)[0])
+            self.sender = GroupSender(self.api, outbox)
+            self.sender.start()
+            self._status_task = asyncio.create_task(self.status_loop(), name="atropos-status-poll")
+            self.start_server_watch()
+            if self.server_watch is not None and self.server_watch.urls:
+                await self.server_watch.check_once()  # start no worker on a server not up yet
+            self._serving = True
+            await self._serve_loop()
+        except asyncio.CancelledError:
+            if not self._stop_requested:
+                raise
+            logger.info("stopped before serving started")
+        finally:
+            uninstall()
+            await self._shutdown()
+
+    async def _serve_loop(self) -> None:
+        env = self.env
+        while True:
+            started = time.perf_counter()
+            self.wake.clear()
+            self.raise_if_fatal()
+            if self._stop_requested:
+                return
+            status = self.status
+            if status is not None:
+                await env.env_step_checks()
+                if scheduling.should_terminate(
+                    status, env.config.group_size, env.config.batch_size, env.config.total_steps
+                ):
+                    logger.info(
+                        "enough data queued for total_steps=%d; stopping", env.config.total_steps
+                    )
+                    return
+                if time.monotonic() - self._last_reap >= 1.0:
+                    self._last_reap = time.monotonic()
+                    self.pool.reap_timeouts(env.config.worker_timeout)
+                paused = env.derived_batch_size == -1 or scheduling.offpolicy_full(
+                    status,
+                    env.config.group_size,
+                    env.config.batch_size,
+                    env.config.max_batches_offpolicy,
+                    env.config.min_batch_allocation,
+                )
+                if paused:
+                    self.pool.park_all()
+                elif self.sender is not None and (self.sender.degraded or len(self.sender.outbox)):
+                    pass  # the API is not taking data: do not pile up more groups
+                elif not self.can_start_work():
+                    pass  # backing off after failures, or every inference server is down
+                elif len(self.pool) < env.max_num_workers or self.pool.requeue:
+                    await env.add_train_workers()
+                env.mainloop_timings.append(time.perf_counter() - started)
+            # Wake on a finished worker or a fresh status, at the latest after one tick
+            # (a timer handle is cheaper than wait_for's extra task at ~1000 wakes/s).
+            tick = asyncio.get_running_loop().call_later(MAINLOOP_TICK_S, self.wake.set)
+            await self.wake.wait()
+            tick.cancel()
+
+    async def _shutdown(self) -> None:
+        env = self.env
+        await bounded(self.stop_server_watch(), "stopping the server watch")
+        self.pool.park_all()
+        await self.pool.wait_all(timeout_s=120)
+        for task in (self._status_task, self.eval_task):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if self.sender is not None:
+            await self.sender.close(drain_timeout_s=60)
+        if self.api is not None:
+            if env.env_id is not None:
+                await self.api.disconnect_env(env.env_id)
+            await self.api.aclose()
+        if env.jsonl_writer is not None:
+            env.jsonl_writer.close()
+        await bounded(env.close_servers(), "closing the inference servers")
+        rejected = env.all_rejections()
+        if rejected:
+            logger.info("dropped groups/items by reason: %s", dict(rejected))
+
+    def request_stop(self) -> None:
+        """Stop the serve loop gracefully: finish sending, drain the outbox, disconnect."""
+        if not self._stop_requested:
+            logger.info("stop requested; delivering what is in flight, then exiting")
+        self._stop_requested = True
+        self.wake.set()
+        if not self._serving and self._main_task is not None:
+            self._main_task.cancel()  # still setting up or registering: nothing to deliver
+
+    async def process(self) -> None:
+        """The ``process`` mode: roll out ``n_groups_to_process`` groups to jsonl + html."""
+        await offline.run_process(self)
+
+    async def evaluate(self) -> None:
+        """The ``evaluate`` mode: ``setup()`` then ``evaluate()`` once."""
+        await offline.run_evaluate(self)

@@ -1,0 +1,187 @@
+"""EnvRunner: the loop state lives in the runner, the env keeps its hooks and original names."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.offline import ProcessFailedError, html_report
+from atroposlib.envs.runner import EnvRunner
+from atroposlib.envs.scheduling import EnvStatus
+
+from .test_base_hooks import SERVER, group, make_env
+
+ENVS = Path(__file__).resolve().parents[2] / "atroposlib" / "envs"
+
+# Instance attributes environment files written for the original read or set.
+ORIGINAL_ATTRIBUTES = (
+    "config",
+    "server",
+    "testing",
+    "tokenizer",
+    "curr_step",
+    "max_token_len",
+    "status_dict",
+    "derived_batch_size",
+    "env_id",
+    "wandb_prepend",
+    "checkpoint_dir",
+    "checkpoint_interval",
+    "max_num_workers",
+    "backlog",
+    "workers",
+    "running_items",
+    "eval_workers",
+    "eval_runner",
+    "items_sent_this_step",
+    "jsonl_writer",
+    "process_mode",
+    "n_groups_to_process",
+    "group_size_to_process",
+    "rollouts_for_wandb",
+    "completion_lengths",
+    "task_duration",
+    "succeeded_task_duration",
+    "failed_task_duration",
+    "mainloop_timings",
+    "workers_added_list",
+)
+
+
+class GroupEnv(BaseEnv):
+    """Makes one fixed group per item; counts items."""
+
+    name = "group_env"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.items = 0
+
+    async def setup(self):
+        pass
+
+    async def get_next_item(self):
+        self.items += 1
+        return self.items
+
+    async def collect_trajectories(self, item):
+        return group(n=self.config.group_size), []
+
+    async def evaluate(self, *args, **kwargs):
+        pass
+
+
+class OwnPoolEnv(GroupEnv):
+    """Uses ``self.pool`` for its own process pool, as original environment files do."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool = "a multiprocessing.Pool of the environment's own"
+
+
+def test_every_original_attribute_is_on_a_fresh_env():
+    env = make_env(group_size=2)
+    missing = [name for name in ORIGINAL_ATTRIBUTES if not hasattr(env, name)]
+    assert not missing
+
+
+def test_the_env_names_show_the_runners_state():
+    env = make_env(group_size=2)
+    assert isinstance(env.runner, EnvRunner) and env.runner.env is env
+    assert env.workers is env.runner.pool.tasks
+    assert env.running_items is env.runner.pool.running
+    env.derived_batch_size = 12
+    assert env.runner.derived_batch_size == 12
+    sentinel = object()
+    env.eval_runner = sentinel  # type: ignore[assignment]
+    assert env.runner.eval_task is sentinel and env.eval_runner is sentinel
+
+
+async def test_an_env_attribute_named_pool_does_not_break_the_workers():
+    env = OwnPoolEnv(BaseEnvConfig(use_wandb=False, group_size=2, batch_size=8), [SERVER])
+    env.max_num_workers = 2
+    env.derived_batch_size = 8
+    env.runner.status = EnvStatus()
+    await env.add_train_workers()
+    assert len(env.running_items) == 2 and env.items == 2
+    await env.runner.pool.wait_all(5)
+    assert env.pool == "a multiprocessing.Pool of the environment's own"
+
+
+async def test_process_hands_the_written_jsonl_to_the_report_writer(tmp_path):
+    out = tmp_path / "groups.jsonl"
+    config = BaseEnvConfig(
+        use_wandb=False,
+        group_size=2,
+        total_steps=3,
+        data_path_to_save_groups=str(out),
+        ensure_scores_are_not_same=False,
+    )
+    env = GroupEnv(config, [SERVER], testing=True)
+    reports: list[Path] = []
+
+    async def report(path: Path) -> None:
+        reports.append(path)
+
+    env.runner.write_report = report
+    await env.process_manager()
+    assert reports == [out]
+    assert len(out.read_text().splitlines()) == 3 and env.curr_step == 3
+
+
+async def test_html_report_renders_the_jsonl_beside_it(tmp_path):
+    src = tmp_path / "run.jsonl"
+    row = {**group(n=2), "messages": [[{"role": "user", "content": "hello report"}]] * 2}
+    src.write_text(json.dumps(row) + "\n")
+    await html_report(src)
+    assert "hello report" in src.with_suffix(".html").read_text()
+
+
+async def test_html_report_failure_names_the_file(tmp_path):
+    missing = tmp_path / "absent.jsonl"
+    with pytest.raises(ProcessFailedError, match="absent.jsonl"):
+        await html_report(missing)
+
+
+async def test_request_stop_before_serving_cancels_the_setup():
+    env = make_env(group_size=2)
+    started = asyncio.Event()
+
+    async def slow_setup():
+        started.set()
+        await asyncio.sleep(3600)
+
+    env.setup = slow_setup  # type: ignore[method-assign]
+    task = asyncio.create_task(env.env_manager())
+    await started.wait()
+    env.runner.request_stop()
+    await asyncio.wait_for(task, 30)  # returns instead of raising CancelledError
+    assert task.done() and not task.cancelled()
+
+
+def _private_env_fields(path: Path) -> list[str]:
+    """``env._<name>`` accesses in ``path`` (another object's private fields)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        f"{path.name}:{node.lineno}: env.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "env"
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+
+
+def test_loop_modules_use_no_private_field_of_the_env():
+    found = [
+        hit
+        for name in ("runner", "serve", "offline", "cli")
+        for hit in _private_env_fields(ENVS / f"{name}.py")
+    ]
+    assert not found, found
