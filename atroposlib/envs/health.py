@@ -27,9 +27,26 @@ import random
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
-import httpx
+from atroposlib.envs.server_handling._transport import JsonTransport
+from atroposlib.envs.server_handling.errors import causes, is_transient, status_code
+
+__all__ = [
+    "FailureTracker",
+    "NoServerReachableError",
+    "ProbeResult",
+    "ServerWatch",
+    "ServersDownError",
+    "TooManyFailuresError",
+    "bounded",
+    "is_transient",
+    "probe_servers",
+    "probe_url",
+    "server_urls",
+    "status_code",
+    "unreachable_message",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,41 +86,6 @@ class NoServerReachableError(RuntimeError):
 def _one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0][:300] if text else ""
-
-
-def _causes(err: BaseException) -> Iterable[BaseException]:
-    seen = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        last_attempt = getattr(current, "last_attempt", None)  # tenacity.RetryError
-        inner = last_attempt.exception() if last_attempt is not None else None
-        current = inner or current.__cause__ or current.__context__
-
-
-def status_code(err: BaseException) -> int | None:
-    """The HTTP status an exception carries (openai, httpx and aiohttp errors), if any."""
-    for attr in ("status_code", "status"):
-        value = getattr(err, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    response = getattr(err, "response", None)
-    value = getattr(response, "status_code", None)
-    return value if isinstance(value, int) else None
-
-
-def is_transient(err: BaseException) -> bool:
-    """True for errors that waiting can fix: connection, timeout, HTTP 5xx and 429."""
-    from atroposlib.envs.server_handling.errors import is_transport_error
-
-    for cause in _causes(err):
-        code = status_code(cause)
-        if code is not None:
-            return code >= 500 or code in (408, 429)
-        if is_transport_error(cause):
-            return True
-    return False
 
 
 class FailureTracker:
@@ -174,23 +156,26 @@ class ProbeResult:
         return not self.reason
 
 
-def _reason(err: BaseException) -> str:
-    for cause in _causes(err):
+def _reason(err: BaseException, timeout: float) -> str:
+    for cause in causes(err):
         if isinstance(cause, ConnectionRefusedError) or "refused" in str(cause).lower():
             return "connection refused"
-    if isinstance(err, httpx.TimeoutException):
-        return f"no answer within {PROBE_TIMEOUT_S:g} s"
-    text = _one_line(err)
+    if isinstance(err, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    text = _one_line(err.__cause__ or err)
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 async def probe_url(url: str, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
-    """GET ``url``; any HTTP status means the server is there."""
+    """GET ``url`` over the inference client's transport; any HTTP status means the server
+    is there."""
+    transport = JsonTransport(timeout=timeout)
     try:
-        async with httpx.AsyncClient(timeout=timeout) as client:
-            await client.get(url)
-    except (httpx.HTTPError, OSError) as err:
-        return ProbeResult(url, _reason(err))
+        await transport.get_status(url)
+    except (OSError, ValueError) as err:  # unreachable (mapped), or not an http(s) URL
+        return ProbeResult(url, _reason(err, timeout))
+    finally:
+        await transport.close()
     return ProbeResult(url)
 
 

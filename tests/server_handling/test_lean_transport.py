@@ -1,9 +1,9 @@
-"""The lean HTTP path: raw keep-alive client, JSON transport, lean fake server."""
+"""The inference client's one HTTP path: raw keep-alive client, JSON transport, the requests
+OpenAIServer builds, and the lean fake server."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import httpx
 import openai
@@ -12,14 +12,13 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from atroposlib.envs.server_handling._rawhttp import RawHttpClient
-from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
+from atroposlib.envs.server_handling._transport import JsonTransport
 from atroposlib.envs.server_handling.errors import is_transport_error
-from atroposlib.envs.server_handling.openai_server import OpenAIServer, lean_request_body
+from atroposlib.envs.server_handling.openai_server import OpenAIRequest, OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.testing.launch import fake_server_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
-
-FAKE = [sys.executable, "-m", "atroposlib.testing.fake_server"]
 
 
 async def _serve_raw(handler) -> tuple[asyncio.AbstractServer, int]:
@@ -139,11 +138,10 @@ async def test_json_transport_sends_the_key_and_raises_status_errors_with_the_bo
     server, port = await _serve_raw(handler)
     transport = JsonTransport({"Authorization": "Bearer k1"}, timeout=5)
     try:
-        with pytest.raises(HttpStatus) as exc:
+        with pytest.raises(openai.UnprocessableEntityError) as exc:
             await transport.post_json(f"http://127.0.0.1:{port}/generate", {"n": 0})
-        assert exc.value.status == 422 and b"bad n" in exc.value.body
-        as_httpx = exc.value.to_httpx()
-        assert isinstance(as_httpx, httpx.HTTPStatusError) and as_httpx.response.status_code == 422
+        assert exc.value.status_code == 422 and "bad n" in exc.value.response.text
+        assert exc.value.body == "bad n"  # as the openai client: the `error` member
         assert b"Authorization: Bearer k1" in seen_headers[0]
         assert b'"n":0' in seen_headers[0]
     finally:
@@ -151,21 +149,33 @@ async def test_json_transport_sends_the_key_and_raises_status_errors_with_the_bo
         server.close()
 
 
-def test_lean_body_merges_extra_body_and_defers_sdk_only_options_to_the_client():
-    assert lean_request_body({"model": "m", "n": 2, "extra_body": {"top_k": 5}}) == {
-        "model": "m",
-        "n": 2,
-        "top_k": 5,
-    }
-    assert lean_request_body({"model": "m", "stream": True}) is None
-    assert lean_request_body({"model": "m", "extra_headers": {"x": "1"}}) is None
-    assert lean_request_body({"model": "m", "max_tokens": openai.NOT_GIVEN}) == {"model": "m"}
+def test_request_merges_extra_body_and_applies_client_options_to_the_http_request():
+    request = OpenAIRequest(
+        {
+            "model": "m",
+            "n": 2,
+            "max_tokens": openai.NOT_GIVEN,
+            "extra_body": {"top_k": 5},
+            "extra_headers": {"X-Trace": "t1", "X-Dropped": None},
+            "extra_query": {"api-version": "2"},
+            "timeout": httpx.Timeout(3.0, read=7.0),
+        }
+    )
+    assert request.body == {"model": "m", "n": 2, "top_k": 5}
+    assert request.headers == {"X-Trace": "t1"}
+    assert request.url("http://h/v1/chat/completions") == (
+        "http://h/v1/chat/completions?api-version=2"
+    )
+    assert request.timeout == 7.0 and not request.stream
+    assert OpenAIRequest({"model": "m", "stream": True}).stream
+    with pytest.raises(TypeError, match="extra_body"):
+        OpenAIRequest({"model": "m", "extra_body": [1]})
 
 
 @pytest.mark.parametrize("mode", [[], ["--lean"]], ids=["uvicorn", "lean"])
 def test_fake_server_modes_answer_alike_and_lean_path_builds_openai_objects(mode, tmp_path):
     port = free_port()
-    cmd = [*FAKE, "--port", str(port), "--latency-ms", "1", *mode]
+    cmd = fake_server_cmd(port, "--latency-ms", "1", *mode)
     with running_process(
         cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=tmp_path / "f.log"
     ):

@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Iterator
 
+import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from atroposlib.envs.server_handling._rawhttp import (
     RawHttpClient,
     _Conn,
 )
-from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
+from atroposlib.envs.server_handling._transport import JsonTransport
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.hostile_upstream import HOSTILE, Upstream
@@ -173,18 +174,22 @@ async def test_a_redirect_is_an_error_not_an_empty_answer(upstream):
     """Before: a 302 was read as a 200 whose body was parsed as the answer."""
     upstream.mode(mode="raw", status=302, headers={"Location": "http://evil.example/"}, body="{}")
     transport = JsonTransport(timeout=10)
-    with pytest.raises(HttpStatus) as info:
+    with pytest.raises(openai.APIStatusError) as info:
         await transport.post_json(f"{upstream.url}/generate", {"a": 1})
     await transport.close()
-    assert info.value.status == 302 and info.value.headers["location"] == "http://evil.example/"
+    assert info.value.status_code == 302
+    assert info.value.response.headers["location"] == "http://evil.example/"
 
 
 def test_an_explicit_port_zero_is_kept():
     """Before: ``parts.port or 80`` sent a request for port 0 to port 80."""
     transport = JsonTransport()
-    assert transport._plain_target("http://127.0.0.1:0/generate") == ("127.0.0.1", 0, "/generate")
-    assert transport._plain_target("http://127.0.0.1/generate") == ("127.0.0.1", 80, "/generate")
-    assert transport._plain_target("http://[::1]:9/x?a=1") == ("::1", 9, "/x?a=1")
+    assert transport._target("http://127.0.0.1:0/generate") == ("127.0.0.1", 0, "/generate", False)
+    assert transport._target("http://127.0.0.1/generate") == ("127.0.0.1", 80, "/generate", False)
+    assert transport._target("http://[::1]:9/x?a=1") == ("::1", 9, "/x?a=1", False)
+    assert transport._target("https://h.example/v1") == ("h.example", 443, "/v1", True)
+    with pytest.raises(ValueError, match="expected http:// or https://"):
+        transport._target("ftp://h.example/v1")
 
 
 async def test_an_ipv6_literal_upstream_connects():

@@ -1,11 +1,11 @@
-"""Helpers shared by the HTTP backends: URLs, a lazily built HTTP client, tokenizers."""
+"""Helpers shared by the HTTP backends: URLs, their HTTP client, tokenizers."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from atroposlib.envs.server_handling._transport import HttpStatus, JsonTransport
+from atroposlib.envs.server_handling._transport import JsonTransport
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 
 class HttpClientMixin:
-    """Owns the backend's lean :class:`JsonTransport`, created on first use."""
+    """Owns the backend's :class:`JsonTransport` (its one HTTP client), created on first use."""
 
     _transport: JsonTransport | None = None
 
@@ -63,31 +63,24 @@ class HttpClientMixin:
         return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def transport(self) -> JsonTransport:
-        """The lean JSON transport (timeout: the config's ``timeout``)."""
+        """The backend's JSON transport (timeout: the config's ``timeout``)."""
         if self._transport is None:
             timeout = float(getattr(getattr(self, "config", None), "timeout", 1200) or 1200)
             self._transport = JsonTransport(self.api_headers(), timeout=timeout)
         return self._transport
 
     async def fast_post_json(self, url: str, body: dict[str, Any]) -> Any:
-        """POST ``body`` as JSON over the lean transport; HTTP errors raise
-        ``httpx.HTTPStatusError`` (as the httpx client did)."""
-        try:
-            return await self.transport().post_json(url, body)
-        except HttpStatus as e:
-            raise e.to_httpx() from None
+        """POST ``body`` as JSON; the decoded answer (errors: see :mod:`.errors`)."""
+        return await self.transport().post_json(url, body)
 
     async def fast_post_json_with_headers(
         self, url: str, body: dict[str, Any]
     ) -> tuple[Any, dict[str, str]]:
         """As :meth:`fast_post_json`, plus the answer's headers (lower-cased names)."""
-        try:
-            return await self.transport().post_json_with_headers(url, body)
-        except HttpStatus as e:
-            raise e.to_httpx() from None
+        return await self.transport().post_json_with_headers(url, body)
 
     async def probe_status(self, url: str, timeout: float) -> int:
-        """Status code of ``GET url`` over the lean transport (for health probes)."""
+        """Status code of ``GET url`` (for health probes)."""
         return await self.transport().get_status(url, timeout=timeout)
 
     async def close_http(self) -> None:

@@ -1,9 +1,9 @@
-"""A small HTTP/1.1 keep-alive client on asyncio protocols, for plain-``http`` JSON calls.
+"""A small HTTP/1.1 keep-alive client on asyncio protocols, for JSON calls to inference servers.
 
 General clients (httpx, aiohttp) spend hundreds of microseconds of CPU per request on
-features a loopback JSON call to an inference server does not use (cookies,
-redirects, tracing, middleware). This client does one thing: send a request with a
-``Content-Length`` body over a pooled keep-alive connection and read one response
+features a JSON call to an inference server does not use (cookies, redirects, tracing,
+middleware). This client does one thing: send a request with a ``Content-Length`` body
+over a pooled keep-alive connection (plain TCP, or TLS for ``https``) and read one response
 (``Content-Length``, chunked, or read-to-close bodies). Every call has a deadline.
 
 Answers are parsed as they arrive by llhttp (Node's HTTP parser, through ``httptools``),
@@ -15,9 +15,11 @@ read-to-close body is dropped as soon as it passes the bound (:class:`AnswerTooL
 Chunked framing must carry data (chunks beyond the first :data:`FREE_CHUNKS` average at
 least :data:`MIN_AVERAGE_CHUNK` bytes), so one-byte chunks cannot make decoding the work.
 
-Failures raise ``ConnectionError`` subclasses or ``asyncio.TimeoutError``, which the
-server layer treats as "server unavailable"; an answer that is too large or malformed
-raises :class:`AnswerTooLarge` / :class:`MalformedAnswer` (the server answered, wrongly).
+Failures raise ``OSError`` subclasses (``ConnectionError``, :class:`PeerRefused`, TLS and
+name-resolution errors) or ``asyncio.TimeoutError``; the transport above maps them, once, to
+"server unavailable" (:func:`~atroposlib.envs.server_handling.errors.mapped_errors`). An
+answer that is too large or malformed raises :class:`AnswerTooLarge` /
+:class:`MalformedAnswer` (the server answered, wrongly).
 A request whose reused keep-alive connection turns out to be closed before any answer
 byte arrived is resent once on a fresh connection (the server never saw it).
 """
@@ -29,6 +31,7 @@ import collections
 import logging
 import os
 import socket
+import ssl
 from typing import Any, Callable
 
 import httptools
@@ -225,19 +228,21 @@ def _new_parser(conn: _Conn) -> Any:
     return httptools.HttpResponseParser(conn)
 
 
-def _host_header(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _host_header(host: str, port: int, tls: bool) -> str:
+    name = f"[{host}]" if ":" in host else host
+    return name if port == (443 if tls else 80) else f"{name}:{port}"
 
 
 class RawHttpClient:
-    """Pooled keep-alive HTTP/1.1 connections to plain-``http`` hosts (one event loop).
+    """Pooled keep-alive HTTP/1.1 connections to ``http`` and ``https`` hosts (one event loop).
 
     ``await client.request("POST", "127.0.0.1", 8000, "/generate", headers, body, timeout)``
-    → ``(status, headers, body)``. ``host`` is a name or an address (IPv6 without
-    brackets). ``max_answer_bytes`` bounds each answer body; ``peer_check(host, address)``,
-    when given, is asked about every address the host resolves to, and only allowed
-    addresses are connected to (the check holds for the address actually used, not for a
-    name resolved earlier).
+    → ``(status, headers, body)``; ``tls=True`` speaks TLS (certificates verified against the
+    system's trust store, as ``ssl.create_default_context()`` sets it up). ``host`` is a name
+    or an address (IPv6 without brackets). ``max_answer_bytes`` bounds each answer body;
+    ``peer_check(host, address)``, when given, is asked about every address the host resolves
+    to, and only allowed addresses are connected to (the check holds for the address actually
+    used, not for a name resolved earlier).
     """
 
     def __init__(
@@ -245,19 +250,28 @@ class RawHttpClient:
         max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
         peer_check: PeerCheck | None = None,
     ) -> None:
-        self._idle: dict[tuple[str, int], collections.deque[_Conn]] = collections.defaultdict(
+        self._idle: dict[tuple[str, int, bool], collections.deque[_Conn]] = collections.defaultdict(
             collections.deque
         )
         self.loop = asyncio.get_running_loop()
         self.max_answer_bytes = int(max_answer_bytes)
         self.peer_check = peer_check
+        self._tls: ssl.SSLContext | None = None
 
     def _protocol(self) -> _Conn:
         return _Conn(self.max_answer_bytes)
 
-    async def _connect(self, host: str, port: int) -> _Conn:
+    def _tls_options(self, host: str, tls: bool) -> dict[str, Any]:
+        if not tls:
+            return {}
+        if self._tls is None:  # loading the trust store costs milliseconds: once per client
+            self._tls = ssl.create_default_context()
+        return {"ssl": self._tls, "server_hostname": host}
+
+    async def _connect(self, host: str, port: int, tls: bool = False) -> _Conn:
+        options = self._tls_options(host, tls)
         if self.peer_check is None:
-            _, proto = await self.loop.create_connection(self._protocol, host, port)
+            _, proto = await self.loop.create_connection(self._protocol, host, port, **options)
             return proto
         infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         allowed = [info for info in infos if self.peer_check(host, str(info[4][0]))]
@@ -268,7 +282,12 @@ class RawHttpClient:
         for family, _, proto_num, _, address in allowed:
             try:
                 _, proto = await self.loop.create_connection(
-                    self._protocol, address[0], address[1], family=family, proto=proto_num
+                    self._protocol,
+                    address[0],
+                    address[1],
+                    family=family,
+                    proto=proto_num,
+                    **options,
                 )
                 return proto
             except OSError as e:  # try the next allowed address
@@ -276,7 +295,7 @@ class RawHttpClient:
         assert last is not None
         raise last
 
-    def _checkout(self, key: tuple[str, int]) -> _Conn | None:
+    def _checkout(self, key: tuple[str, int, bool]) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()  # most recently used: the least likely to have timed out
@@ -293,17 +312,18 @@ class RawHttpClient:
         headers: dict[str, str],
         body: bytes,
         timeout: float,
+        tls: bool = False,
     ) -> tuple[int, dict[str, str], bytes]:
         """Send one request; the answer's status, lower-cased headers and body."""
         head = [
-            f"{method} {target} HTTP/1.1\r\nHost: {_host_header(host, port)}\r\n"
+            f"{method} {target} HTTP/1.1\r\nHost: {_host_header(host, port, tls)}\r\n"
             f"Content-Length: {len(body)}\r\n"
         ]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n")
         head.append("\r\n")
         data = "".join(head).encode("latin-1") + body
-        key = (host, port)
+        key = (host, port, tls)
         deadline = self.loop.time() + timeout
         for attempt in (0, 1):
             conn = self._checkout(key) if attempt == 0 else None
@@ -312,7 +332,7 @@ class RawHttpClient:
                 remaining = deadline - self.loop.time()
                 if remaining <= 0:
                     raise asyncio.TimeoutError(f"no connection to {host}:{port} within {timeout}s")
-                conn = await asyncio.wait_for(self._connect(host, port), remaining)
+                conn = await asyncio.wait_for(self._connect(host, port, tls), remaining)
             waiter = conn.send(data)
             timer = self.loop.call_at(deadline, _expire, waiter, timeout)
             try:

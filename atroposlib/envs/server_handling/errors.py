@@ -1,11 +1,50 @@
-"""Exceptions of the inference server layer and the classification of transport failures."""
+"""Errors of the inference server layer, in one place: what the client raises, and how a
+failure is classified (server unavailable, the caller's fault, worth retrying).
+
+Every call to an inference server goes through :class:`~._transport.JsonTransport`, whose
+failures are mapped here, once, by :func:`mapped_errors`:
+
+- the server could not be reached, or the connection broke before the answer was complete
+  → :class:`ServerConnectionError` (an ``openai.APIConnectionError`` and a
+  ``ConnectionError``);
+- no answer within the timeout → :class:`ServerTimeoutError` (an ``openai.APITimeoutError``
+  and an ``asyncio.TimeoutError``);
+- an HTTP error answer or a redirect → the ``openai.APIStatusError`` subclass the ``openai``
+  client raises for that status (``openai.BadRequestError`` for 400, ...), with the answer's
+  headers and body on ``.response``.
+
+So code written against the ``openai`` client catches what it caught before, whichever
+backend answered. :func:`is_transport_error`, :func:`status_code` and :func:`is_transient`
+also recognise the errors of other HTTP clients (``httpx``, ``aiohttp``) that user code may
+raise from inside an environment: the classification of a failure is answered here only.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
 
+import aiohttp
 import httpx
 import openai
+import orjson
+
+__all__ = [
+    "NoHealthyServerError",
+    "ServerConnectionError",
+    "ServerTimeoutError",
+    "ServerUnavailableError",
+    "causes",
+    "is_client_error",
+    "is_retryable",
+    "is_transient",
+    "is_transport_error",
+    "mapped_errors",
+    "status_code",
+    "status_error",
+]
 
 
 class ServerUnavailableError(ConnectionError):
@@ -34,34 +73,151 @@ class NoHealthyServerError(TimeoutError):
         )
 
 
+class ServerConnectionError(openai.APIConnectionError, ConnectionError):
+    """The inference server could not be reached (refused, reset, name not resolved, TLS
+    failure, an address the client may not connect to), or the connection broke before its
+    answer was complete. The low-level error is ``__cause__``."""
+
+    def __init__(self, method: str, url: str, cause: BaseException):
+        detail = str(cause) or type(cause).__name__
+        super().__init__(
+            message=f"{method} {url}: cannot reach the inference server: {detail}",
+            request=httpx.Request(method, url),
+        )
+
+
+class ServerTimeoutError(openai.APITimeoutError, asyncio.TimeoutError):
+    """The inference server did not answer within the timeout."""
+
+    def __init__(self, method: str, url: str, cause: BaseException | None = None):
+        super().__init__(httpx.Request(method, url))
+        detail = f": {cause}" if cause is not None and str(cause) else ""
+        self.message = f"{method} {url}: the inference server did not answer in time{detail}"
+        self.args = (self.message,)
+
+
+_STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
+    400: openai.BadRequestError,
+    401: openai.AuthenticationError,
+    403: openai.PermissionDeniedError,
+    404: openai.NotFoundError,
+    409: openai.ConflictError,
+    422: openai.UnprocessableEntityError,
+    429: openai.RateLimitError,
+}
+
+
+def status_error(
+    method: str, url: str, status: int, headers: Mapping[str, str], body: bytes
+) -> openai.APIStatusError:
+    """The ``openai`` exception for an HTTP error answer (or a redirect, which is not
+    followed), as the ``openai`` client builds it: its message is ``Error code: N`` plus the
+    answer's ``error.message``; ``.body`` is the decoded ``error`` object (or the text)."""
+    text = body.decode("utf-8", "replace").strip()
+    message = f"Error code: {status}"
+    data: Any = text
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        error = data.get("error", data) if isinstance(data, dict) else None
+        detail = error.get("message") if isinstance(error, dict) else None
+        if isinstance(detail, str) and detail:
+            message += f" - {detail}"
+        if isinstance(data, dict):
+            data = data.get("error", data)
+    if status >= 500:
+        cls: type[openai.APIStatusError] = openai.InternalServerError
+    else:
+        cls = _STATUS_ERRORS.get(status, openai.APIStatusError)
+    response = httpx.Response(
+        status, headers=dict(headers), content=body, request=httpx.Request(method, url)
+    )
+    return cls(message, response=response, body=data)
+
+
+@contextlib.contextmanager
+def mapped_errors(method: str, url: str) -> Iterator[None]:
+    """Turn the low-level failures of a call to ``url`` into this module's errors.
+
+    Timeouts become :class:`ServerTimeoutError`; connection failures (any ``OSError``, and
+    ``aiohttp``'s connection errors) :class:`ServerConnectionError`. Errors that mean the
+    server answered, wrongly (too large, not HTTP, not JSON), pass through unchanged.
+    """
+    try:
+        yield
+    except openai.APIError:
+        raise  # already mapped (a nested call)
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
+        raise ServerTimeoutError(method, url, e) from e
+    except (OSError, aiohttp.ClientConnectionError) as e:
+        raise ServerConnectionError(method, url, e) from e
+
+
+# ----------------------------------------------------------------------------- classification
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
-    openai.APIConnectionError,  # includes APITimeoutError
-    httpx.TransportError,  # connect/read/write errors and timeouts
+    openai.APIConnectionError,  # ours (ServerConnectionError, ServerTimeoutError) included
+    httpx.TransportError,
+    aiohttp.ClientConnectionError,
     asyncio.TimeoutError,
-    ConnectionError,
-    OSError,
+    OSError,  # ConnectionError, TimeoutError, ServerUnavailableError
 )
 
 
 def is_transport_error(exc: BaseException) -> bool:
     """True when ``exc`` means the server could not be reached or did not answer in time."""
-    if isinstance(exc, ServerUnavailableError):
-        return True
-    try:
-        import aiohttp
-
-        if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ServerTimeoutError)):
-            return True
-    except ImportError:  # aiohttp is optional for this check
-        pass
     return isinstance(exc, _TRANSPORT_ERRORS)
+
+
+def status_code(exc: BaseException) -> int | None:
+    """The HTTP status an error answer carried (``openai``, ``httpx`` or ``aiohttp``), if any."""
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return exc.status
+    return None
 
 
 def is_client_error(exc: BaseException) -> bool:
     """True for HTTP 4xx answers that retrying cannot fix (408 and 429 are retryable)."""
-    status = None
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-    elif isinstance(exc, httpx.HTTPStatusError):
-        status = exc.response.status_code
+    status = status_code(exc)
     return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether another attempt of the same request could succeed: not for the caller's
+    errors (4xx but 408/429), not for what the backend cannot do, not when the server was
+    already given up on (:class:`ServerUnavailableError`, the caller tries another)."""
+    return (
+        isinstance(exc, Exception)
+        and not isinstance(exc, (ServerUnavailableError, NotImplementedError))
+        and not is_client_error(exc)
+    )
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it wraps: a ``tenacity.RetryError``'s last attempt, the cause or
+    the context, each once."""
+    seen = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        last_attempt = getattr(current, "last_attempt", None)  # tenacity.RetryError
+        inner = last_attempt.exception() if last_attempt is not None else None
+        current = inner or current.__cause__ or current.__context__
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors that waiting can fix: connection, timeout, HTTP 5xx, 408 and 429,
+    looked for in ``exc`` and the errors it wraps."""
+    for cause in causes(exc):
+        code = status_code(cause)
+        if code is not None:
+            return code >= 500 or code in (408, 429)
+        if is_transport_error(cause):
+            return True
+    return False

@@ -1,7 +1,7 @@
 """Server configs, the adaptive semaphore and the ``APIServer`` base class.
 
 ``APIServer`` owns the request path shared by every backend: a background health
-check, train/eval semaphores, retries with random exponential backoff, attempt
+check, train/eval semaphores, retries (one tenacity policy, :meth:`APIServer.retrying`), attempt
 counting, and request timings kept in rolling buffers of ``rolling_buffer_length``.
 A backend implements the ``_*_wrapper`` coroutines and, optionally, ``_probe_health``.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -26,10 +25,17 @@ from typing import Any, AsyncIterator, Callable, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field, model_validator
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from atroposlib.envs.server_handling.errors import (
     ServerUnavailableError,
-    is_client_error,
+    is_retryable,
     is_transport_error,
 )
 from atroposlib.envs.server_handling.sampling_record import note_request
@@ -531,11 +537,6 @@ class APIServer(ABC):
                 kwargs["max_completion_tokens"] = kwargs.pop("max_tokens")
         return kwargs
 
-    def _backoff(self, attempt: int) -> float:
-        return random.uniform(
-            0, min(self.retry_max_wait, self.retry_multiplier * 2 ** (attempt - 1))
-        )
-
     async def run_request(
         self,
         kind: str,
@@ -556,63 +557,88 @@ class APIServer(ABC):
         stat_dict = {"attempts": 0, "slot_held": slot_held, "fail_fast": fail_fast}
         return await getattr(self, _ENTRIES[kind, is_train])(stat_dict, **kwargs)
 
+    def retrying(self) -> AsyncRetrying:
+        """The retry policy of one request: at most ``retry_attempts`` attempts, random
+        exponential backoff (``retry_multiplier`` doubling per attempt, at most
+        ``retry_max_wait`` seconds), only for errors another attempt could fix
+        (:func:`~.errors.is_retryable`); the last error is raised as it is."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.retry_attempts),
+            wait=wait_random_exponential(multiplier=self.retry_multiplier, max=self.retry_max_wait),
+            retry=retry_if_exception(is_retryable),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        logger.info("request to %s failed (attempt %d): %r", self.name, state.attempt_number, error)
+
     async def _run_prepared(
         self, kind: str, kwargs: dict[str, Any], is_train: bool, stat_dict: dict[str, Any]
     ) -> Any:
-        """Run prepared ``kwargs`` against the backend with retries.
+        """Run prepared ``kwargs`` against the backend under :meth:`retrying`.
 
         ``stat_dict`` is the original's per-request record: ``start`` (first attempt's
         ``time.time()``) and ``attempts`` are filled in; ``slot_held`` and ``fail_fast``
         (see :meth:`run_request`) are read from it.
         """
-        slot_held = bool(stat_dict.get("slot_held", False))
-        fail_fast = bool(stat_dict.get("fail_fast", False))
         if self._health_enabled and self.check_task is None:
             self.start_health_check()
         self.initialized = True
-        sem = self.sem if is_train else self.eval_sem
-        wrapper = getattr(self, _WRAPPERS[kind])
-        started: float | None = None
+        started: list[float] = []  # monotonic time of the first attempt's start
         attempts = 0
-        while True:
-            attempts += 1
-            stat_dict["attempts"] = int(stat_dict.get("attempts") or 0) + 1
+        try:
+            async for attempt in self.retrying():
+                with attempt:
+                    attempts += 1
+                    stat_dict["attempts"] = int(stat_dict.get("attempts") or 0) + 1
+                    result = await self._attempt(kind, kwargs, is_train, stat_dict, started)
+        except Exception:
+            (self.attempts_list if is_train else self.eval_attempts_list).append(attempts)
+            raise
+        self._record(is_train, time.monotonic() - started[0], attempts)
+        return result
+
+    async def _attempt(
+        self,
+        kind: str,
+        kwargs: dict[str, Any],
+        is_train: bool,
+        stat_dict: dict[str, Any],
+        started: list[float],
+    ) -> Any:
+        """One attempt: a slot (unless the caller holds one), the backend call, and a server
+        that cannot be reached marked unhealthy (``ServerUnavailableError`` with
+        ``fail_fast``, so the caller moves to another server). The first attempt's start,
+        once it has its slot, goes into ``started`` and ``stat_dict["start"]``."""
+        slot_held = bool(stat_dict.get("slot_held", False))
+        fail_fast = bool(stat_dict.get("fail_fast", False))
+        sem = self.sem if is_train else self.eval_sem
+        if not slot_held:
+            if not self._server_healthy:
+                if fail_fast:
+                    raise ServerUnavailableError(self.name)
+                await self.wait_until_healthy(config_value(self.config, "timeout"))
+            await sem.acquire()
+        if not started:
+            started.append(time.monotonic())
+            stat_dict.setdefault("start", time.time())
+        try:
+            wrapper = getattr(self, _WRAPPERS[kind])
+            if self.transport_has_timeout:
+                return await wrapper(**kwargs)
+            async with _deadline(config_value(self.config, "timeout")):
+                return await wrapper(**kwargs)
+        except Exception as e:
+            if is_transport_error(e):
+                self.mark_unhealthy(e)
+                if fail_fast:
+                    raise ServerUnavailableError(self.name, e) from e
+            raise
+        finally:
             if not slot_held:
-                if not self._server_healthy:
-                    if fail_fast:
-                        raise ServerUnavailableError(self.name)
-                    await self.wait_until_healthy(config_value(self.config, "timeout"))
-                await sem.acquire()
-            try:
-                if started is None:
-                    started = time.monotonic()
-                    stat_dict.setdefault("start", time.time())
-                if self.transport_has_timeout:
-                    result = await wrapper(**kwargs)
-                else:
-                    async with _deadline(config_value(self.config, "timeout")):
-                        result = await wrapper(**kwargs)
-                self._record(is_train, time.monotonic() - started, attempts)
-                return result
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                if is_transport_error(e):
-                    self.mark_unhealthy(e)
-                    if fail_fast:
-                        raise ServerUnavailableError(self.name, e) from e
-                if (
-                    is_client_error(e)
-                    or isinstance(e, NotImplementedError)
-                    or attempts >= self.retry_attempts
-                ):
-                    (self.attempts_list if is_train else self.eval_attempts_list).append(attempts)
-                    raise
-                logger.info("request to %s failed (attempt %d): %r", self.name, attempts, e)
-            finally:
-                if not slot_held:
-                    sem.release()
-            await asyncio.sleep(self._backoff(attempts))
+                sem.release()
 
     # The original's entry points: ``stat_dict`` as in :meth:`_run_prepared`, ``kwargs``
     # already prepared (model set, reasoning injected, ``split`` removed).

@@ -4,7 +4,9 @@ It returns token ids only, so chat/completion answers are decoded with the token
 ``finish_reason`` is ``"stop"`` when EOS is among the ids, else ``"length"``.
 
 ``aiohttp`` and ``AutoTokenizer`` are module attributes looked up at call time, as in the
-original, so tests can replace them (``monkeypatch.setattr(trl_vllm_server, "aiohttp", fake)``).
+original, so tests can replace them (``monkeypatch.setattr(trl_vllm_server, "aiohttp", fake)``);
+that is why TRL requests open an ``aiohttp.ClientSession`` instead of using the layer's
+transport. Their failures are mapped by the same :func:`~.errors.mapped_errors`.
 ``AutoTokenizer`` is imported from transformers on first access only, which keeps importing
 this module cheap.
 """
@@ -23,7 +25,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
 from atroposlib.envs.server_handling._common import config_tokenizer_name
-from atroposlib.envs.server_handling._transport import HttpStatus
+from atroposlib.envs.server_handling.errors import mapped_errors, status_error
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
     APIServerConfig,
@@ -92,20 +94,19 @@ class TrlVllmServer(APIServer):
 
     async def _post_generate(self, url: str, body: dict[str, Any]) -> Any:
         """POST ``body`` with a fresh ``aiohttp`` session (the module attribute, so it can be
-        replaced); HTTP errors raise ``httpx.HTTPStatusError`` like the other backends."""
+        replaced); errors are those of every backend (see :mod:`.errors`)."""
         http = _module().aiohttp
         timeout = http.ClientTimeout(total=float(config_value(self.config, "timeout")))
         api_key = config_value(self.config, "api_key")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        async with http.ClientSession(timeout=timeout) as session:
-            async with session.post(url, json=body, headers=headers) as response:
-                status = getattr(response, "status", 200)
-                if isinstance(status, int) and status >= 400:
-                    raw = await response.read()
-                    raise HttpStatus(
-                        "POST", url, response.status, dict(response.headers), raw
-                    ).to_httpx()
-                return await response.json()
+        with mapped_errors("POST", url):
+            async with http.ClientSession(timeout=timeout) as session:
+                async with session.post(url, json=body, headers=headers) as response:
+                    status = getattr(response, "status", 200)
+                    if isinstance(status, int) and status >= 400:
+                        raw = await response.read()
+                        raise status_error("POST", url, status, dict(response.headers), raw)
+                    return await response.json()
 
     async def _generate(self, prompt: str, kwargs: dict[str, Any]) -> list[list[int]]:
         body = dict(TRL_DEFAULTS)
