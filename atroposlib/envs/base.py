@@ -17,8 +17,11 @@ implements :meth:`BaseEnv.setup`, :meth:`BaseEnv.get_next_item`,
     if __name__ == "__main__":
         MyEnv.cli()   # python my_env.py serve|process|evaluate --env.group_size 8 ...
 
-This file holds the hooks, read top to bottom; the machinery they use (worker
-pool, sender with outbox, CLI, logging, files) lives in sibling modules.
+This file holds the hooks, read top to bottom, and the attributes environment files
+read (``config``, ``server``, ``curr_step``, ``status_dict`` ...). The loop that drives
+the hooks, and what it holds while it runs (API client, sender, status, worker pool,
+failure tracking), is ``self.runner``, an :class:`~atroposlib.envs.runner.EnvRunner`;
+the CLI, logging and files live in sibling modules too.
 """
 
 from __future__ import annotations
