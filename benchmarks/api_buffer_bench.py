@@ -30,7 +30,6 @@ BODY = json.dumps({"tokens": [[1]] * 3, "env_id": 0}).encode()
 
 def _store() -> RolloutStore:
     store = RolloutStore(10**12, max_buffer_bytes=10**12)
-    store.max_buffer_bytes = 10**12
     store.register_trainer(
         Registration(
             wandb_group="g",

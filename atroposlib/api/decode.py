@@ -7,7 +7,8 @@ parsed once by simdjson (``pysimdjson``); every per-token row is checked and
 measured from simdjson's document in C (``as_buffer``: every leaf must be an
 int64, or a number for float fields), so no Python object is made per number.
 What the store needs comes out of that pass: ``env_id``, the group size, the
-length of every per-token row (for the D5/D17 checks) and which fields are present.
+length of every per-token row (for the length checks, docs/design.md,
+"Per-token fields") and which fields are present.
 
 ``as_buffer`` flattens nested arrays, so a row such as ``[1, [2], 3]`` would
 look like three ints. Once every leaf of the checked fields is known to be a
@@ -20,6 +21,9 @@ and strict JSON parsers do not), ints beyond 64 bits and the rarer optional
 fields (``messages``, ``distill_*``, ...) all take the other path: full strict
 pydantic validation of the same bytes. That path also produces every 422's
 FastAPI-shaped ``detail``; the fast path accepts a subset of what it accepts.
+
+:func:`parse_groups` is the one entry: it returns each posted group's shape,
+posted bytes and null fill, and words every type error as strict pydantic does.
 
 ``/scored_data_list`` bodies are parsed once, whole, by simdjson; when the
 body's ``{``/``}`` bytes are exactly one pair per element (no nested objects,

@@ -1,11 +1,13 @@
 """Raw-ASGI hot path for the endpoints environments and trainers call in a loop.
 
-``POST /scored_data``, ``POST /scored_data_list``, ``GET /batch`` and
-``GET /status-env?env_id=N`` are answered here without FastAPI's request
-objects, routing and dependency machinery; the FastAPI routes of the same paths
-remain (they serve the OpenAPI schema and the legacy JSON-body
-``/status-env``) and call the same :mod:`~atroposlib.api.handlers`. It sits
-inside the auth, body-limit and gzip middleware, so those apply unchanged.
+``POST /scored_data``, ``POST /scored_data_list`` and ``GET /batch`` are
+declared once, in :data:`HOT_ENDPOINTS`: their handler and their OpenAPI entry
+(:func:`openapi_paths`, merged into the app's schema). They are answered here
+without FastAPI's request objects, routing and dependency machinery, and
+nowhere else. ``GET /status-env?env_id=N`` is answered here too; its FastAPI
+route serves the schema and the legacy JSON-body form, through the same
+:mod:`~atroposlib.api.handlers` function. The hot path sits inside the auth,
+body-limit and gzip middleware, so those apply unchanged.
 
 With ``--persist``, posts are committed in groups: every post handled in one
 turn of the event loop is applied in memory, then one SQLite transaction
@@ -19,25 +21,43 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Dict, Tuple
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Dict, Sequence, Tuple
 from urllib.parse import parse_qs
 
 from atroposlib.api import handlers
 from atroposlib.api.errors import ApiError, StorageError, error_response
 from atroposlib.api.middleware import ASGIApp, Receive, Scope, Send
+from atroposlib.api.models import ScoredData
 from atroposlib.api.store import RolloutStore
 from atroposlib.utils.http_security import send_response
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INGEST_ROUTES", "SMALL_ANSWER_ROUTES", "BypassFor", "HotPathMiddleware"]
+__all__ = [
+    "HOT_ENDPOINTS",
+    "INGEST_ROUTES",
+    "SMALL_ANSWER_ROUTES",
+    "BypassFor",
+    "HotEndpoint",
+    "HotPathMiddleware",
+    "openapi_paths",
+]
 
 INGEST_ROUTES = frozenset({("POST", "/scored_data"), ("POST", "/scored_data_list")})
 SMALL_ANSWER_ROUTES = INGEST_ROUTES | {("GET", "/status-env")}
 """Routes whose answers are far below the gzip threshold (errors included): gzip can skip them."""
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-Handler = Callable[[bytes], bytes]
+_JSON = "application/json"
+_JSON_HEADERS = [(b"content-type", _JSON.encode())]
+Handler = Callable[[RolloutStore, bytes, Scope], bytes]
+_METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+_ACK_DESCRIPTION = (
+    "batch_id of the last batch received (empty when none): that batch is consumed; any other "
+    "unacknowledged batch is served again. Without ack, this call acknowledges the previous batch."
+)
+_GROUP_SCHEMA = ScoredData.model_json_schema()
+_GROUP_LIST_SCHEMA = {"type": "array", "items": _GROUP_SCHEMA, "title": "ScoredDataList"}
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -75,6 +95,116 @@ def _query_ack(scope: Scope) -> str | None:
     return values[-1] if values else None
 
 
+def _scored_data(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
+    return handlers.ingest_groups(store, body, many=False, defer=True)
+
+
+def _scored_data_list(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
+    return handlers.ingest_groups(store, body, many=True, defer=True)
+
+
+def _batch(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
+    return handlers.serve_batch(store, _query_ack(scope))
+
+
+@dataclass(frozen=True)
+class HotEndpoint:
+    """One endpoint answered by the hot path: its route, handler and OpenAPI entry.
+
+    ``commits``: the handler defers its database change to the group commit, and
+    the answer waits for it. ``body`` is the request body's JSON schema,
+    ``query`` the OpenAPI parameters of the query string.
+    """
+
+    method: str
+    path: str
+    name: str
+    doc: str
+    handler: Handler
+    commits: bool = False
+    body: Dict[str, Any] | None = None
+    query: Tuple[Dict[str, Any], ...] = ()
+
+    def operation(self) -> Dict[str, Any]:
+        """The OpenAPI operation object, as FastAPI writes it for a route."""
+        op: Dict[str, Any] = {
+            "summary": self.name.replace("_", " ").title(),
+            "description": self.doc,
+            "operationId": f"{self.name}{self.path.replace('/', '_')}_{self.method.lower()}",
+        }
+        if self.query:
+            op["parameters"] = list(self.query)
+        if self.body is not None:
+            op["requestBody"] = {"required": True, "content": {_JSON: {"schema": self.body}}}
+        op["responses"] = {
+            "200": {
+                "description": "Successful Response",
+                "content": {_JSON: {"schema": {}}},
+            }
+        }
+        if self.query:
+            op["responses"]["422"] = {
+                "description": "Validation Error",
+                "content": {
+                    _JSON: {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}
+                },
+            }
+        return op
+
+
+HOT_ENDPOINTS: Tuple[HotEndpoint, ...] = (
+    HotEndpoint(
+        "POST",
+        "/scored_data",
+        "scored_data",
+        "Accept one scored group (422 on inconsistent fields, 503 + Retry-After when full).",
+        _scored_data,
+        commits=True,
+        body=_GROUP_SCHEMA,
+    ),
+    HotEndpoint(
+        "POST",
+        "/scored_data_list",
+        "scored_data_list",
+        "Accept several groups at once, all or none.",
+        _scored_data_list,
+        commits=True,
+        body=_GROUP_LIST_SCHEMA,
+    ),
+    HotEndpoint(
+        "GET",
+        "/batch",
+        "batch",
+        'Serve the oldest full batch (one per call) and count a step; ``{"batch": null}`` '
+        "when short.\n\nThe answer carries ``batch_id`` and ``step``; the batch stays "
+        'recoverable\nuntil acknowledged (see the API README, "Delivery").',
+        _batch,
+        query=(
+            {
+                "name": "ack",
+                "in": "query",
+                "required": False,
+                "schema": {
+                    "anyOf": [{"type": "string"}, {"type": "null"}],
+                    "description": _ACK_DESCRIPTION,
+                    "title": "Ack",
+                },
+                "description": _ACK_DESCRIPTION,
+            },
+        ),
+    ),
+)
+"""The endpoints the hot path answers: each declared here once, handler and schema."""
+
+
+def openapi_paths(endpoints: Sequence[HotEndpoint] = HOT_ENDPOINTS) -> Dict[str, Any]:
+    """The OpenAPI ``paths`` entries of ``endpoints`` (for the app's schema)."""
+    paths: Dict[str, Any] = {}
+    for e in endpoints:
+        paths.setdefault(e.path, {})[e.method.lower()] = e.operation()
+    return paths
+
+
 class BypassFor:
     """Send the requests of ``routes`` (method, path) straight to ``direct``, the rest to ``app``."""
 
@@ -93,14 +223,23 @@ class BypassFor:
 class HotPathMiddleware:
     """Answer the hot endpoints directly; pass everything else to the FastAPI app."""
 
-    def __init__(self, app: ASGIApp, store: RolloutStore) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        store: RolloutStore,
+        endpoints: Sequence[HotEndpoint] = HOT_ENDPOINTS,
+    ) -> None:
         self.app = app
         self.store = store
-        self._routes: Dict[Tuple[str, str], Handler] = {
-            ("POST", "/scored_data"): self._scored_data,
-            ("POST", "/scored_data_list"): self._scored_data_list,
-            ("GET", "/batch"): self._batch,
+        self._routes: Dict[Tuple[str, str], HotEndpoint] = {
+            (e.method, e.path): e for e in endpoints
         }
+        self._allow: Dict[str, bytes] = {}
+        for e in endpoints:
+            methods = self._allow.get(e.path, b"")
+            self._allow[e.path] = (
+                methods + b", " + e.method.encode() if methods else e.method.encode()
+            )
         self._commit: asyncio.Future | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,22 +247,30 @@ class HotPathMiddleware:
             await self.app(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
-        handler = self._routes.get((method, path))
-        if handler is None and method == "GET" and path == "/status-env":
-            env_id = _query_env_id(scope)
-            if env_id is not None:
-                await self._answer(send, lambda: handlers.status_env(self.store, env_id))
+        endpoint = self._routes.get((method, path))
+        if endpoint is None:
+            if method == "GET" and path == "/status-env":
+                env_id = _query_env_id(scope)
+                if env_id is not None:
+                    await self._answer(send, lambda: handlers.status_env(self.store, env_id))
+                    return
+            allow = self._allow.get(path)
+            if allow is not None:  # the path is declared here only: answer as a router would
+                await send_response(
+                    send, 405, _METHOD_NOT_ALLOWED, [*_JSON_HEADERS, (b"allow", allow)]
+                )
                 return
-        if handler is None:
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)
         if body is None:
             return
-        if handler == self._batch:
-            await self._answer(send, lambda: self._batch(body, scope))
-            return
-        await self._answer(send, lambda: handler(body), self._committed)
+        handler, store = endpoint.handler, self.store
+        await self._answer(
+            send,
+            lambda: handler(store, body, scope),
+            self._committed if endpoint.commits else None,
+        )
 
     async def _committed(self) -> None:
         """Wait for the group commit of the deferred ingest changes (see the module doc)."""
@@ -164,19 +311,10 @@ class HotPathMiddleware:
             status, headers, payload = error_response(e)
         except Exception as e:  # the hot path runs outside FastAPI's error middleware
             logger.exception("unhandled error in the hot path")
-            self.store.counters["internal_errors"] += 1
+            self.store.count("internal_errors")
             status, headers, payload = (
                 500,
                 _JSON_HEADERS,
                 f'{{"detail":"internal error: {type(e).__name__}"}}'.encode(),
             )
         await send_response(send, status, payload, headers)
-
-    def _scored_data(self, body: bytes) -> bytes:
-        return handlers.ingest_groups(self.store, body, many=False, defer=True)
-
-    def _scored_data_list(self, body: bytes) -> bytes:
-        return handlers.ingest_groups(self.store, body, many=True, defer=True)
-
-    def _batch(self, body: bytes, scope: Scope | None = None) -> bytes:
-        return handlers.serve_batch(self.store, _query_ack(scope) if scope else None)

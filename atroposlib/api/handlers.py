@@ -52,7 +52,8 @@ def parse_body(model: type[M], body: bytes) -> M:
 def incoming(
     parsed: Sequence[ParsedGroup], many: bool, strict: bool
 ) -> tuple[List[IncomingGroup], List[tuple[int | None, str]]]:
-    """Check each group's counts and lengths (D5/D17); the groups to store and the lenient findings.
+    """Check each group's counts and lengths (docs/design.md, "Per-token fields"); the
+    groups to store and the lenient findings.
 
     The findings are ``(env_id, field)`` for optional per-token fields whose
     lengths disagree with ``tokens`` (accepted unless ``strict``).
@@ -86,7 +87,7 @@ def ingest_groups(
 
     ``strict`` (default: the store's ``strict_groups``, ``run-api
     --strict-groups``) rejects optional per-token fields whose lengths differ
-    from ``tokens``; otherwise they are accepted, warned about and counted (D17).
+    from ``tokens``; otherwise they are accepted, warned about and counted (docs/design.md, "Per-token fields").
     ``defer`` leaves the database commit to the caller (see :meth:`RolloutStore.ingest`).
     """
     if strict is None:

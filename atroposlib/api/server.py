@@ -21,7 +21,12 @@ from pydantic import BaseModel
 from atroposlib.api import handlers
 from atroposlib.api.compression import GzipResponseMiddleware
 from atroposlib.api.errors import BodyValidationError, install_error_handlers
-from atroposlib.api.fastpath import SMALL_ANSWER_ROUTES, BypassFor, HotPathMiddleware
+from atroposlib.api.fastpath import (
+    SMALL_ANSWER_ROUTES,
+    BypassFor,
+    HotPathMiddleware,
+    openapi_paths,
+)
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
 from atroposlib.api.middleware import (
     ASGIApp,
@@ -104,9 +109,6 @@ _BROWSER_GUARDED_GETS = {
 """GETs that change state: refused when a browser sends them (Origin or cross-site fetch),
 with the advice the 403 carries."""
 
-_GROUP_SCHEMA = ScoredData.model_json_schema()
-_GROUP_LIST_SCHEMA = {"type": "array", "items": _GROUP_SCHEMA, "title": "ScoredDataList"}
-
 
 class RolloutAPI(FastAPI):
     """A FastAPI app whose guards and hot path wrap FastAPI's own middleware stack.
@@ -172,7 +174,8 @@ class RolloutAPI(FastAPI):
 
 
 def create_app(settings: APISettings | None = None, store: RolloutStore | None = None) -> FastAPI:
-    """Build the API app around one :class:`RolloutStore` (made from ``settings`` when not given)."""
+    """Build the API app around one :class:`RolloutStore` (made from ``settings`` when not
+    given; a given store keeps its own configuration, ``strict_groups`` included)."""
     settings = settings or APISettings()
     if store is None:
         persistence = (
@@ -187,8 +190,8 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
             max_buffer_bytes=settings.max_buffer_bytes,
             env_timeout=settings.env_timeout,
             max_staleness=settings.max_staleness,
+            strict_groups=settings.strict_groups,
         )
-    store.strict_groups = settings.strict_groups  # read by handlers.ingest_groups (D17)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -221,6 +224,17 @@ def _json(payload: bytes) -> Response:
 
 
 def _add_routes(app: FastAPI, store: RolloutStore) -> None:
+    """The routes FastAPI answers, and the schema of those the hot path answers
+    (:data:`~atroposlib.api.fastpath.HOT_ENDPOINTS`, declared there once)."""
+    fastapi_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = fastapi_openapi()
+        schema["paths"].update(openapi_paths())
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.get("/")
     async def root() -> dict:
         """Liveness message of the original API."""
@@ -265,22 +279,6 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
         """Batch size and max token length (-1 before registration)."""
         return {"batch_size": store.batch_size, "max_token_len": store.max_token_len}
 
-    @app.get("/batch")
-    async def batch(
-        ack: str | None = Query(
-            None,
-            description="batch_id of the last batch received (empty when none): that batch is "
-            "consumed; any other unacknowledged batch is served again. Without ack, this call "
-            "acknowledges the previous batch.",
-        ),
-    ) -> Response:
-        """Serve the oldest full batch (one per call) and count a step; ``{"batch": null}`` when short.
-
-        The answer carries ``batch_id`` and ``step``; the batch stays recoverable
-        until acknowledged (see the API README, "Delivery").
-        """
-        return _json(handlers.serve_batch(store, ack))
-
     @app.post("/batch/ack", openapi_extra=_body_of(BatchAck))
     async def batch_ack(request: Request) -> dict:
         """Acknowledge (consume) the batch ``batch_id``; idempotent, 404 for an unknown id."""
@@ -293,16 +291,6 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
         if store.latest is None:
             return JSONResponse(_PLACEHOLDER_EXAMPLE)
         return _json(store.latest)
-
-    @app.post("/scored_data", openapi_extra=_body_of(_GROUP_SCHEMA))
-    async def scored_data(request: Request) -> Response:
-        """Accept one scored group (422 on inconsistent fields, 503 + Retry-After when full)."""
-        return _json(handlers.ingest_groups(store, await request.body(), many=False))
-
-    @app.post("/scored_data_list", openapi_extra=_body_of(_GROUP_LIST_SCHEMA))
-    async def scored_data_list(request: Request) -> Response:
-        """Accept several groups at once, all or none."""
-        return _json(handlers.ingest_groups(store, await request.body(), many=True))
 
     @app.get("/status")
     async def status() -> dict:

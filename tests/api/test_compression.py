@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from atroposlib.api.compression import GzipResponseMiddleware, gzip_compress, pack, unpack
 from atroposlib.api.store import IncomingGroup, RolloutStore
 from tests.api.conftest import Api, group, start_api
-from tests.api.test_store import REG, started
+from tests.api.store_helpers import REG, started
 
 
 @settings(max_examples=50, deadline=None)

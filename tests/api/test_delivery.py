@@ -21,8 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atroposlib.api.delivery import Delivery, PendingBatch
 from atroposlib.api.models import RegisterEnv, Registration
 from atroposlib.api.persistence import SqlitePersistence
+from atroposlib.api.queue import StoredGroup
 from atroposlib.api.store import IncomingGroup, RolloutStore, UnknownBatchError
 from atroposlib.testing.ports import free_port
 from example_trainer.api import BatchClient
@@ -47,6 +49,45 @@ def _post(store: RolloutStore, *tags: int) -> None:
 
 def _tags(served) -> list[int]:
     return [json.loads(b)["tokens"][0][0] for b in served[0]]
+
+
+def _groups(*seqs: int) -> list[StoredGroup]:
+    return [StoredGroup(seq, 0, 4, b"{}") for seq in seqs]
+
+
+def test_delivery_settles_the_pending_batch_by_the_clients_ack():
+    delivery = Delivery()
+    assert delivery.settle(None) == [] and delivery.settle("") == []  # nothing pending
+    first = delivery.form(1, _groups(1, 2))
+    assert first.batch_id == f"{delivery.run_token}-1" and first.live
+    assert delivery.settle("") is None and delivery.pending is first  # not received: again
+    assert delivery.settle("someone-else") is None
+    assert [g.seq for g in delivery.settle(first.batch_id)] == [1, 2]
+    assert delivery.pending is None
+    second = delivery.form(2, _groups(3))
+    assert [g.seq for g in delivery.settle(None)] == [3]  # an old client's next call acks
+    assert second.batch_id.endswith("-2")
+
+
+def test_delivery_serves_a_restored_batch_once_even_to_old_clients():
+    delivery = Delivery()
+    delivery.pending = PendingBatch("t-4", 4, _groups(1), live=False)
+    assert delivery.settle(None) is None and delivery.pending.live
+    assert [g.seq for g in delivery.settle(None)] == [1]
+
+
+@pytest.mark.parametrize("number", ["0", "01", "3", "²", "١", "1" * 19, ""])
+def test_delivery_knows_only_the_batch_ids_it_wrote(number):
+    delivery = Delivery()
+    delivery.form(1, _groups(1))
+    delivery.settle(None)
+    delivery.form(2, _groups(2))
+    assert [g.seq for g in delivery.acknowledge(f"{delivery.run_token}-2")] == [2]
+    assert delivery.acknowledge(f"{delivery.run_token}-1") is None  # earlier: already done
+    with pytest.raises(UnknownBatchError):
+        delivery.acknowledge(f"{delivery.run_token}-{number}")
+    with pytest.raises(UnknownBatchError):
+        delivery.acknowledge("other-1")
 
 
 def test_unacknowledged_batch_is_served_again_identical_until_acked():

@@ -15,7 +15,7 @@ from atroposlib.api.fastpath import HotPathMiddleware
 from atroposlib.api.persistence import SqlitePersistence
 from atroposlib.api.store import RolloutStore
 from tests.api.conftest import group
-from tests.api.test_store import incoming, started
+from tests.api.store_helpers import incoming, started
 
 
 def _rows(path) -> int:

@@ -9,7 +9,6 @@ import os
 import random
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -173,7 +172,7 @@ def test_buffer_matching_looks_at_a_bounded_number_of_groups():
     """Whatever waits in the buffer, a post considers at most ~target*ln(target) groups."""
     store = _started(RolloutStore(10**9), group_size=8)
     store.ingest([_g(3, tag) for tag in range(5000)])
-    buf = store._buffers[0]
+    buf = store.buffer.of(0)
     assert buf.groups == 5000
     assert len(buf.candidates(8)) == 2  # only two size-3 groups can take part in a sum to 8
     store.ingest([_g(5, 9999)])
@@ -183,29 +182,7 @@ def test_buffer_matching_looks_at_a_bounded_number_of_groups():
 # ------------------------------------------------------------ 9. --env-timeout
 
 
-def test_silent_env_stops_counting_for_min_allocation_and_counts_again(tmp_path):
-    ctx, url = start_api(tmp_path, "--env-timeout", "1")
-    with ctx:
-        api = Api(url)
-        api.start_trainer(batch_size=8)
-        quiet = api.register_env("quiet", group_size=4, min_batch_allocation=0.5)
-        busy = api.register_env("busy", group_size=4)
-        for tag in range(4):
-            api.client.post("/scored_data", json=group(4, env_id=busy, base=tag))
-        # The quiet env has a minimum and nothing queued: no batch (as in the original) ...
-        assert api.client.get("/batch").json()["batch"] is None
-        assert api.client.get("/status").json()["inactive_envs"] == []
-        time.sleep(1.3)
-        api.client.post("/scored_data", json=group(4, env_id=busy, base=9))  # busy stays alive
-        # ... until it has been silent for --env-timeout.
-        assert api.client.get("/status").json()["inactive_envs"] == [quiet]
-        assert "atropos_envs_inactive 1" in api.client.get("/metrics").text
-        assert len(api.client.get("/batch").json()["batch"]) == 2
-        api.client.post("/scored_data", json=group(2, env_id=quiet, base=50))
-        assert api.client.get("/status").json()["inactive_envs"] == []
-        status = api.client.get("/status-env", params={"env_id": busy}).json()
-        assert status["unallocated_fraction"] == 0.5
-        api.client.close()
+# Tested in-process on a fake clock: tests/api/test_registry.py.
 
 
 # ------------------------------------------------------------ 10. weights

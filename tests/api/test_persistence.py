@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from atroposlib.testing.ports import free_port
 from tests.api.conftest import TRAINER, group, start_api
@@ -148,3 +149,23 @@ def test_kill_9_under_concurrent_posts_keeps_every_acknowledged_group(tmp_path):
         served = _drain(c, set())
     assert set(acked) <= set(served)  # at most the in-flight posts extra, never one missing
     assert len(served) - len(acked) <= 8 and len(set(served)) == len(served)
+
+
+def test_persistence_swap_reads_in_order_across_chunks_and_is_all_or_nothing(tmp_path):
+    from atroposlib.api.errors import StorageError
+    from atroposlib.api.persistence import GroupRow, SqlitePersistence
+
+    db = SqlitePersistence(tmp_path / "take.db")
+    rows = [GroupRow(seq, None, 1, False, b'{"n":%d}' % seq) for seq in range(1, 1201)]
+    db.commit(insert=rows)
+    wanted = list(range(1200, 0, -2))  # 600 rows, more than one IN chunk, reversed order
+    # Serving reads without deleting: the rows stay until acknowledged.
+    assert db.swap_batch((), wanted, {"state": {}}) == [b'{"n":%d}' % s for s in wanted]
+    assert len(db.load().groups) == 1200
+    with pytest.raises(StorageError):
+        db.swap_batch(wanted, [1, 5000], {"state": {}})
+    assert len(db.load().groups) == 1200  # the failed swap consumed nothing
+    # Acknowledging consumes them in the same transaction that reads the next batch.
+    assert db.swap_batch(wanted, [1, 3], {"state": {}}) == [b'{"n":1}', b'{"n":3}']
+    assert [r.seq for r in db.load().groups] == list(range(1, 1201, 2))
+    db.close()
