@@ -448,7 +448,7 @@ async def _floor_app(scope: dict, receive: Callable, send: Callable) -> None:
 def serve_floor(port: int) -> None:
     """Run :func:`_floor_app` with the uvicorn settings ``run-api`` uses."""
     import uvicorn
-    from atroposlib.utils.http_transport import http_protocol
+    from atroposlib.http.transport import http_protocol
 
     uvicorn.run(
         _floor_app,

@@ -27,7 +27,7 @@ from typing import Any
 
 import lz4.block
 
-from atroposlib.api.middleware import ASGIApp, Message, Receive, Scope, Send
+from atroposlib.http.asgi import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from urllib.parse import parse_qs
 
 from atroposlib.api import handlers
 from atroposlib.api.errors import ApiError, StorageError, error_response
-from atroposlib.api.middleware import ASGIApp, Receive, Scope, Send
 from atroposlib.api.models import ScoredData
 from atroposlib.api.store import RolloutStore
-from atroposlib.utils.http_security import send_response
+from atroposlib.http.answers import send_response
+from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 

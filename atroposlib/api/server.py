@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Query, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
@@ -28,14 +27,7 @@ from atroposlib.api.fastpath import (
     openapi_paths,
 )
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
-from atroposlib.api.middleware import (
-    ASGIApp,
-    GZipRequestMiddleware,
-    Receive,
-    RequestBodyMiddleware,
-    Scope,
-    Send,
-)
+from atroposlib.api.middleware import GZipRequestMiddleware
 from atroposlib.api.models import (
     EnvIdentifier,
     Info,
@@ -47,12 +39,9 @@ from atroposlib.api.models import (
 from atroposlib.api.persistence import open_persistence
 from atroposlib.api.settings import APISettings
 from atroposlib.api.store import MIN_ENV_WEIGHT, RolloutStore
-from atroposlib.utils.http_security import (
-    BearerAuthMiddleware,
-    BrowserGuardMiddleware,
-    is_loopback_host,
-    load_api_key,
-)
+from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
+from atroposlib.http.security import load_api_key
+from atroposlib.http.server import ServerOptions, build_server
 
 logger = logging.getLogger(__name__)
 
@@ -145,31 +134,27 @@ class RolloutAPI(FastAPI):
         gzipped = GzipResponseMiddleware(hot, minimum_size=1000, level=settings.gzip_level)
         # Ingest and /status-env answers are a few bytes: skip gzip's per-request work for them.
         app: ASGIApp = BypassFor(gzipped, hot, SMALL_ANSWER_ROUTES)
-        app = RequestBodyMiddleware(
-            app,
-            max_bytes=settings.max_request_bytes,
-            max_inflight_bytes=settings.max_inflight_bytes,
-            body_timeout=settings.body_timeout,
-        )
         api_key = settings.api_key or load_api_key(None, settings.api_key_file, component="run-api")
-        if api_key:
-            app = BearerAuthMiddleware(app, api_key=api_key, open_paths=_OPEN_PATHS)
-        if settings.cors_origins:
-            app = CORSMiddleware(
-                app,
-                allow_origins=settings.cors_origins,
-                allow_methods=["*"],
-                allow_headers=["*"],
-                allow_credentials=True,
-            )
-        # Outermost, so that a page in the user's browser cannot reach anything (SPEC D18).
-        return BrowserGuardMiddleware(
+        # Outermost the browser guard, so that a page in the user's browser cannot reach
+        # anything (docs/design.md, "Security model"); then CORS, auth and the body bounds.
+        return build_server(
             app,
-            allowed_origins=settings.cors_origins,
-            check_host=is_loopback_host(settings.host),
-            require_json=True,
-            guarded_get_paths=_BROWSER_GUARDED_GETS,
-            open_paths=("/health",),
+            ServerOptions(
+                bind_host=settings.host,
+                api_key=api_key,
+                allowed_origins=tuple(settings.cors_origins or ()),
+                open_paths=_OPEN_PATHS,
+                guarded_get_paths=_BROWSER_GUARDED_GETS,
+                max_body_bytes=settings.max_request_bytes,
+                max_inflight_bytes=settings.max_inflight_bytes,
+                body_timeout=settings.body_timeout,
+                inflate_gzip=True,
+                body_hints={
+                    "size": "run-api --max-request-mb",
+                    "inflight": "run-api --max-inflight-mb",
+                    "timeout": "run-api --body-timeout",
+                },
+            ),
         )
 
 

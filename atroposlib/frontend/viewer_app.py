@@ -14,7 +14,6 @@ Gradio is imported here and only here, so nothing else in the package needs it.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -30,12 +29,9 @@ from atroposlib.frontend.viewer import (
     make_decode_one,
     render_group_html,
 )
-from atroposlib.utils.http_security import (
-    BrowserGuardMiddleware,
-    is_loopback_host,
-    send_response,
-)
-from atroposlib.utils.http_transport import http_protocol
+from atroposlib.http.answers import detail_error, send_error
+from atroposlib.http.server import ServerOptions, server_middleware
+from atroposlib.http.transport import http_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -174,20 +170,32 @@ def build_file_app(
     return demo
 
 
-def guard_middleware(host: str, share: bool, allowed_origins: Iterable[str] = ()) -> Middleware:
-    """The browser guard for a Gradio app served on ``host``.
+MAX_BODY_BYTES = 16 << 20
+"""Largest request body the viewer reads: Gradio's calls are small JSON, and it takes no files."""
+
+
+def viewer_middleware(
+    host: str, share: bool, allowed_origins: Iterable[str] = ()
+) -> list[Middleware]:
+    """The shared server stack (:func:`atroposlib.http.server.server_middleware`) for a
+    Gradio app served on ``host``.
 
     Gradio's own page is same-origin and stays allowed; a foreign ``Origin`` gets 403 and,
     on loopback, so does a non-loopback ``Host`` (DNS rebinding). Bodies are not forced to
     JSON because Gradio's uploads are multipart. A ``--share`` link reaches the app through
     a public tunnel under names and origins we cannot know, so it turns both checks off.
+    Bodies are bounded (:data:`MAX_BODY_BYTES`) and dropped when they stall.
     """
-    return Middleware(
-        BrowserGuardMiddleware,
-        allowed_origins=("*",) if share else tuple(allowed_origins),
-        check_host=is_loopback_host(host) and not share,
-        require_json=False,
-        open_paths=(),
+    return server_middleware(
+        ServerOptions(
+            bind_host=host,
+            allowed_origins=tuple(allowed_origins),
+            allow_any_origin=share,
+            require_json=False,
+            open_paths=(),
+            max_body_bytes=MAX_BODY_BYTES,
+            body_hints={"size": "view-run's limit", "timeout": "ATROPOS_BODY_TIMEOUT"},
+        )
     )
 
 
@@ -207,15 +215,15 @@ class NoUploads:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("path", "").rstrip("/") in _UPLOAD_PATHS:
-            body = json.dumps({"detail": "uploads are turned off: the viewer takes no files"})
-            await send_response(send, 404, body.encode())
+            message = "uploads are turned off: the viewer takes no files"
+            await send_error(send, 404, message, shape=detail_error)
             return
         await self.app(scope, receive, send)
 
 
 class _UvicornWithOurProtocol:
     """The ``uvicorn`` module as Gradio's server code sees it, building every ``Config`` with
-    our HTTP protocol (:func:`~atroposlib.utils.http_transport.http_protocol`): Gradio gives no
+    our HTTP protocol (:func:`~atroposlib.http.transport.http_protocol`): Gradio gives no
     other way to choose it, and it bounds what one connection can make the viewer hold."""
 
     def __init__(self, module: Any) -> None:
@@ -239,14 +247,14 @@ def _serve_with_our_protocol() -> None:
 def launch(
     demo: gr.Blocks, host: str, port: int, share: bool, allowed_origins: Iterable[str] = ()
 ) -> None:
-    """Serve ``demo`` (blocking) on ``host:port`` behind :func:`guard_middleware`."""
+    """Serve ``demo`` (blocking) on ``host:port`` behind :func:`viewer_middleware`."""
     demo.queue(default_concurrency_limit=4)
     _serve_with_our_protocol()
     shown = f"[{host}]" if ":" in host else host
     print(f"view-run: serving on http://{shown}:{port}/ (Ctrl+C to stop)", flush=True)
     demo.launch(
         app_kwargs={
-            "middleware": [guard_middleware(host, share, allowed_origins), Middleware(NoUploads)]
+            "middleware": [*viewer_middleware(host, share, allowed_origins), Middleware(NoUploads)]
         },
         server_name=host,
         server_port=port,

@@ -5,9 +5,9 @@ Endpoints: ``GET /health``, ``GET /health_generate``, ``GET /v1/models``,
 ``POST /generate`` used by ``VLLMServer`` and ``POST /update_weights``; ``POST /pause``,
 ``POST /resume`` and ``GET /weights_history`` (see :mod:`.pause`).
 
-Security (SPEC D18): the shared browser guard and bearer auth of
-:mod:`atroposlib.utils.http_security` wrap the app (their refusals re-shaped as OpenAI
-errors); templating and tokenising run in a thread pool, client chat templates in a sandboxed
+Security (docs/design.md, "Security model"): :func:`atroposlib.http.server.build_server`
+puts the shared guard, CORS, bearer auth and body bounds in front of the routes, answering
+in OpenAI's error format; templating and tokenising run in a thread pool, client chat templates in a sandboxed
 process (:mod:`.chat_templates`), and weight updates only from ``--weights-root``.
 """
 
@@ -26,21 +26,20 @@ from typing import Any, TypeVar
 
 import torch
 from fastapi import Depends, FastAPI, Request
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
-from atroposlib.serving.config import ServeModelConfig
-from atroposlib.serving.engine import Engine, SequenceOutput, TokenEvent
-from atroposlib.serving.errors import (
+from atroposlib.http.answers import openai_error_bytes
+from atroposlib.http.openai_protocol import (
     ClientGone,
     InvalidRequest,
     ModelNotFound,
-    OpenAIErrorEnvelope,
     install_error_handlers,
 )
+from atroposlib.http.server import ServerOptions, build_server
+from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
+from atroposlib.serving.config import ServeModelConfig
+from atroposlib.serving.engine import Engine, SequenceOutput, TokenEvent
 from atroposlib.serving.in_place import plan_in_place
-from atroposlib.serving.limits import RequestSizeLimit
 from atroposlib.serving.loader import (
     confine_weights_path,
     load_compatible,
@@ -69,11 +68,6 @@ from atroposlib.serving.responses import (
 from atroposlib.serving.sampling import SamplingParams
 from atroposlib.serving.streaming import new_id, now, stream_choices
 from atroposlib.serving.weights_version import read_weights_version
-from atroposlib.utils.http_security import (
-    BearerAuthMiddleware,
-    BrowserGuardMiddleware,
-    is_loopback_host,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -180,34 +174,18 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
     app = FastAPI(title="atropos-serve-model", lifespan=lifespan)
     install_error_handlers(app)
     pause_gate = PauseGate()
-    app.add_middleware(PauseMiddleware, gate=pause_gate)  # innermost: after auth and guard
-    app.add_middleware(
-        RequestSizeLimit,
-        max_bytes=int(config.max_request_mb * 2**20),
-        body_timeout=config.body_timeout,
+    app.add_middleware(PauseMiddleware, gate=pause_gate)  # innermost: after the stack below
+    build_server(
+        app,
+        ServerOptions(
+            bind_host=config.host,
+            api_key=config.api_key,
+            allowed_origins=tuple(config.cors_origin or ()),
+            max_body_bytes=int(config.max_request_mb * 2**20),
+            body_timeout=config.body_timeout,
+            shape=openai_error_bytes,
+        ),
     )
-    # Outermost last: OpenAI-shaped refusals <- browser guard <- CORS <- bearer auth <- routes
-    # (CORS outside the key check: a browser's preflight carries no Authorization header).
-    if config.api_key:
-        app.add_middleware(
-            BearerAuthMiddleware, api_key=config.api_key, open_paths=("/", "/health")
-        )
-    if config.cors_origin:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=config.cors_origin,
-            allow_methods=["*"],
-            allow_headers=["*"],
-            allow_credentials=True,
-        )
-    app.add_middleware(
-        BrowserGuardMiddleware,
-        allowed_origins=config.cors_origin or (),
-        check_host=is_loopback_host(config.host),
-        require_json=True,
-        open_paths=("/health",),
-    )
-    app.add_middleware(OpenAIErrorEnvelope)
 
     def get_state(request: Request) -> ServingState:
         return request.app.state.serving

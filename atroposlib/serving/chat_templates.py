@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from atroposlib.serving.errors import InvalidRequest
+from atroposlib.http.openai_protocol import InvalidRequest
 
 logger = logging.getLogger(__name__)
 

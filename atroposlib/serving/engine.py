@@ -56,7 +56,8 @@ from typing import Any
 
 import torch
 
-from atroposlib.serving.errors import InvalidRequest, ServingError
+from atroposlib.http.openai_protocol import InvalidRequest
+from atroposlib.http.openai_protocol import OpenAIError as ServingError
 from atroposlib.serving.in_place import InPlaceUpdate
 from atroposlib.serving.kv_cache import (
     STAGING_SLOTS,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from atroposlib.serving.errors import InvalidRequest
+from atroposlib.http.openai_protocol import InvalidRequest
 from atroposlib.serving.loader import checkpoint_misfit
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from atroposlib.http.openai_protocol import Forbidden, InvalidRequest
 from atroposlib.serving.config import ServeModelConfig
-from atroposlib.serving.errors import Forbidden, InvalidRequest
 
 logger = logging.getLogger(__name__)
 

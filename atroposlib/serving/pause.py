@@ -36,6 +36,8 @@ from typing import Any, Callable, Literal
 from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
+from atroposlib.http.headers import POLICY_VERSION_HEADER
+
 logger = logging.getLogger(__name__)
 
 GATED_PATHS = frozenset(
@@ -149,10 +151,6 @@ class PauseGate:
             "held": self.held,
         }
 
-
-POLICY_VERSION_HEADER = "X-Atropos-Policy-Version"
-"""Header naming the weight version that produced a generation answer (as its body's
-``version``); clients read it first (see ``atroposlib.envs.server_handling.policy_version``)."""
 
 _SERVED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "atropos_served_versions", default=None

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from atroposlib.http.openai_protocol import OpenAIError, error_body
 from atroposlib.serving.engine import Engine, GenerationResult, TokenEvent
-from atroposlib.serving.errors import ServingError, error_body
 from atroposlib.serving.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ async def stream_choices(
             p_idx, item = await queue.get()
             if isinstance(item, BaseException):
                 exc = item
-                if isinstance(exc, ServingError):
-                    body = error_body(exc.message, exc.type, exc.param, exc.code or exc.status)
+                if isinstance(exc, OpenAIError):
+                    body = exc.body()
                 else:
                     logger.error("streamed generation failed: %s", exc)
                     body = error_body(f"internal error: {exc}", "internal_error", None, 500)

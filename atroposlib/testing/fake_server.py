@@ -36,7 +36,15 @@ import uuid
 from collections import Counter
 from typing import Any, Union
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from atroposlib.http.headers import POLICY_VERSION_HEADER
+from atroposlib.http.openai_protocol import (
+    PassThroughChatRequest,
+    PassThroughCompletionRequest,
+    error_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,29 +82,20 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ChatRequest(_Lenient):
-    """Body of ``POST /v1/chat/completions`` (unknown OpenAI fields are accepted and ignored)."""
+class ChatRequest(PassThroughChatRequest):
+    """Body of ``POST /v1/chat/completions``: the shared OpenAI model, with the fake's bounds
+    (unknown OpenAI fields are accepted and ignored)."""
 
-    messages: list[dict[str, Any]] = Field(..., min_length=1)
-    model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    seed: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
-class CompletionRequest(_Lenient):
-    """Body of ``POST /v1/completions``."""
+class CompletionRequest(PassThroughCompletionRequest):
+    """Body of ``POST /v1/completions``: the shared OpenAI model, with the fake's bounds."""
 
-    prompt: Union[str, list[str], list[int]]
-    model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS)
-    seed: int | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = False
 
 
 class VLLMPrompt(_Lenient):
@@ -191,10 +190,8 @@ Reply = tuple[int, Any]
 
 
 def _error(status: int, message: str, err_type: str = "invalid_request_error") -> Reply:
-    return status, {
-        "error": {"message": message, "type": err_type, "code": status},
-        "detail": message,
-    }
+    # The OpenAI envelope, plus FastAPI's "detail" for clients that read that shape.
+    return status, {**error_body(message, err_type, None, status), "detail": message}
 
 
 def _validation_error(exc: ValidationError) -> Reply:
@@ -212,20 +209,14 @@ class _BadBody(Exception):
 
 def _parse_json(body: bytes) -> Any:
     try:
-        import orjson
-
-        loads: Any = orjson.loads
-    except ImportError:
-        loads = json.loads
-    try:
-        return loads(body) if body else None
-    except ValueError as e:  # JSONDecodeError (both libraries) and UnicodeDecodeError
+        return orjson.loads(body) if body else None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
         raise _BadBody(f"body is not valid JSON: {e}") from e
 
 
 def chat_payload(req: ChatRequest, state: FakeServerSettings) -> dict[str, Any]:
     """The ``/v1/chat/completions`` answer for a validated request."""
-    prompt_ids = fake_tokenize(render_messages(req.messages))
+    prompt_ids = fake_tokenize(render_messages(req.message_dicts()))
     max_tokens = req.max_completion_tokens or req.max_tokens or 16
     seed = state.seed if req.seed is None else req.seed
     n = 1 if state.ignore_n else req.n
@@ -544,13 +535,11 @@ class FakeBackend:
 
 
 def encode_json(content: Any) -> bytes:
-    """Compact JSON bytes (orjson when available)."""
-    try:
-        import orjson
+    """Compact JSON bytes."""
+    return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
 
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
-    except ImportError:
-        return json.dumps(content, separators=(",", ":")).encode()
+
+_VERSION_HEADER = POLICY_VERSION_HEADER.lower().encode()
 
 
 class FakeASGIApp:
@@ -593,7 +582,7 @@ class FakeASGIApp:
         ]
         state = self.backend.state
         if state.policy_version is not None and state.policy_version_in == "header":
-            headers.append((b"x-atropos-policy-version", str(state.policy_version).encode()))
+            headers.append((_VERSION_HEADER, str(state.policy_version).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
@@ -632,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import uvicorn
 
-    from atroposlib.utils.http_transport import http_protocol
+    from atroposlib.http.transport import http_protocol
 
     uvicorn.run(
         create_app(settings),

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import signal
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
+
+import orjson
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,7 @@ MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
 def _dumps(content: Any) -> bytes:
-    try:
-        import orjson
-
-        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
-    except ImportError:
-        return json.dumps(content, separators=(",", ":")).encode()
+    return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
 
 
 def _reason(status: int) -> str:

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import torch
 
+from atroposlib.http.openai_protocol import InvalidRequest
 from atroposlib.serving.engine import Engine, TokenEvent
-from atroposlib.serving.errors import InvalidRequest
 from atroposlib.serving.sampling import SamplingParams
 from tests.serve_model.support import direct_logprobs, direct_prompt_logprobs
 

@@ -11,9 +11,9 @@ from jinja2 import TemplateError
 from jinja2.exceptions import SecurityError
 
 from atroposlib.cli.serve_model import build_parser
+from atroposlib.http.openai_protocol import Forbidden, InvalidRequest
 from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
 from atroposlib.serving.config import ServeModelConfig
-from atroposlib.serving.errors import Forbidden, InvalidRequest
 from atroposlib.serving.loader import confine_weights_path, prompt_char_limit, weight_roots
 from atroposlib.serving.protocol import MIN_TEMPERATURE, GenerateRequest
 from atroposlib.serving.responses import MIN_LOGPROB, finite_logprob

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from atroposlib.serving.errors import InvalidRequest
+from atroposlib.http.openai_protocol import InvalidRequest
 from atroposlib.serving.in_place import plan_in_place
 from atroposlib.serving.weights_version import write_weights_version
 from atroposlib.testing.ports import free_port
@@ -84,8 +84,8 @@ async def test_a_copy_failing_midway_refuses_generation_until_a_good_update(
 ):
     """Half-copied weights are never served: generation answers 503 until an update
     succeeds, and the version stays until then."""
+    from atroposlib.http.openai_protocol import OpenAIError as ServingError
     from atroposlib.serving.engine import Engine
-    from atroposlib.serving.errors import ServingError
     from atroposlib.serving.in_place import InPlaceUpdate
     from atroposlib.serving.sampling import SamplingParams
 

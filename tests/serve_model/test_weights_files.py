@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from atroposlib.serving.errors import Forbidden
+from atroposlib.http.openai_protocol import Forbidden
 from atroposlib.serving.loader import confine_weights_path
 from tests.serve_model.support import AUTH
 

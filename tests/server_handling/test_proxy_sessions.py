@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from atroposlib.envs.server_handling._proxy_state import (
-    ProxyError,
     SessionLimits,
     SessionState,
     SessionStore,
@@ -21,6 +20,7 @@ from atroposlib.envs.server_handling._proxy_state import (
 from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.http.openai_protocol import OpenAIError
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 
@@ -56,7 +56,7 @@ def test_idle_sessions_are_evicted_and_counted_but_busy_ones_are_kept():
     assert store.expire() == 1 and store.evicted_idle == 1
     assert "b" not in store and "a" in store and "c" in store
     assert store.stored_tokens == 60
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.get("b")
     assert info.value.status == 404 and "evicted" in info.value.message
     clock.now += 1000
@@ -70,7 +70,7 @@ def test_a_full_store_refuses_new_sessions_until_one_ends_or_expires():
     store = SessionStore(SessionLimits(max_sessions=2, session_idle_s=10), clock=clock)
     store.add(_session("a"))
     store.add(_session("b"))
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.add(_session("c"))
     assert info.value.status == 429 and "--max-sessions 2" in info.value.message
     assert store.refused_sessions == 1
@@ -89,22 +89,22 @@ def test_generations_that_could_pass_the_node_or_token_bounds_are_refused_up_fro
         store.add(session)
         store.account(session)
     assert store.stored_tokens == 600
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.admit(full, n=2, max_new_tokens=1, prompt_bound=1)
     assert info.value.status == 429 and info.value.param == "n"
     running = store.admit(full, n=1, max_new_tokens=100, prompt_bound=100)
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.admit(full, n=1, max_new_tokens=1, prompt_bound=1)  # 3 + 1 running + 1 > 4
     assert info.value.status == 429
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.admit(other, n=1, max_new_tokens=100, prompt_bound=150)  # 600 + 200 running + 250
     assert info.value.status == 503 and "--max-stored-tokens 1000" in info.value.message
     store.release(full, 1, running)  # the running request ended without storing a node
     store.admit(other, n=1, max_new_tokens=100, prompt_bound=150)
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.admit(other, n=2, max_new_tokens=100, prompt_bound=150)  # 600 + 250 + 500
     assert info.value.status == 503
-    with pytest.raises(ProxyError) as info:
+    with pytest.raises(OpenAIError) as info:
         store.admit(other, n=3, max_new_tokens=100, prompt_bound=300)  # 1200 alone
     assert info.value.status == 400 and info.value.param == "n"
     full.managed_server.current_nodes.clear()  # reset

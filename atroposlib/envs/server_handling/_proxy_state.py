@@ -1,5 +1,4 @@
-"""The managed-server proxy's state: bounded sessions, the upstream policy, and the errors
-it answers with.
+"""The managed-server proxy's state: bounded sessions and the upstream policy.
 
 Every session holds a ``ManagedServer`` whose nodes (token ids, masks, logprobs, text)
 live in the proxy's memory until the environment reads them and deletes the session. Left
@@ -23,26 +22,10 @@ from urllib.parse import urlsplit
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
-from atroposlib.utils.http_security import is_loopback_host
+from atroposlib.http.openai_protocol import OpenAIError
+from atroposlib.http.security import is_loopback_host
 
 logger = logging.getLogger(__name__)
-
-
-class ProxyError(Exception):
-    """An error answered to the client in OpenAI's error format."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        err_type: str = "invalid_request_error",
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type
-        self.param = param
 
 
 @dataclass
@@ -143,20 +126,20 @@ class SessionStore:
         return len(expired)
 
     def check_room(self) -> None:
-        """:class:`ProxyError` 429 when ``max_sessions`` are held (after evicting idle ones)."""
+        """:class:`OpenAIError` 429 when ``max_sessions`` are held (after evicting idle ones)."""
         self.expire()
         if len(self._sessions) >= self.limits.max_sessions:
             self.refused_sessions += 1
-            raise ProxyError(
-                429,
+            raise OpenAIError(
                 f"the proxy holds {len(self._sessions)} sessions, its limit "
                 f"(--max-sessions {self.limits.max_sessions}): DELETE finished sessions "
                 "(idle ones are evicted after --session-idle-s) and retry",
-                "rate_limit_error",
+                status=429,
+                type="rate_limit_error",
             )
 
     def add(self, session: SessionState) -> None:
-        """Hold ``session``; :class:`ProxyError` 429 when ``max_sessions`` are held."""
+        """Hold ``session``; :class:`OpenAIError` 429 when ``max_sessions`` are held."""
         self.check_room()
         session.touched = self.clock()
         self._sessions[session.uuid] = session
@@ -166,12 +149,12 @@ class SessionStore:
         self.expire()
         session = self._sessions.get(session_id)
         if session is None:
-            raise ProxyError(
-                404,
+            raise OpenAIError(
                 f"unknown session {session_id!r} (never created, deleted, or evicted after "
                 f"{self.limits.session_idle_s:g}s idle)",
-                "not_found_error",
-                "uuid",
+                param="uuid",
+                status=404,
+                type="not_found_error",
             )
         self._touch(session)
         return session
@@ -206,35 +189,35 @@ class SessionStore:
         if n > limits.max_session_nodes or estimate > limits.max_stored_tokens:
             self.refused_tokens += int(estimate > limits.max_stored_tokens)
             self.refused_nodes += int(n > limits.max_session_nodes)
-            raise ProxyError(  # can never fit: the client must ask for less
-                400,
+            raise OpenAIError(
                 f"this request may store {n} nodes of up to {prompt_bound + max_new_tokens} "
                 f"tokens each (prompt of up to {prompt_bound} + max_tokens {max_new_tokens}), "
                 f"more than the proxy holds (--max-session-nodes {limits.max_session_nodes}, "
                 f"--max-stored-tokens {limits.max_stored_tokens}): lower n, max_tokens or "
                 "the prompt",
                 param="n",
+                status=400,
             )
         if session.num_nodes + session.reserved_nodes + n > limits.max_session_nodes:
             self.refused_nodes += 1
-            raise ProxyError(
-                429,
+            raise OpenAIError(
                 f"session {session.uuid} holds {session.num_nodes} nodes and this request may "
                 f"add {n}, above the limit of {limits.max_session_nodes} per session "
                 "(--max-session-nodes): read the nodes, then POST /{uuid}/reset or DELETE the "
                 "session",
-                "rate_limit_error",
-                "n",
+                param="n",
+                status=429,
+                type="rate_limit_error",
             )
         if self.stored_tokens + self.reserved_tokens + estimate > limits.max_stored_tokens:
             self.refused_tokens += 1
-            raise ProxyError(
-                503,
+            raise OpenAIError(
                 f"the proxy's sessions hold {self.stored_tokens} tokens (running requests may "
                 f"add {self.reserved_tokens}) and this request may add up to {estimate}, above "
                 f"--max-stored-tokens {limits.max_stored_tokens}: "
                 "read and DELETE finished sessions, then retry",
-                "server_error",
+                status=503,
+                type="server_error",
             )
         session.reserved_nodes += n
         self.reserved_tokens += estimate

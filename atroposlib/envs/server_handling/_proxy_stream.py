@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import orjson
 from fastapi.responses import StreamingResponse
 
-from atroposlib.envs.server_handling._proxy_state import ProxyError
+from atroposlib.http.openai_protocol import OpenAIError
 
 
 def stream_options(extra: dict[str, Any] | None) -> tuple[bool, bool]:
@@ -24,18 +24,18 @@ def stream_options(extra: dict[str, Any] | None) -> tuple[bool, bool]:
     extra = extra or {}
     stream = extra.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise ProxyError(400, "stream must be a boolean", param="stream")
+        raise OpenAIError("stream must be a boolean", param="stream", status=400)
     options = extra.get("stream_options")
     if not stream or options is None:
         return bool(stream), False
     if not isinstance(options, dict):
-        raise ProxyError(400, "stream_options must be an object", param="stream_options")
+        raise OpenAIError("stream_options must be an object", param="stream_options", status=400)
     include_usage = options.get("include_usage")
     if include_usage is not None and not isinstance(include_usage, bool):
-        raise ProxyError(
-            400,
+        raise OpenAIError(
             "stream_options.include_usage must be a boolean",
             param="stream_options.include_usage",
+            status=400,
         )
     return True, bool(include_usage)
 
@@ -112,10 +112,10 @@ def sse_answer(chunks: Iterable[dict[str, Any]]) -> StreamingResponse:
         for c in chunks:
             events.append(b"data: " + orjson.dumps(c) + b"\n\n")
     except (TypeError, orjson.JSONEncodeError) as e:
-        raise ProxyError(
-            502,
+        raise OpenAIError(
             f"the inference server's output cannot be sent as JSON: {e}",
-            "upstream_error",
+            status=502,
+            type="upstream_error",
         ) from e
     events.append(b"data: [DONE]\n\n")
 

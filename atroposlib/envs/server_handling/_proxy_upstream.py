@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from atroposlib.envs.server_handling._proxy_state import ProxyError
 from atroposlib.envs.server_handling.errors import NoHealthyServerError
+from atroposlib.http.openai_protocol import OpenAIError
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _upstream_status(exc: BaseException) -> tuple[int, str, str | None] | None:
     return status, text[:1000], headers.get("location")
 
 
-def upstream_http_error(status: int, text: str, location: str | None) -> ProxyError:
+def upstream_http_error(status: int, text: str, location: str | None) -> OpenAIError:
     """The proxy's answer to an inference server's HTTP error or redirect.
 
     A 4xx keeps its status (the request was refused) unless it says the proxy itself is
@@ -51,29 +51,33 @@ def upstream_http_error(status: int, text: str, location: str | None) -> ProxyEr
     """
     if 300 <= status < 400:
         where = f" to {location[:200]!r}" if location else ""
-        return ProxyError(
-            502,
+        return OpenAIError(
             f"inference server answered a redirect (HTTP {status}{where}); redirects are not "
             "followed: configure the server's final URL",
-            "upstream_error",
+            status=502,
+            type="upstream_error",
         )
     if status in (401, 403, 407):
-        return ProxyError(
-            502,
+        return OpenAIError(
             f"inference server refused the proxy's credentials (HTTP {status}): {text}; check "
             "the api_key of the proxy's server config",
-            "upstream_error",
+            status=502,
+            type="upstream_error",
         )
     if status == 404:
-        return ProxyError(
-            502,
+        return OpenAIError(
             f"inference server answered 404 (wrong base_url or model_name in the proxy's "
             f"server config?): {text}",
-            "upstream_error",
+            status=502,
+            type="upstream_error",
         )
     if 400 <= status < 500:
-        return ProxyError(status, f"inference server refused the request: {text}", "upstream_error")
-    return ProxyError(502, f"inference server error (HTTP {status}): {text}", "upstream_error")
+        return OpenAIError(
+            f"inference server refused the request: {text}", status=status, type="upstream_error"
+        )
+    return OpenAIError(
+        f"inference server error (HTTP {status}): {text}", status=502, type="upstream_error"
+    )
 
 
 def _client_error_types() -> tuple[type[BaseException], ...]:
@@ -174,31 +178,31 @@ def json_answer(payload: dict[str, Any]) -> Response:
     try:
         body = orjson.dumps(payload)
     except (TypeError, orjson.JSONEncodeError) as e:
-        raise ProxyError(
-            502,
+        raise OpenAIError(
             f"the inference server's output cannot be sent as JSON: {e}",
-            "upstream_error",
+            status=502,
+            type="upstream_error",
         ) from e
     return Response(body, media_type="application/json")
 
 
-def proxy_error_for(exc: BaseException, reached_upstream: bool) -> ProxyError:
+def proxy_error_for(exc: BaseException, reached_upstream: bool) -> OpenAIError:
     """The proxy's answer to ``exc``, raised by a session's ``ManagedServer`` call;
     ``reached_upstream`` says whether the inference server had been called."""
     if isinstance(exc, NotImplementedError):
-        return ProxyError(501, str(exc), "not_implemented")
+        return OpenAIError(str(exc), status=501, type="not_implemented")
     if isinstance(exc, NoHealthyServerError):
-        return ProxyError(503, str(exc), "server_error")
+        return OpenAIError(str(exc), status=503, type="server_error")
     upstream = _upstream_status(exc)
     if upstream is not None and upstream[0] >= 300:
         return upstream_http_error(*upstream)
     if isinstance(exc, asyncio.TimeoutError):
-        return ProxyError(504, "inference server timed out", "upstream_error")
+        return OpenAIError("inference server timed out", status=504, type="upstream_error")
     if not reached_upstream and isinstance(exc, _client_error_types()):
-        return ProxyError(400, f"{type(exc).__name__}: {exc}")
+        return OpenAIError(f"{type(exc).__name__}: {exc}", status=400)
     logger.warning("inference server fault: %s: %s", type(exc).__name__, exc)
-    return ProxyError(
-        502,
+    return OpenAIError(
         f"inference server error: its answer could not be used: {type(exc).__name__}: {exc}",
-        "upstream_error",
+        status=502,
+        type="upstream_error",
     )

@@ -25,7 +25,7 @@ per session (429), ``--max-stored-tokens`` tokens over all sessions (503), infer
 answers of at most ``--max-upstream-mb`` (502 above). ``extra_body`` is merged into the
 request before it is checked, so the bounds hold for what is sent upstream.
 
-Security (SPEC D18): with an API key (``--api-key``, ``--api-key-file`` or
+Security (docs/design.md, "Security model"): with an API key (``--api-key``, ``--api-key-file`` or
 ``ATROPOS_API_KEY``) every path but ``/health`` needs ``Authorization: Bearer KEY``
 (OpenAI clients send it as their ``api_key``). ``POST /setup`` points the proxy at new
 inference servers, so it is refused unless a key is configured, and only to hosts that
@@ -51,17 +51,14 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, List, Sequence, Union
+from typing import Any, AsyncIterator, List, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
 from atroposlib.envs.server_handling._proxy_state import (
-    ProxyError,
     SessionLimits,
     SessionState,
     SessionStore,
@@ -85,13 +82,19 @@ from atroposlib.envs.server_handling._rawhttp import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.envs.server_handling.managed_server import ManagedServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
-from atroposlib.utils.http_security import (
-    BearerAuthMiddleware,
-    BrowserGuardMiddleware,
-    is_loopback_host,
-    json_value_problem,
-    load_api_key,
+from atroposlib.http.answers import openai_error_bytes
+from atroposlib.http.openai_protocol import (
+    ChatMessage,
+    OpenAIError,
+    PassThroughChatRequest,
+    PassThroughCompletionRequest,
+    error_response,
+    install_error_handlers,
+    passthrough,
+    validation_error,
 )
+from atroposlib.http.security import is_loopback_host, json_value_problem, load_api_key
+from atroposlib.http.server import ServerOptions, build_server
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +107,6 @@ DEFAULT_TOOL_PARSER = "hermes"
 __all__ = [
     "ChatCompletionProxyRequest",
     "ChatMessage",
-    "ProxyError",
     "RenderResponse",
     "SessionCreateRequest",
     "SessionCreateResponse",
@@ -125,12 +127,7 @@ def openai_error(
 ) -> JSONResponse:
     """A JSON response in OpenAI's error format:
     ``{"error": {"message", "type", "param", "code"}}`` with ``code`` the status."""
-    return JSONResponse(
-        status_code=status_code,
-        content={
-            "error": {"message": message, "type": error_type, "param": param, "code": status_code}
-        },
-    )
+    return error_response(OpenAIError(message, param=param, status=status_code, type=error_type))
 
 
 class SetupRequest(BaseModel):
@@ -182,52 +179,17 @@ class RenderResponse(BaseModel):
     num_tokens: int
 
 
-class _SamplingFields(BaseModel):
-    """OpenAI sampling fields the proxy checks up front, so a bad value is a 400 naming the
-    field rather than an inference server's error; other fields pass through."""
-
-    model_config = ConfigDict(extra="allow")
-    n: int = Field(1, ge=1, le=128)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_p: float | None = Field(None, ge=0, le=1)
-    stop: Union[str, list[str], None] = None
-    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
-
-
-class ChatMessage(BaseModel):
-    """One chat message: a ``role`` is required (templates cannot render without one);
-    other fields (``reasoning_content``, ...) pass through to the chat template."""
-
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: Any | None = None
-    tool_calls: List[dict] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
-
-
-class ChatCompletionProxyRequest(_SamplingFields):
+class ChatCompletionProxyRequest(PassThroughChatRequest):
     """An OpenAI chat request to a session: the fields the proxy checks (with the
     original's defaults: ``max_tokens`` 1024, ``temperature`` 1.0); others pass through."""
 
-    messages: List[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(1024, ge=1)
     temperature: float | None = Field(1.0, ge=0, le=100)
-    n: int = Field(1, ge=1, le=128)
-    stop: Union[str, List[str], None] = None
-    tools: List[dict] | None = None
-    tool_choice: Any | None = None
-
-    def message_dicts(self) -> list[dict[str, Any]]:
-        """The messages as the client sent them (no fields added)."""
-        return [m.model_dump(exclude_unset=True) for m in self.messages]
 
     def upstream_kwargs(self) -> dict[str, Any]:
         """The sampling fields to send: ``max_tokens`` is left out when the client gave only
         ``max_completion_tokens`` (its default must not override the client's bound)."""
-        kwargs = _passthrough(self)
+        kwargs = passthrough(self)
         if "max_tokens" not in self.model_fields_set and self.max_completion_tokens is not None:
             kwargs.pop("max_tokens", None)
         return kwargs
@@ -237,23 +199,10 @@ ChatRequest = ChatCompletionProxyRequest
 """Older name of :class:`ChatCompletionProxyRequest`."""
 
 
-class CompletionRequest(_SamplingFields):
-    """The parts of an OpenAI completion request the proxy checks."""
+class CompletionRequest(PassThroughCompletionRequest):
+    """An OpenAI completion request to a session: one prompt text."""
 
     prompt: str = Field(..., min_length=1)
-
-
-_PASSTHROUGH_DROP = ("model", "stream", "stream_options", "user", "logprobs", "top_logprobs")
-
-
-def _passthrough(body: BaseModel) -> dict[str, Any]:
-    """The request's fields to send upstream: set or defaulted values, and extras as given."""
-    extra = body.model_extra or {}
-    return {
-        k: v
-        for k, v in body.model_dump().items()
-        if k not in _PASSTHROUGH_DROP and k != "messages" and (v is not None or k in extra)
-    }
 
 
 class ProxyState:
@@ -276,8 +225,8 @@ class ProxyState:
 
     def require_manager(self) -> ServerManager:
         if self.manager is None:
-            raise ProxyError(
-                409, "the proxy has no servers yet; POST /setup first", "invalid_state"
+            raise OpenAIError(
+                "the proxy has no servers yet; POST /setup first", status=409, type="invalid_state"
             )
         return self.manager
 
@@ -300,38 +249,28 @@ class ProxyState:
             return existing
         name = config_tokenizer_name(getattr(server, "config", None))
         if name is None:
-            raise ProxyError(
-                409,
+            raise OpenAIError(
                 "no tokenizer configured for this server: start the proxy with --tokenizer or "
                 "POST /setup with 'tokenizer'",
-                "invalid_state",
-                "tokenizer",
+                param="tokenizer",
+                status=409,
+                type="invalid_state",
             )
         if name not in self._tokenizers:
             self._tokenizers[name] = load_tokenizer(name)
         if self._tokenizers[name] is None:
-            raise ProxyError(
-                409,
+            raise OpenAIError(
                 f"could not load tokenizer {name!r} named by the server's config: POST /setup "
                 "with a loadable 'tokenizer'",
-                "invalid_state",
-                "tokenizer",
+                param="tokenizer",
+                status=409,
+                type="invalid_state",
             )
         return self._tokenizers[name]
 
     def session(self, session_id: str) -> SessionState:
         """The session (404 when unknown, deleted or evicted)."""
         return self.sessions.get(session_id)
-
-
-def _validation_message(exc: ValidationError | RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    parts, first = [], None
-    for err in errors:
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        first = first or loc
-        parts.append(f"{loc or 'body'}: {err.get('msg')}")
-    return "; ".join(parts), first
 
 
 def create_app(
@@ -378,33 +317,6 @@ def create_app(
                 transport.peer_check = upstreams.peer_allowed
 
     _bound_transports(server_manager, check_peers=False)
-    max_bytes = int(max_request_mb * 1024 * 1024)
-
-    async def _read_body(request: Request) -> bytes:
-        """The request body: 413 once it exceeds ``max_request_mb``, 408 when it stalls.
-
-        A declared length reserves nothing (only bytes that arrive are held), and a body
-        that receives nothing for ``BODY_TIMEOUT`` seconds is dropped, so clients that
-        declare a huge body and go idle keep neither memory nor a request slot.
-        """
-        from atroposlib.utils.http_body import BODY_TIMEOUT, BodyTimeout, BodyTooLarge, read_stream
-
-        too_big = ProxyError(
-            413, f"request body exceeds the proxy's limit of {max_request_mb:g} MB", param="body"
-        )
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            raise too_big
-        try:
-            return await read_stream(request.stream(), max_bytes, BODY_TIMEOUT)
-        except BodyTooLarge:
-            raise too_big from None
-        except BodyTimeout:
-            raise ProxyError(
-                408,
-                f"request body incomplete: nothing received for {BODY_TIMEOUT:g} seconds",
-                param="body",
-            ) from None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -414,29 +326,19 @@ def create_app(
 
     app = FastAPI(title="atroposlib managed-server proxy", lifespan=lifespan)
     app.state.proxy = state
-    if api_key:
-        app.add_middleware(BearerAuthMiddleware, api_key=api_key, open_paths=OPEN_PATHS)
-    app.add_middleware(
-        BrowserGuardMiddleware,
-        allowed_origins=allowed_origins,
-        check_host=bind_host is not None and is_loopback_host(bind_host),
-        require_json=True,
-        open_paths=("/health",),
+    install_error_handlers(app)
+    build_server(
+        app,
+        ServerOptions(
+            bind_host=bind_host,
+            api_key=api_key,
+            allowed_origins=tuple(allowed_origins),
+            open_paths=OPEN_PATHS,
+            max_body_bytes=int(max_request_mb * 1024 * 1024),
+            body_hints={"timeout": "ATROPOS_BODY_TIMEOUT"},
+            shape=openai_error_bytes,
+        ),
     )
-
-    @app.exception_handler(ProxyError)
-    async def _proxy_error(_: Request, exc: ProxyError) -> JSONResponse:
-        return openai_error(exc.status, exc.message, exc.err_type, exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return openai_error(400, message, param=param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return openai_error(exc.status_code, str(exc.detail), err_type)
 
     async def _body(
         request: Request,
@@ -444,7 +346,7 @@ def create_app(
         allow_empty: bool = False,
         merge_extra_body: bool = False,
     ) -> Any:
-        raw = await _read_body(request)
+        raw = await request.body()  # bounded in size and time by the body layer
         request.state.body_size = len(raw)  # bounds a prompt's tokens (see SessionStore.admit)
         if not raw and allow_empty:
             data: Any = {}
@@ -452,26 +354,27 @@ def create_app(
             try:
                 data = json.loads(raw)
             except RecursionError as e:
-                raise ProxyError(400, "body is not valid JSON: nested too deeply") from e
+                raise OpenAIError("body is not valid JSON: nested too deeply", status=400) from e
             except ValueError as e:  # bad JSON or UTF-8, a number of thousands of digits
-                raise ProxyError(400, f"body is not valid JSON: {e}") from e
+                raise OpenAIError(f"body is not valid JSON: {e}", status=400) from e
         if not isinstance(data, dict):
-            raise ProxyError(400, "body must be a JSON object")
+            raise OpenAIError("body must be a JSON object", status=400)
         if merge_extra_body and "extra_body" in data:
             # The backends merge extra_body over the request when they send it: merge it
             # first, so every bound is checked on what the inference server receives.
             extra = data.pop("extra_body")
             if extra is not None and not isinstance(extra, dict):
-                raise ProxyError(400, "extra_body must be a JSON object", param="extra_body")
+                raise OpenAIError(
+                    "extra_body must be a JSON object", param="extra_body", status=400
+                )
             data.update(extra or {})
         problem = json_value_problem(data)  # what the upstream client could not send on
         if problem is not None:
-            raise ProxyError(400, f"'{problem[0]}' {problem[1]}", param=problem[0])
+            raise OpenAIError(f"'{problem[0]}' {problem[1]}", param=problem[0], status=400)
         try:
             return model.model_validate(data)
         except ValidationError as e:
-            message, param = _validation_message(e)
-            raise ProxyError(400, message, param=param) from e
+            raise validation_error(e) from e
 
     async def _run(coro: Any) -> Any:
         """Await a ManagedServer call, its failure mapped to its status class (see
@@ -481,7 +384,7 @@ def create_app(
         token = UPSTREAM_REACHED.set(reached)
         try:
             return await coro
-        except ProxyError:
+        except OpenAIError:
             raise
         except Exception as e:  # never a bare 500
             raise proxy_error_for(e, reached[0]) from e
@@ -536,29 +439,29 @@ def create_app(
     @app.post("/setup")
     async def setup(request: Request) -> dict[str, Any]:
         if not api_key:
-            raise ProxyError(
-                403,
+            raise OpenAIError(
                 "POST /setup is disabled: it points the proxy at new inference servers, so it "
                 "needs the proxy to run with an API key (--api-key-file, ATROPOS_API_KEY)",
-                "permission_error",
+                status=403,
+                type="permission_error",
             )
         body: SetupRequest = await _body(request, SetupRequest)
         for i, server in enumerate(body.servers):
             # Resolving a name blocks (and may take seconds): off the event loop.
             problem = await asyncio.to_thread(upstreams.setup_problem, server.base_url)
             if problem is not None:
-                raise ProxyError(
-                    403,
+                raise OpenAIError(
                     f"upstream {server.base_url!r} is not allowed: {problem}",
-                    "permission_error",
-                    f"servers.{i}.base_url",
+                    param=f"servers.{i}.base_url",
+                    status=403,
+                    type="permission_error",
                 )
         tok = None
         if body.tokenizer:
             tok = await asyncio.to_thread(load_tokenizer, body.tokenizer)
             if tok is None:
-                raise ProxyError(
-                    400, f"could not load tokenizer {body.tokenizer!r}", param="tokenizer"
+                raise OpenAIError(
+                    f"could not load tokenizer {body.tokenizer!r}", param="tokenizer", status=400
                 )
         if state.manager is not None:
             await state.manager.close()
@@ -578,12 +481,12 @@ def create_app(
         try:
             server = manager._server_for_managed(body.base_url)
         except ValueError as e:
-            raise ProxyError(404, str(e), "not_found_error", "base_url") from e
+            raise OpenAIError(str(e), param="base_url", status=404, type="not_found_error") from e
         if not supports_tokens(server):
-            raise ProxyError(
-                400,
+            raise OpenAIError(
                 f"server {server.name} cannot return tokens/logprobs (use vllm or sglang)",
                 param="base_url",
+                status=400,
             )
         # Loading a tokenizer named by a config can take a minute (hub retries): off the loop.
         tokenizer = await asyncio.to_thread(state.tokenizer_for, server)
@@ -600,7 +503,7 @@ def create_app(
                 preserve_think_blocks=body.preserve_think_blocks,
             )
         except ValueError as e:
-            raise ProxyError(400, str(e), param="tool_parser") from e
+            raise OpenAIError(str(e), param="tool_parser", status=400) from e
         sid = str(uuid.uuid4())
         session = SessionState(
             uuid=sid,
@@ -647,7 +550,7 @@ def create_app(
         max_new = body.max_tokens or body.max_completion_tokens or 0
         try:
             reserved = state.sessions.admit(session, body.n, max_new, raw_size)
-        except ProxyError:
+        except OpenAIError:
             call.close()  # never awaited: close it so it is not reported as forgotten
             raise
         session.requests += 1
@@ -714,7 +617,7 @@ def create_app(
         session = state.session(session_id)
         body: CompletionRequest = await _body(request, CompletionRequest, merge_extra_body=True)
         stream, include_usage = stream_options(body.model_extra)
-        call = session.managed_server.completion(**_passthrough(body))
+        call = session.managed_server.completion(**passthrough(body))
         completion, usage = await _generate_counted(session, call, body, request, include_usage)
         if state.model_name != "unknown":
             completion.model = state.model_name
@@ -883,7 +786,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         max_upstream_mb=args.max_upstream_mb,
     )
-    from atroposlib.utils.http_transport import http_protocol
+    from atroposlib.http.transport import http_protocol
 
     # The bounded protocol: a client that pipelines requests and never reads the answers
     # is no longer read from, instead of growing the proxy's memory.

@@ -30,8 +30,7 @@ import contextvars
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-POLICY_VERSION_HEADER = "X-Atropos-Policy-Version"
-"""Response header naming the weight version that produced the answer (an integer)."""
+from atroposlib.http.headers import POLICY_VERSION_HEADER
 
 _BODY_KEYS = ("policy_version", "version", "weight_version")
 

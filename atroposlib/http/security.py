@@ -1,4 +1,4 @@
-"""One security model for every server we ship (SPEC D9, D18).
+"""One security model for every server we ship (docs/design.md, "Security model").
 
 ``run-api``, ``atropos-serve-model``, the OpenAI proxy and ``view-run`` listen on loopback by
 default, and a page open in the user's browser can still reach loopback. Two pure-ASGI layers
@@ -15,10 +15,7 @@ keep such a page from driving a local server:
 Clients that are not browsers (environments, trainers, ``curl``) send no ``Origin`` and no
 ``Sec-Fetch-*`` headers and a loopback ``Host``, so they are unaffected.
 
-Example::
-
-    app = secure_app(app, api_key=load_api_key(args.api_key, args.api_key_file),
-                     bind_host=args.host, allowed_origins=args.cors_origin)
+:func:`atroposlib.http.server.build_server` puts both in front of every server, in one order.
 """
 
 from __future__ import annotations
@@ -26,13 +23,15 @@ from __future__ import annotations
 import functools
 import hmac
 import ipaddress
-import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
+
+from atroposlib.http.answers import ErrorShape, detail_error, send_error
+from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +41,7 @@ __all__ = [
     "is_loopback_host",
     "json_value_problem",
     "load_api_key",
-    "secure_app",
-    "send_response",
 ]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _INT64_RANGE = (-(2**63), 2**64 - 1)
 """Integers a JSON encoder in C (orjson, the HTTP clients) can write back out."""
@@ -176,44 +167,40 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def send_response(
+async def _refuse(
+    scope: Scope,
+    receive: Receive,
     send: Send,
     status: int,
-    body: bytes,
-    headers: Iterable[tuple[bytes, bytes]] = ((b"content-type", b"application/json"),),
+    detail: str,
+    shape: ErrorShape,
+    headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    """Send one whole HTTP answer: ``status``, ``headers`` plus its ``content-length``, ``body``."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _refuse(
-    scope: Scope, receive: Receive, send: Send, status: int, detail: str, headers=()
-) -> None:
-    """Answer ``status`` with ``{"detail": ...}``; a refused websocket is closed before accept."""
+    """Answer ``status`` with ``detail`` in ``shape``; a refused websocket is closed before accept."""
     if scope["type"] == "websocket":
         await receive()
         await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
         return
-    body = json.dumps({"detail": detail}).encode()
-    await send_response(send, status, body, [(b"content-type", b"application/json"), *headers])
+    await send_error(send, status, detail, shape=shape, headers=headers)
 
 
 class BearerAuthMiddleware:
-    """Require ``Authorization: Bearer KEY`` on every path except the open ones (401 otherwise)."""
+    """Require ``Authorization: Bearer KEY`` on every path except the open ones (401 otherwise).
+
+    ``shape`` writes the refusal's body (FastAPI's ``detail`` by default).
+    """
 
     def __init__(
-        self, app: ASGIApp, api_key: str, open_paths: Iterable[str] = ("/", "/health")
+        self,
+        app: ASGIApp,
+        api_key: str,
+        open_paths: Iterable[str] = ("/", "/health"),
+        shape: ErrorShape = detail_error,
     ) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
         self._open = frozenset(open_paths)
+        self._shape = shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or scope["path"] in self._open:
@@ -229,6 +216,7 @@ class BearerAuthMiddleware:
             send,
             401,
             "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            self._shape,
             headers=[(b"www-authenticate", b"Bearer")],
         )
 
@@ -253,14 +241,15 @@ def _has_body(scope: Scope) -> bool:
 
 
 class BrowserGuardMiddleware:
-    """Refuse what a foreign web page could make a browser send to a local server (SPEC D18).
+    """Refuse what a foreign web page could make a browser send to a local server.
 
     ``allowed_origins`` are the ``--cors-origin`` values (``"*"`` allows any origin). The
     server's own origin (``scheme://Host`` of the request) is always allowed, so a page the server
     itself serves (the Gradio viewer) keeps working. ``require_json`` is a bool or a predicate on
     the path; ``guarded_get_paths`` are old ``GET`` endpoints that change state and stay open only
     to clients that are not browsers (a mapping gives each path the advice its 403 carries, such
-    as the endpoint to use instead). ``open_paths`` skip every check (health probes).
+    as the endpoint to use instead). ``open_paths`` skip every check (health probes). ``shape``
+    writes the refusal's body.
     """
 
     def __init__(
@@ -272,8 +261,10 @@ class BrowserGuardMiddleware:
         require_json: bool | Callable[[str], bool] = True,
         guarded_get_paths: Iterable[str] | Mapping[str, str] = (),
         open_paths: Iterable[str] = ("/health",),
+        shape: ErrorShape = detail_error,
     ) -> None:
         self.app = app
+        self._shape = shape
         origins = {o.strip().rstrip("/").lower() for o in allowed_origins if o and o.strip()}
         self._any_origin = "*" in origins
         self._origins = frozenset(origins - {"*"})
@@ -341,33 +332,4 @@ class BrowserGuardMiddleware:
             return
         status, detail = problem
         logger.warning("refused %s %s: %s", scope.get("method", "WS"), scope.get("path"), detail)
-        await _refuse(scope, receive, send, status, detail)
-
-
-def secure_app(
-    app: ASGIApp,
-    *,
-    api_key: str | None,
-    bind_host: str,
-    allowed_origins: Iterable[str] = (),
-    require_json: bool | Callable[[str], bool] = True,
-    guarded_get_paths: Iterable[str] | Mapping[str, str] = (),
-    open_paths: Iterable[str] = ("/", "/health"),
-) -> ASGIApp:
-    """Wrap ``app`` in the browser guard (outermost) and, with a key, bearer auth.
-
-    The ``Host`` check applies when ``bind_host`` is a loopback address: a server bound to a
-    public address is reached under names we cannot know.
-    """
-    wrapped: ASGIApp = app
-    open_paths = tuple(open_paths)
-    if api_key:
-        wrapped = BearerAuthMiddleware(wrapped, api_key=api_key, open_paths=open_paths)
-    return BrowserGuardMiddleware(
-        wrapped,
-        allowed_origins=allowed_origins,
-        check_host=is_loopback_host(bind_host),
-        require_json=require_json,
-        guarded_get_paths=guarded_get_paths,
-        open_paths=tuple(p for p in open_paths if p != "/"),
-    )
+        await _refuse(scope, receive, send, status, detail, self._shape)

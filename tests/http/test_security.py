@@ -1,18 +1,33 @@
-"""The shared browser guard and bearer auth (SPEC D18), on a minimal ASGI app."""
+"""The shared browser guard and bearer auth, on a minimal ASGI app behind ``build_server``."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import httpx
 import pytest
 
-from atroposlib.utils.http_security import (
+from atroposlib.http.security import (
     BrowserGuardMiddleware,
     is_loopback_host,
+    json_value_problem,
     load_api_key,
-    secure_app,
 )
+from atroposlib.http.server import ServerOptions, build_server
+
+
+def secure_app(app, *, api_key, bind_host, allowed_origins=(), **options):
+    """``app`` behind the shared stack with the given guard and auth options."""
+    return build_server(
+        app,
+        ServerOptions(
+            bind_host=bind_host,
+            api_key=api_key,
+            allowed_origins=tuple(allowed_origins),
+            **options,
+        ),
+    )
 
 
 async def _echo(scope, receive, send):
@@ -236,3 +251,38 @@ def test_load_api_key_bad_file_names_it(tmp_path):
         load_api_key(None, empty)
     with pytest.raises(ValueError, match="missing-file"):
         load_api_key(None, tmp_path / "missing-file")
+
+
+# json_value_problem: names the first value of parsed JSON that no UTF-8 or C JSON encoder
+# takes (a lone surrogate, an integer beyond 64 bits), and costs one encode for clean data.
+
+
+def test_clean_data_passes():
+    assert json_value_problem({"a": [1, "é", {"b": None, "c": 1.5}], "d": 2**64 - 1}) is None
+    assert json_value_problem(json.loads('"\\ud83d\\ude00"')) is None  # a valid pair
+
+
+def test_lone_surrogates_are_named_by_path():
+    data = json.loads('{"messages": [{"content": "ok"}, {"content": "a\\ud800"}]}')
+    assert json_value_problem(data)[0] == "messages.1.content"
+    assert json_value_problem(json.loads('"\\udfff"'))[0] == "body"
+    key = json_value_problem(json.loads('{"x": {"\\ud800": 1}}'))
+    assert key is not None and key[0].startswith("x.") and "key" in key[1]
+
+
+def test_integers_beyond_64_bits_are_named_unless_ints_are_not_checked():
+    data = {"logit_bias": {"7": 2**70}, "seed": -(2**63)}
+    assert json_value_problem(data) == ("logit_bias.7", "is an integer outside the 64-bit range")
+    assert json_value_problem(data, check_ints=False) is None
+    assert json_value_problem([True, 2**64])[0] == "1"
+
+
+def test_deep_nesting_does_not_recurse():
+    deep: list = []
+    node = deep
+    for _ in range(20_000):
+        node.append([])
+        node = node[0]
+    node.append("\ud800")
+    path, _ = json_value_problem(deep)
+    assert path.count(".") == 20_000

@@ -1,5 +1,8 @@
 """Reading request bodies under a size bound, an in-flight budget and a stall timeout.
 
+:class:`BodyLimitMiddleware` applies it in front of every server we ship (the last layer
+:func:`atroposlib.http.server.build_server` adds); :class:`BodyReader` is the reading itself.
+
 A server that reserves memory for a body from its declared ``Content-Length``
 can be starved by clients that declare a huge length, send one byte and go
 idle; one that waits forever for the rest of a body keeps such clients (and
@@ -35,13 +38,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
+import zlib
+from typing import Any, AsyncIterator, MutableMapping
+
+from atroposlib.http.answers import ErrorShape, detail_error, send_error, send_response
+from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BODY_TIMEOUT",
     "BodyBusy",
+    "BodyLimitMiddleware",
     "BodyError",
     "BodyReader",
     "BodyTimeout",
@@ -69,8 +77,6 @@ BODY_TIMEOUT = _body_timeout()
 
 _SWEEPS = 4
 """Sweeps per timeout: a stall is caught within ``timeout * (1 + 1/_SWEEPS)``."""
-
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
 class BodyError(Exception):
@@ -253,3 +259,173 @@ def replayed(body: bytes, receive: Receive) -> Receive:
         return message
 
     return replay
+
+
+_CLOSE = (b"connection", b"close")
+"""A stalled or refused body is never read to its end: its connection cannot carry another
+request."""
+
+
+class BodyLimitMiddleware:
+    """Pure-ASGI middleware reading request bodies under the bounds of :class:`BodyReader`.
+
+    Bodies above ``max_bytes`` get 413 (declared ones before anything is read). With
+    ``max_inflight_bytes``, the bodies of all requests being received or processed at once
+    are bounded, counting the bytes actually received: a request whose next bytes would take
+    the total beyond it gets 503 with ``Retry-After`` (unless it is the only one holding any,
+    so a single body up to ``max_bytes`` is always served). A declared ``Content-Length``
+    costs nothing until its bytes arrive, and a body that receives nothing for
+    ``body_timeout`` seconds is dropped with 408, freeing its share. With ``inflate_gzip``,
+    ``Content-Encoding: gzip`` bodies are inflated (bad gzip: 400) and count with their
+    inflated size. ``shape`` writes the refusals' bodies; ``hints`` name the settings a
+    refusal points to (keys ``size``, ``inflight`` and ``timeout``).
+
+    Example::
+
+        app = BodyLimitMiddleware(app, max_bytes=64 << 20, shape=openai_error_bytes)
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_inflight_bytes: int | None = None,
+        body_timeout: float | None = BODY_TIMEOUT,
+        *,
+        inflate_gzip: bool = False,
+        shape: ErrorShape = detail_error,
+        hints: dict[str, str] | None = None,
+    ) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.max_inflight_bytes = max_inflight_bytes
+        self.reader = BodyReader(max_bytes, max_inflight_bytes, body_timeout)
+        self.inflate_gzip = inflate_gzip
+        self._shape = shape
+        self._hints = {
+            "size": "--max-request-mb",
+            "inflight": "--max-inflight-mb",
+            "timeout": "--body-timeout",
+            **(hints or {}),
+        }
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of request bodies received and not yet released."""
+        return self.reader.inflight_bytes
+
+    async def _refuse(self, send: Send, status: int, message: str, *headers: Any) -> None:
+        await send_error(send, status, message, shape=self._shape, param="body", headers=headers)
+
+    async def _too_large(self, send: Send, size: int) -> None:
+        await self._refuse(
+            send,
+            413,
+            f"request body of {size} bytes exceeds the limit of {self.max_bytes} bytes "
+            f"({self._hints['size']})",
+            _CLOSE,
+        )
+
+    async def _busy(self, send: Send) -> None:
+        logger.info("refused a request body: %d bytes already in flight", self.inflight_bytes)
+        mb = (self.max_inflight_bytes or 0) // (1024 * 1024)
+        await self._refuse(
+            send,
+            503,
+            f"server busy: {self.inflight_bytes} bytes of request bodies in flight "
+            f"({self._hints['inflight']} {mb}); retry later",
+            (b"retry-after", b"1"),
+        )
+
+    async def _timed_out(self, send: Send) -> None:
+        logger.info("dropped a request body that received nothing for %ss", self.reader.timeout)
+        await self._refuse(
+            send,
+            408,
+            f"request body incomplete: nothing received for {self.reader.timeout:g} seconds "
+            f"({self._hints['timeout']})",
+            _CLOSE,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length: int | None = None
+        gzipped = chunked = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    await self._refuse(send, 400, "invalid Content-Length header")
+                    return
+            elif name == b"content-encoding" and b"gzip" in value.lower():
+                gzipped = self.inflate_gzip
+            elif name == b"transfer-encoding":
+                chunked = True
+        if length is not None and length > self.max_bytes:
+            await self._too_large(send, length)
+            return
+        if not length and not chunked:
+            # No body (HTTP/1.1 has one only with a length or chunked encoding): nothing to read.
+            await self.app(scope, receive, send)
+            return
+        held = 0
+        try:
+            body, held = await self.reader.read(receive)
+            if body is None:
+                return  # the client left
+            if gzipped or length is None:
+                held = await self._with_length(scope, receive, send, body, gzipped, held)
+                return
+            await self.app(scope, replayed(body, receive), send)
+        except BodyError as e:
+            held = e.held
+            if isinstance(e, BodyTooLarge):
+                await self._too_large(send, self.max_bytes + 1)
+            elif isinstance(e, BodyBusy):
+                await self._busy(send)
+            else:
+                await self._timed_out(send)
+        finally:
+            self.reader.release(held)
+
+    async def _with_length(
+        self, scope: Scope, receive: Receive, send: Send, body: bytes, inflate: bool, held: int
+    ) -> int:
+        """Pass a chunked or gzipped body on whole with its real length (inflated first when
+        ``inflate``); returns the budget share held."""
+        headers = [
+            (k, v)
+            for k, v in scope["headers"]
+            if k not in (b"content-encoding", b"content-length", b"transfer-encoding")
+        ]
+        if inflate:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            try:
+                raw = body
+                body = inflater.decompress(raw, self.max_bytes + 1)
+                if len(body) > self.max_bytes or inflater.unconsumed_tail:
+                    await self._too_large(send, self.max_bytes + 1)
+                    return held
+                if not inflater.eof:
+                    raise zlib.error("truncated gzip stream")
+            except zlib.error as e:
+                logger.info("rejected a request with a bad gzip body: %s", e)
+                await send_response(
+                    send,
+                    400,
+                    b"Invalid gzip payload",
+                    [(b"content-type", b"text/plain; charset=utf-8")],
+                )
+                return held
+            del raw
+            if len(body) > held:
+                if not self.reader.reserve(len(body) - held, held):
+                    await self._busy(send)
+                    return held
+                held = len(body)
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self.app({**scope, "headers": headers}, replayed(body, receive), send)
+        return held

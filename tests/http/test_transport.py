@@ -8,10 +8,11 @@ import socket
 from typing import List
 
 import httpx
-from atroposlib.utils.http_transport import CoalescingTransport, http_protocol
 
+from atroposlib.http.transport import CoalescingTransport, http_protocol
+from atroposlib.testing.launch import run_api_cmd
 from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import PYTHON, running_process
+from atroposlib.testing.processes import running_process
 from tests.api.conftest import TRAINER, start_api
 
 
@@ -131,7 +132,7 @@ def test_run_api_reload_starts_with_the_protocol_and_answers(tmp_path):
     """``--reload`` hands uvicorn's config (naming the protocol class) to a spawned process."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--reload", "--port", str(port)]
+    cmd = run_api_cmd(port, "--reload")
     with running_process(
         cmd, health_url=f"{url}/health", cwd=tmp_path, log_path=tmp_path / "api.log"
     ):

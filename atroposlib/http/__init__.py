@@ -1,0 +1,17 @@
+"""The HTTP layer every server we ship shares (run-api, serve-model, the proxy, view-run).
+
+One module per job:
+
+* :mod:`~atroposlib.http.asgi`: the ASGI types (Starlette's);
+* :mod:`~atroposlib.http.answers`: writing whole answers, the two error shapes;
+* :mod:`~atroposlib.http.body`: reading request bodies under a size bound, an in-flight
+  budget and a stall timeout, and the body layer built on it;
+* :mod:`~atroposlib.http.security`: the browser guard and bearer auth;
+* :mod:`~atroposlib.http.server`: :func:`~atroposlib.http.server.build_server`, the one
+  stack (guard -> CORS -> auth -> size limit) in front of every server;
+* :mod:`~atroposlib.http.transport`: the write-coalescing, bounded uvicorn protocol;
+* :mod:`~atroposlib.http.headers`: header names our servers and clients agree on;
+* :mod:`~atroposlib.http.openai_protocol`: the OpenAI request models and error envelope.
+
+This package imports nothing from ``atroposlib`` outside it and ``atroposlib.utils``.
+"""
