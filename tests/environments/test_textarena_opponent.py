@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import sys
 from pathlib import Path
 from typing import Dict, Iterator
 
@@ -27,6 +26,8 @@ from atroposlib.envs.adapters.textarena import (  # noqa: E402
     TextArenaEnvConfig,
 )
 from atroposlib.envs.cli import CliError, build_env, parse_cli  # noqa: E402
+from atroposlib.envs.health import TooManyFailuresError  # noqa: E402
+from atroposlib.testing.launch import fake_server_cmd
 from atroposlib.testing.processes import running_process  # noqa: E402
 from atroposlib.utils.ports import free_port  # noqa: E402
 from tests.environments.env_helpers import check_groups, process_argv  # noqa: E402
@@ -36,16 +37,7 @@ GAMES = '["SimpleNegotiation-v0","IteratedPrisonersDilemma-v0"]'
 
 def _fake_server(log: Path, latency_ms: int) -> Iterator[str]:
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "atroposlib.testing.fake_server",
-        "--port",
-        str(port),
-        "--latency-ms",
-        str(latency_ms),
-        "--lean",
-    ]
+    cmd = fake_server_cmd(port, "--latency-ms", str(latency_ms), "--lean")
     with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=log):
         yield f"http://127.0.0.1:{port}"
 
@@ -62,15 +54,23 @@ def hanging_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _fake_server(tmp_path_factory.mktemp("hanging") / "fake.log", 600_000)
 
 
+@pytest.fixture(scope="module")
+def refusing_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Root URL of a fake inference server that answers every request with 401."""
+    for root in _fake_server(tmp_path_factory.mktemp("refusing") / "fake.log", 0):
+        httpx.post(f"{root}/fake/config", json={"fail_status": 401}, timeout=10)
+        yield root
+
+
 def _chat_requests(root: str) -> int:
     stats = httpx.get(f"{root}/fake/stats", timeout=10).json()
     return int(stats["requests"].get("/v1/chat/completions", 0))
 
 
-def _argv(serve: Dict[str, str], out: Path, opponent: str, *extra: str) -> list:
+def _argv(serve: Dict[str, str], out: Path, opponent: str, *extra: str, games: str = GAMES) -> list:
     return process_argv(serve, out, group_size=2, steps=2) + [
         "--env.game_ids",
-        GAMES,
+        games,
         "--env.opponent",
         "server",
         "--env.opponent_server",
@@ -158,21 +158,33 @@ def test_an_opponent_server_that_is_down_ends_episodes_with_the_reason(
     argv = _argv(
         serve_model,
         out,
-        f'{{"base_url": "{down}", "timeout": 20}}',
+        f'{{"base_url": "{down}", "timeout": 2}}',
         "--env.max_consecutive_failures",
         "2",
     )
     env = build_env(TextArenaEnv, parse_cli(TextArenaEnv, argv))
     caplog.set_level(logging.WARNING)
-    with pytest.raises(Exception) as err:
+    with pytest.raises(TooManyFailuresError) as err:
         asyncio.run(env.process_manager())
-    # The worker stopped on its own failure limit, naming the cause, after counting
-    # each lost item; no group (so none of the policy's moves) was written.
-    assert "opponent server" in str(err.value)
+    # Each item lost both episodes to the opponent and failed, naming the cause; the run
+    # stopped at its own failure limit; none of the policy's moves was written.
+    assert "ended by the opponent server (opponent_timeout)" in str(err.value)
     assert env.failures.total == 2
-    assert env.end_reasons["opponent_error"] == 4 and sum(env.end_reasons.values()) == 4
-    assert "the opponent server failed" in caplog.text
+    assert env.end_reasons == {"opponent_timeout": 4}
+    assert "the opponent server gave no move within 2 s" in caplog.text
+    assert "Connect call failed" in caplog.text  # the client logged why
     assert not out.exists() or not out.read_text().strip()
+
+
+def _one_item(env: TextArenaEnv):
+    async def run():
+        await env.setup()
+        try:
+            return await env.collect_trajectories(await env.get_next_item())
+        finally:
+            await env.close_servers()
+
+    return asyncio.run(run())
 
 
 def test_a_hanging_opponent_server_ends_the_episode_at_its_time_limit(
@@ -182,17 +194,55 @@ def test_a_hanging_opponent_server_ends_the_episode_at_its_time_limit(
     parsed = parse_cli(TextArenaEnv, _argv(serve_model, tmp_path / "h.jsonl", opponent))
     env = build_env(TextArenaEnv, parsed)
     caplog.set_level(logging.WARNING)
-
-    async def one_item():
-        await env.setup()
-        try:
-            return await env.collect_trajectories(await env.get_next_item())
-        finally:
-            await env.close_servers()
-
     with pytest.raises(OpponentServerError, match="opponent_timeout"):
-        asyncio.run(one_item())
+        _one_item(env)
     assert env.end_reasons == {"opponent_timeout": 2}
     assert env.opponent_failures == 2
     assert "gave no move within 1 s" in caplog.text
     assert _chat_requests(hanging_server) >= 2
+
+
+def test_an_opponent_server_refusing_requests_ends_the_episode_at_once(
+    serve_model, refusing_server, tmp_path, caplog
+):
+    # A long limit: a refusal (401, not retried) must end the episode without using it.
+    opponent = f'{{"base_url": "{refusing_server}/v1", "timeout": 600}}'
+    parsed = parse_cli(TextArenaEnv, _argv(serve_model, tmp_path / "r.jsonl", opponent))
+    env = build_env(TextArenaEnv, parsed)
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(OpponentServerError, match="opponent_error"):
+        _one_item(env)
+    assert env.end_reasons == {"opponent_error": 2}
+    assert "the opponent server failed" in caplog.text and "401" in caplog.text
+
+
+def test_evaluate_counts_games_lost_to_the_opponent_server_as_failed(
+    serve_model, hanging_server, opponent_server, tmp_path
+):
+    def evaluate(root: str) -> Dict[str, float]:
+        opponent = f'{{"base_url": "{root}/v1", "timeout": 1}}'
+        # One short game: greedy replies of the tiny model make long episodes.
+        argv = _argv(
+            serve_model,
+            tmp_path / "e.jsonl",
+            opponent,
+            "--env.eval_episodes",
+            "2",
+            games='["SimpleNegotiation-v0"]',
+        )
+        env = build_env(TextArenaEnv, parse_cli(TextArenaEnv, argv))
+
+        async def run():
+            await env.setup()
+            try:
+                return await env.evaluate()
+            finally:
+                await env.close_servers()
+
+        return asyncio.run(run())
+
+    hung = evaluate(hanging_server)
+    assert hung["eval/failed_games"] == 2.0, hung
+    answered = evaluate(opponent_server)
+    assert answered["eval/failed_games"] == 0.0, answered
+    assert "eval/SimpleNegotiation-v0/mean_reward" in answered

@@ -11,13 +11,16 @@ sampling and time limit), asked through a ``ServerManager`` of its own with each
 seats' observations as chat messages. Opponent moves are never tracked, so never
 trained. The trained player's final reward is the score.
 
-An opponent server that fails or does not answer within its time limit (by default
-``step_timeout_s``, like a game step) ends the episode (``end_reason:
-opponent_error`` or ``opponent_timeout``, the cause logged). Such an episode is not
-trained on: its reward says nothing about the policy. It is counted
+An opponent move has a time limit (``opponent_server.timeout``, by default
+``step_timeout_s``, like a game step). Within it the client retries a server it cannot
+reach (one that is restarting gets its chance); past it the episode ends
+(``end_reason: opponent_timeout``: the server is down or hangs; the client logs each
+failed attempt's cause). An answer the client does not retry (say 401 for a bad key,
+404 for a wrong model) ends it at once (``opponent_error``, the answer logged). Such
+an episode is not trained on (its reward says nothing about the policy) and is counted
 (``train/opponent_failures``); when it cost a group every episode, the item fails like
-any other failed item (counted, backed off, ``max_consecutive_failures`` applies); in
-``evaluate`` it counts in ``eval/failed_games``.
+any other failed item (counted; ``max_consecutive_failures`` applies); in ``evaluate``
+it counts in ``eval/failed_games``.
 
 TextArena games draw from the process-global ``random``; each episode keeps its own
 ``random`` state, swapped in (under a lock) around every call into the game, so
@@ -227,7 +230,8 @@ def server_player(
             out = await asyncio.wait_for(request, timeout)
         except asyncio.TimeoutError as err:
             raise EpisodeEnded(
-                "opponent_timeout", f"the opponent server gave no move within {timeout:g} s"
+                "opponent_timeout",
+                f"the opponent server gave no move within {timeout:g} s (down or hanging)",
             ) from err
         except Exception as err:  # any failure of the opponent ends this episode only
             raise EpisodeEnded(
