@@ -215,3 +215,87 @@ def test_fake_server_modes_answer_alike_and_lean_path_builds_openai_objects(mode
         assert isinstance(chat, ChatCompletion) and [c.index for c in chat.choices] == [0, 1, 2]
         assert all(isinstance(c.message.content, str) for c in chat.choices)
         assert isinstance(text, Completion) and [c.text for c in text.choices] == ["zr", "ljvl"]
+
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 signed by its own key: ``(cert_file, key_file)``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+async def test_https_goes_through_the_same_client_and_verifies_the_certificate(
+    tmp_path, monkeypatch
+):
+    """Before: ``https`` went to a separate aiohttp session with its own error types."""
+    import ssl
+
+    from atroposlib.envs.server_handling.errors import ServerConnectionError
+
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    requests: list[bytes] = []
+
+    async def handler(reader, writer):
+        try:
+            while True:
+                request = await _read_request(reader)
+                requests.append(request)
+                writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"ok":true}')
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_tls)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/generate"
+    try:
+        untrusted = JsonTransport(timeout=5)
+        with pytest.raises(ServerConnectionError) as refused:
+            await untrusted.post_json(url, {"n": 1})
+        assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
+        assert is_transport_error(refused.value) and not requests
+        await untrusted.close()
+
+        monkeypatch.setenv("SSL_CERT_FILE", cert)  # the trust store the default context loads
+        trusted = JsonTransport({"Authorization": "Bearer k"}, timeout=5)
+        assert await trusted.post_json(url, {"n": 1}) == {"ok": True}
+        assert await trusted.post_json(url, {"n": 2}) == {"ok": True}
+        await trusted.close()
+        assert len(requests) == 2 and b"Authorization: Bearer k" in requests[0]
+        assert requests[1].endswith(b'{"n":2}')
+    finally:
+        server.close()
