@@ -17,7 +17,7 @@ from atroposlib.http.security import (
 from atroposlib.http.server import ServerOptions, build_server
 
 
-def secure_app(app, *, api_key, bind_host, allowed_origins=(), **options):
+def _secured(app, *, api_key, bind_host, allowed_origins=(), **options):
     """``app`` behind the shared stack with the given guard and auth options."""
     return build_server(
         app,
@@ -69,7 +69,7 @@ def test_is_loopback_host(host, loopback):
 
 
 async def test_plain_client_passes_and_json_body_passes():
-    app = secure_app(_echo, api_key=None, bind_host="127.0.0.1")
+    app = _secured(_echo, api_key=None, bind_host="127.0.0.1")
     async with _client(app) as client:
         r = await client.post("/scored_data", json={"a": 1})
         assert r.status_code == 200 and r.text == 'ok:{"a":1}'
@@ -81,7 +81,7 @@ async def test_plain_client_passes_and_json_body_passes():
     ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],
 )
 async def test_non_json_body_is_415(content_type):
-    app = secure_app(_echo, api_key=None, bind_host="127.0.0.1")
+    app = _secured(_echo, api_key=None, bind_host="127.0.0.1")
     headers = {"content-type": content_type} if content_type else {}
     async with _client(app) as client:
         r = await client.post("/register", content=b'{"x": 1}', headers=headers)
@@ -90,7 +90,7 @@ async def test_non_json_body_is_415(content_type):
 
 
 async def test_json_variants_and_bodiless_posts_pass():
-    app = secure_app(_echo, api_key=None, bind_host="127.0.0.1")
+    app = _secured(_echo, api_key=None, bind_host="127.0.0.1")
     async with _client(app) as client:
         for ct in (
             "application/json; charset=utf-8",
@@ -103,7 +103,7 @@ async def test_json_variants_and_bodiless_posts_pass():
 
 
 async def test_require_json_predicate_exempts_paths():
-    app = secure_app(
+    app = _secured(
         _echo,
         api_key=None,
         bind_host="127.0.0.1",
@@ -119,7 +119,7 @@ async def test_require_json_predicate_exempts_paths():
 
 
 async def test_foreign_origin_is_403_own_and_allowed_origins_pass():
-    app = secure_app(
+    app = _secured(
         _echo, api_key=None, bind_host="127.0.0.1", allowed_origins=["http://dash.local:3000/"]
     )
     async with _client(app) as client:
@@ -138,7 +138,7 @@ async def test_foreign_origin_is_403_own_and_allowed_origins_pass():
 
 
 async def test_wildcard_origin_allows_any():
-    app = secure_app(_echo, api_key=None, bind_host="127.0.0.1", allowed_origins=["*"])
+    app = _secured(_echo, api_key=None, bind_host="127.0.0.1", allowed_origins=["*"])
     async with _client(app) as client:
         assert (
             await client.post("/x", json={}, headers={"origin": "http://a.example"})
@@ -146,17 +146,17 @@ async def test_wildcard_origin_allows_any():
 
 
 async def test_non_loopback_host_refused_when_bound_to_loopback():
-    app = secure_app(_echo, api_key=None, bind_host="127.0.0.1")
+    app = _secured(_echo, api_key=None, bind_host="127.0.0.1")
     async with _client(app, host="rebind.attacker.example:8000") as client:
         r = await client.get("/status")
     assert r.status_code == 403 and "DNS-rebinding" in r.json()["detail"]
-    public = secure_app(_echo, api_key=None, bind_host="0.0.0.0")
+    public = _secured(_echo, api_key=None, bind_host="0.0.0.0")
     async with _client(public, host="trainer-node-3:8000") as client:
         assert (await client.get("/status")).status_code == 200
 
 
 async def test_health_is_open_to_every_check():
-    app = secure_app(_echo, api_key="k", bind_host="127.0.0.1")
+    app = _secured(_echo, api_key="k", bind_host="127.0.0.1")
     async with _client(app, host="whatever.example") as client:
         assert (
             await client.get("/health", headers={"origin": "http://evil.example"})
@@ -164,7 +164,7 @@ async def test_health_is_open_to_every_check():
 
 
 async def test_guarded_get_refused_from_browsers_only():
-    app = secure_app(
+    app = _secured(
         _echo,
         api_key=None,
         bind_host="127.0.0.1",
@@ -184,7 +184,7 @@ async def test_guarded_get_refused_from_browsers_only():
 
 
 async def test_bearer_auth_guards_everything_but_open_paths():
-    app = secure_app(_echo, api_key="s3cret", bind_host="127.0.0.1")
+    app = _secured(_echo, api_key="s3cret", bind_host="127.0.0.1")
     async with _client(app) as client:
         assert (await client.get("/")).status_code == 200
         assert (await client.get("/health")).status_code == 200
@@ -201,7 +201,7 @@ async def test_bearer_auth_guards_everything_but_open_paths():
 
 async def test_browser_guard_runs_before_auth():
     """A foreign page learns nothing about the key: it is refused before auth is considered."""
-    app = secure_app(_echo, api_key="s3cret", bind_host="127.0.0.1")
+    app = _secured(_echo, api_key="s3cret", bind_host="127.0.0.1")
     async with _client(app) as client:
         r = await client.get(
             "/batch", headers={"authorization": "Bearer s3cret", "origin": "http://evil.example"}
