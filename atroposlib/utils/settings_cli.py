@@ -109,13 +109,9 @@ def flag_of(model: Type[BaseModel], name: str) -> str:
 def env_var(model: Type[BaseModel], name: str) -> str | None:
     """The environment variable that sets field ``name`` of a ``BaseSettings`` model
     (``ATROPOS_PORT``), or None for a plain model."""
-    if not _is_settings(model):
+    if not issubclass(model, BaseSettings):
         return None
     return f"{model.model_config.get('env_prefix', '')}{name}".upper()
-
-
-def _is_settings(model: Type[BaseModel]) -> bool:
-    return isinstance(model, type) and issubclass(model, BaseSettings)
 
 
 def _without_none(annotation: Any) -> Any:
