@@ -168,6 +168,9 @@ def test_request_merges_extra_body_and_applies_client_options_to_the_http_reques
     )
     assert request.timeout == 7.0 and not request.stream
     assert OpenAIRequest({"model": "m", "stream": True}).stream
+    assert OpenAIRequest({"timeout": httpx.Timeout(None)}).timeout is None
+    with pytest.raises(TypeError, match="timeout"):
+        OpenAIRequest({"timeout": "5"})
     with pytest.raises(TypeError, match="extra_body"):
         OpenAIRequest({"model": "m", "extra_body": [1]})
 

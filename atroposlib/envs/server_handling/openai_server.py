@@ -47,11 +47,11 @@ def _timeout_seconds(value: Any) -> float | None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    phases = [getattr(value, name, None) for name in ("connect", "read", "write", "pool")]
-    given = [float(p) for p in phases if isinstance(p, (int, float))]
-    if given:
-        return max(given)
-    raise TypeError(f"timeout must be a number of seconds, got {type(value).__name__}")
+    names = ("connect", "read", "write", "pool")
+    if not all(hasattr(value, name) for name in names):
+        raise TypeError(f"timeout must be a number of seconds, got {type(value).__name__}")
+    given = [float(p) for p in (getattr(value, n) for n in names) if isinstance(p, (int, float))]
+    return max(given) if given else None  # httpx.Timeout(None): the server's own timeout
 
 
 class OpenAIRequest:
