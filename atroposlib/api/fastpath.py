@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, Sequence, Tuple
 from urllib.parse import parse_qs
 
+from starlette.datastructures import URL
+from starlette.responses import RedirectResponse
+
 from atroposlib.api import handlers
 from atroposlib.api.errors import ApiError, StorageError, error_response
 from atroposlib.api.models import ScoredData
@@ -259,6 +262,11 @@ class HotPathMiddleware:
                 await send_response(
                     send, 405, _METHOD_NOT_ALLOWED, [*_JSON_HEADERS, (b"allow", allow)]
                 )
+                return
+            if path.endswith("/") and path.rstrip("/") in self._allow:
+                # As FastAPI's router answers a declared path with a trailing slash.
+                target = URL(scope={**scope, "path": path.rstrip("/")})
+                await RedirectResponse(str(target))(scope, receive, send)
                 return
             await self.app(scope, receive, send)
             return

@@ -60,6 +60,24 @@ def test_other_methods_on_a_hot_path_are_405_with_allow(method: str, path: str, 
     assert answer.json() == {"detail": "Method Not Allowed"}
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "location"),
+    [
+        ("POST", "/scored_data/", "/scored_data"),
+        ("GET", "/batch/?ack=x", "/batch?ack=x"),
+        ("POST", "/scored_data_list/", "/scored_data_list"),
+    ],
+)
+def test_a_hot_path_with_a_trailing_slash_is_redirected_as_a_route_would_be(
+    method: str, path: str, location: str
+):
+    app = create_app(APISettings())
+    with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
+        answer = client.request(method, path, json={})
+    assert answer.status_code == 307
+    assert answer.headers["location"] == "http://127.0.0.1" + location
+
+
 def test_a_post_is_committed_before_its_answer(tmp_path):
     """The one handler of /scored_data defers to the group commit and answers after it."""
     db = tmp_path / "api.db"
