@@ -51,6 +51,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from atroposlib.testing.launch import run_api_cmd  # noqa: E402
 from atroposlib.testing.ports import free_port  # noqa: E402
 from atroposlib.testing.processes import PYTHON, running_process  # noqa: E402
 
@@ -448,6 +449,7 @@ async def _floor_app(scope: dict, receive: Callable, send: Callable) -> None:
 def serve_floor(port: int) -> None:
     """Run :func:`_floor_app` with the uvicorn settings ``run-api`` uses."""
     import uvicorn
+
     from atroposlib.http.transport import http_protocol
 
     uvicorn.run(
@@ -561,7 +563,7 @@ def start_server(cmd: List[str], port: int) -> running_process:
 
 def one_run(args: argparse.Namespace, persist: bool) -> Run:
     port = free_port()
-    cmd = [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(port), "--log-level", "warning"]
+    cmd = run_api_cmd(port, "--log-level", "warning")
     with tempfile.TemporaryDirectory() as tmp:
         if persist:
             cmd += ["--persist", str(Path(tmp) / "api.db")]

@@ -22,8 +22,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from atroposlib.testing.launch import run_api_cmd  # noqa: E402
 from atroposlib.testing.ports import free_port  # noqa: E402
-from atroposlib.testing.processes import PYTHON, running_process  # noqa: E402
+from atroposlib.testing.processes import running_process  # noqa: E402
 
 
 def _hwm_kib(pid: int) -> int:
@@ -53,15 +54,7 @@ def main() -> None:
         flags += ["--max-queue-mb", str(int(len(body) / 2**20) * 4 + 64)]
         if args.persist:
             flags += ["--persist", str(Path(tmp) / "api.db")]
-        cmd = [
-            PYTHON,
-            "-m",
-            "atroposlib.cli.run_api",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
+        cmd = run_api_cmd(port, "--log-level", "warning")
         with (
             running_process(
                 cmd + flags,

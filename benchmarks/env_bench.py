@@ -107,56 +107,31 @@ def _measure(
     import httpx
     import psutil
 
+    from atroposlib.testing.launch import fake_server_cmd, run_api_cmd
     from atroposlib.testing.ports import free_port
     from atroposlib.testing.processes import start_process, stop_process, wait_http
+    from atroposlib.testing.trainer import register_trainer
 
     api_port, infer_port = free_port(), free_port()
     procs = []
     try:
         fake = start_process(
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.testing.fake_server",
-                "--port",
-                str(infer_port),
+            fake_server_cmd(
+                infer_port,
                 "--latency-ms",
                 str(latency_ms),
                 *(["--lean"] if fake_mode == "lean" else []),
-            ],
+            ),
             log_path=log_dir / "fake.log",
         )
         api = start_process(
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.cli.run_api",
-                "--port",
-                str(api_port),
-                "--log-level",
-                "warning",
-            ],
-            log_path=log_dir / "api.log",
+            run_api_cmd(api_port, "--log-level", "warning"), log_path=log_dir / "api.log"
         )
         procs += [fake, api]
         wait_http(f"http://127.0.0.1:{infer_port}/health", proc=fake)
         wait_http(f"http://127.0.0.1:{api_port}/health", proc=api)
         api_url = f"http://127.0.0.1:{api_port}"
-        httpx.post(
-            f"{api_url}/register",
-            timeout=10,
-            json={
-                "wandb_group": "b",
-                "wandb_project": "b",
-                "batch_size": 64,
-                "max_token_len": 4096,
-                "checkpoint_dir": "",
-                "save_checkpoint_interval": -1,
-                "starting_step": 0,
-                "num_steps": 10**9,
-            },
-        ).raise_for_status()
-        httpx.get(f"{api_url}/batch", timeout=10)
+        register_trainer(api_url, batch_size=64)
         env = start_process(
             [
                 sys.executable,

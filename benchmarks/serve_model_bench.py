@@ -35,7 +35,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from atroposlib.utils.ports import free_port
+from atroposlib.testing.launch import serve_model_cmd
+from atroposlib.testing.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -101,19 +102,7 @@ class Server:
         self.port = free_port()
         env = dict(os.environ, PYTHONPATH=str(root))
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.cli.serve_model",
-                model,
-                "--port",
-                str(self.port),
-                "--device",
-                device,
-                "--log-level",
-                "warning",
-                *extra,
-            ],
+            serve_model_cmd(model, self.port, "--device", device, "--log-level", "warning", *extra),
             cwd=root,
             env=env,
             start_new_session=True,

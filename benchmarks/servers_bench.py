@@ -111,22 +111,19 @@ async def run_baseline(args: argparse.Namespace) -> dict[str, float]:
 
 
 async def run_http(args: argparse.Namespace) -> dict[str, float]:
+    from atroposlib.testing.launch import fake_server_cmd
     from atroposlib.testing.ports import free_port
     from atroposlib.testing.processes import start_process, stop_process, wait_http
 
     ports = [free_port() for _ in range(args.servers)]
     procs = [
         start_process(
-            [
-                sys.executable,
-                "-m",
-                "atroposlib.testing.fake_server",
-                "--port",
-                str(p),
+            fake_server_cmd(
+                p,
                 "--latency-ms",
                 str(args.latency_ms),
                 *(["--lean"] if args.fake_server == "lean" else []),
-            ]
+            )
         )
         for p in ports
     ]

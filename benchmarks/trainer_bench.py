@@ -136,6 +136,7 @@ def bench_step(model_dir: str, args: argparse.Namespace) -> None:
 
 
 def bench_sync(model_dir: str, args: argparse.Namespace) -> None:
+    from atroposlib.testing.launch import serve_model_cmd
     from atroposlib.testing.ports import free_port
     from atroposlib.testing.processes import running_process
     from example_trainer.weight_sync import HttpReloadSync, RestartSync
@@ -151,18 +152,14 @@ def bench_sync(model_dir: str, args: argparse.Namespace) -> None:
         inference_backend="serve_model",
     )
     trainer = GRPOTrainer(TrainingConfig(**base, weight_bridge_mode="http_reload"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "atroposlib.cli.serve_model",
+    cmd = serve_model_cmd(
         model_dir,
-        "--port",
-        str(port),
+        port,
         "--log-level",
         "warning",
         "--weights-root",  # /update_weights loads only from allowed directories
         base["save_path"],
-    ]
+    )
     with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180):
         sync = HttpReloadSync(trainer.config, trainer.model, trainer.tokenizer)
         sync.start()

@@ -20,9 +20,11 @@ from typing import Dict, List
 import httpx
 import pytest
 
+from atroposlib.testing.launch import run_api_cmd as api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process, start_process, stop_process, wait_http
-from tests.envs.serve_helpers import FakeTrainer, api_cmd, env_cmd, fake_server_cmd
+from atroposlib.testing.trainer import FakeTrainer
+from tests.envs.serve_helpers import env_cmd, fake_server_cmd
 
 HERE = Path(__file__).resolve().parent
 WORD_GAME = HERE / "word_game_env.py"
@@ -161,13 +163,11 @@ def test_chat_template_tokens_are_written_as_int_lists(tmp_path, serve_model):
 
 
 def test_raising_env_process_stops_after_max_consecutive_failures(tmp_path, serve_model):
-    started = time.monotonic()
-    proc = run_env(
+    proc = run_env(  # the timeout is a hang guard; the failure count bounds the run
         [str(RAISING), "process", "--env.use_wandb", "false", *server_flags(serve_model)],
         tmp_path,
         timeout=120,
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stderr[-3000:]
     attempts = proc.stderr.count("collect_trajectories failed")
     assert 20 <= attempts <= 20 + 8, attempts  # the limit, plus items already in flight
@@ -176,13 +176,11 @@ def test_raising_env_process_stops_after_max_consecutive_failures(tmp_path, serv
     summary = proc.stderr.strip().splitlines()[-1]
     assert summary.startswith("raising_env.py: error: 20 consecutive failures; stopping")
     assert "collect_trajectories" in summary
-    assert elapsed < 90
 
 
 def test_no_reachable_server_exits_2_naming_the_url(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    started = time.monotonic()
-    proc = run_env(
+    proc = run_env(  # the timeout is a hang guard
         [str(WORD_GAME), "process", "--openai.base_url", dead, "--env.use_wandb", "false"],
         tmp_path,
         timeout=60,
@@ -190,7 +188,6 @@ def test_no_reachable_server_exits_2_naming_the_url(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"no inference server reachable: {dead} (connection refused)" in proc.stderr
     assert "atropos-serve-model" in proc.stderr
-    assert time.monotonic() - started < 30
 
 
 # ------------------------------------------------------------------ serve mode
@@ -313,15 +310,13 @@ def test_env_stops_after_max_server_downtime_when_its_server_goes_away(tmp_path)
             assert env.poll() is None, log.read_text()[-3000:]
             time.sleep(0.1)
         stop_process(fake)
-        down_at = time.monotonic()
-        code = wait_exit(env, 60, log)
+        code = wait_exit(env, 60, log)  # a hang guard: it gives up after --env.max_server_downtime
     finally:
         stop_process(fake)
     text = log.read_text()
     assert code == 1, text[-3000:]
     assert "no inference server answering" in text
     assert "every inference server has been unreachable" in text
-    assert time.monotonic() - down_at < 30
 
 
 def test_serve_waits_for_a_missing_inference_server_then_gives_up(tmp_path, api):

@@ -3,12 +3,12 @@ the offline tiny model (helpers live in ``env_helpers.py``)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
 
+from atroposlib.testing.launch import serve_model_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
 
@@ -20,18 +20,7 @@ def serve_model(
     """``{"base_url", "model"}`` of a running ``atropos-serve-model`` on the tiny model."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve_model") / "serve.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "atroposlib.cli.serve_model",
-        str(tiny_model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--seed",
-        "0",
-    ]
+    cmd = serve_model_cmd(tiny_model_dir, port, "--seed", "0")
     with running_process(
         cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180, log_path=log
     ):

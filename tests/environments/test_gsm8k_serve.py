@@ -12,11 +12,12 @@ import httpx
 import pytest
 
 from atroposlib.envs.cli import build_env, parse_cli
+from atroposlib.testing.launch import run_api_cmd as api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
+from atroposlib.testing.trainer import register_trainer
 from environments.gsm8k_server import GSM8kEnv
 from tests.environments.env_helpers import write_jsonl
-from tests.envs.serve_helpers import api_cmd
 
 
 async def _serve_until_batch(env: GSM8kEnv, api: str, timeout_s: float) -> List[Any]:
@@ -81,17 +82,7 @@ def test_gsm8k_serve_sends_groups_that_a_trainer_receives(serve_model, tmp_path,
     ]
     log = tmp_path / "api.log"
     with running_process(api_cmd(api_port), health_url=f"{api}/health", timeout=120, log_path=log):
-        register = {
-            "wandb_group": "g",
-            "wandb_project": "p",
-            "batch_size": 4,
-            "max_token_len": 4096,
-            "checkpoint_dir": "",
-            "save_checkpoint_interval": -1,
-            "starting_step": 0,
-            "num_steps": 10,
-        }
-        httpx.post(f"{api}/register", json=register, timeout=30).raise_for_status()
+        register_trainer(api, batch_size=4, num_steps=10, first_batch=False, timeout=30)
         env = build_env(GSM8kEnv, parse_cli(GSM8kEnv, argv))
         batch = asyncio.run(_serve_until_batch(env, api, timeout_s=180))
     assert sum(len(g["tokens"]) for g in batch) == 4, Path(log).read_text()[-2000:]

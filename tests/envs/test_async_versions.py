@@ -19,8 +19,10 @@ from pathlib import Path
 import httpx
 import torch
 
+from atroposlib.testing.launch import run_api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
+from atroposlib.testing.trainer import register_trainer
 from tests.serve_model.support import direct_logprobs, serve_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +87,7 @@ def test_every_group_records_the_version_the_server_used(tiny_model_dir, tmp_pat
     sm_port, api_port = free_port(), free_port()
     inference, api = f"http://127.0.0.1:{sm_port}", f"http://127.0.0.1:{api_port}"
     serve = serve_cmd(tiny_model_dir, sm_port, "--weights-root", str(tmp_path))
-    run_api = [sys.executable, "-m", "atroposlib.cli.run_api", "--port", str(api_port)]
+    run_api = run_api_cmd(api_port)
     groups: list[dict] = []
     with (
         running_process(serve, f"{inference}/health", 180, tmp_path / "serve.log"),
@@ -93,20 +95,13 @@ def test_every_group_records_the_version_the_server_used(tiny_model_dir, tmp_pat
         httpx.Client(base_url=api, timeout=30) as client,
         httpx.Client(base_url=inference, timeout=120) as server,
     ):
-        client.post(
-            "/register",
-            json={
-                "wandb_group": "g",
-                "wandb_project": "p",
-                "batch_size": 8,
-                "max_token_len": 256,
-                "checkpoint_dir": str(tmp_path / "ckpt"),
-                "save_checkpoint_interval": -1,
-                "starting_step": 0,
-                "num_steps": 1000,
-            },
-        ).raise_for_status()
-        client.get("/batch")
+        register_trainer(
+            api,
+            batch_size=8,
+            max_token_len=256,
+            num_steps=1000,
+            checkpoint_dir=str(tmp_path / "ckpt"),
+        )
         with running_process(
             _env_cmd(api, inference, str(tiny_model_dir)),
             log_path=tmp_path / "env.log",

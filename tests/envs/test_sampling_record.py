@@ -19,11 +19,12 @@ from atroposlib.envs.server_handling.sampling_record import (
     recording_sampling,
     stamp_sampling,
 )
+from atroposlib.testing.launch import run_api_cmd as api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process, start_process, stop_process
+from atroposlib.testing.trainer import FakeTrainer
 from tests.compat.test_env_files import clean_env, run_env, wait_exit
 from tests.environments import conftest as env_fixtures
-from tests.envs.serve_helpers import FakeTrainer, api_cmd
 
 serve_model = env_fixtures.serve_model  # the session fixture: one atropos-serve-model
 

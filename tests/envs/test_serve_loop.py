@@ -16,10 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atroposlib.testing.launch import run_api_cmd as api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process, start_process, stop_process, wait_http
+from atroposlib.testing.trainer import FakeTrainer
 
-from .serve_helpers import FakeTrainer, api_cmd, env_cmd, fake_server_cmd, produced_ids
+from .serve_helpers import env_cmd, fake_server_cmd, produced_ids
 
 GROUP_SIZE = 4
 BATCH_SIZE = 8

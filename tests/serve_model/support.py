@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import torch
+
+from atroposlib.testing.launch import serve_model_cmd
 
 KEY = "s3cret-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -29,20 +30,8 @@ class Served:
 
 
 def serve_cmd(model_dir: str | Path, port: int, *extra: str) -> list[str]:
-    """Command line of the server under test."""
-    return [
-        sys.executable,
-        "-m",
-        "atroposlib.cli.serve_model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *extra,
-    ]
+    """Command line of the server under test (quiet: warnings and errors only)."""
+    return serve_model_cmd(model_dir, port, "--log-level", "warning", *extra)
 
 
 def direct_logprobs(model, prompt_ids: list[int], output_ids: list[int]) -> list[float]:

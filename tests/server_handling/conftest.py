@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass
 from typing import Iterator
 
 import httpx
 import pytest
 
+from atroposlib.testing.launch import fake_server_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
-
-FAKE = [sys.executable, "-m", "atroposlib.testing.fake_server"]
 
 
 @dataclass
@@ -42,7 +40,7 @@ class FakeServer:
 
 def start_fake(port: int, *extra: str, log_path=None):
     """Start a fake server process on ``port`` (not waiting for it)."""
-    return start_process([*FAKE, "--port", str(port), *extra], log_path=log_path)
+    return start_process(fake_server_cmd(port, *extra), log_path=log_path)
 
 
 @contextlib.contextmanager

@@ -6,12 +6,12 @@ Slow (it loads torch and a model): runs only with ``ATROPOS_RUN_SLOW=1``.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.testing.launch import serve_model_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
 
@@ -25,16 +25,7 @@ async def test_vllm_backend_and_managed_server_against_embedded_server(
     tiny_model_dir, tokenizer, tmp_path
 ):
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "atroposlib.cli.serve_model",
-        str(tiny_model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    cmd = serve_model_cmd(tiny_model_dir, port)
     with running_process(
         cmd,
         health_url=f"http://127.0.0.1:{port}/health",

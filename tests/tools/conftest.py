@@ -85,21 +85,12 @@ def api_key() -> str:
 def keyed_api(tmp_path_factory: pytest.TempPathFactory):
     """One real ``run-api`` for the tools' tests, requiring ``Authorization: Bearer API_KEY``."""
     pytest.importorskip("atroposlib.cli.run_api")
+    from atroposlib.testing.launch import run_api_cmd
     from atroposlib.testing.ports import free_port
-    from atroposlib.testing.processes import PYTHON, running_process
+    from atroposlib.testing.processes import running_process
 
     port = free_port()
     log = tmp_path_factory.mktemp("api") / "api.log"
-    cmd = [
-        PYTHON,
-        "-m",
-        "atroposlib.cli.run_api",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--api-key",
-        API_KEY,
-    ]
+    cmd = run_api_cmd(port, "--api-key", API_KEY)
     with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=log):
         yield f"http://127.0.0.1:{port}"

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from atroposlib.testing.launch import run_api_cmd, serve_model_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import PYTHON, running_process
 from example_trainer.distributed import split_groups
@@ -67,7 +68,7 @@ def _train(
     port = free_port()
     api = f"http://127.0.0.1:{port}"
     with running_process(
-        [PYTHON, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port)],
+        run_api_cmd(port),
         health_url=f"{api}/health",
         log_path=run / "api.log",
     ):
@@ -147,8 +148,7 @@ def root(tmp_path_factory) -> Path:
 def served(tiny_model_dir, root):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [PYTHON, "-m", "atroposlib.cli.serve_model", str(tiny_model_dir), "--port", str(port)]
-    cmd += ["--weights-root", str(root)]
+    cmd = serve_model_cmd(tiny_model_dir, port, "--weights-root", str(root))
     with running_process(cmd, health_url=f"{url}/health", timeout=180, log_path=root / "serve.log"):
         yield url
 
