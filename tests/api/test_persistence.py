@@ -44,6 +44,15 @@ def _post_until(
             tag += 1
 
 
+def _wait_for_acks(acked: list[int], more_than: int, timeout: float = 60.0) -> None:
+    """Wait until the posters have more than ``more_than`` answered posts (the kill then
+    lands while they post, however loaded the machine is)."""
+    deadline = time.monotonic() + timeout
+    while len(acked) <= more_than:
+        assert time.monotonic() < deadline, f"only {len(acked)} posts answered in {timeout} s"
+        time.sleep(0.01)
+
+
 def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
     db = str(tmp_path / "api.db")
     port = free_port()
@@ -75,7 +84,7 @@ def test_kill_9_loses_no_acknowledged_group_and_serves_nothing_twice(tmp_path):
         stop = threading.Event()
         thread = threading.Thread(target=_post_until, args=(url, env, 100, stop, acked))
         thread.start()
-        time.sleep(0.5)
+        _wait_for_acks(acked, 5)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         stop.set()
@@ -136,7 +145,7 @@ def test_kill_9_under_concurrent_posts_keeps_every_acknowledged_group(tmp_path):
         ]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        _wait_for_acks(acked, 20)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         stop.set()
