@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import time
 
 import httpx
 import pytest
@@ -63,11 +62,24 @@ def test_small_body_is_plain_json_and_large_body_is_gzipped():
     assert len(big) < GZIP_MIN_BYTES and json.loads(gzip.decompress(big)) == payload
 
 
-async def test_503_with_retry_after_is_honoured_and_same_group_resent(tmp_path):
+@pytest.fixture
+def sleeps(monkeypatch) -> list:
+    """Every ``asyncio.sleep`` delay requested during the test (the sleeps still happen)."""
+    requested: list = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(delay, *args, **kwargs):
+        requested.append(delay)
+        return await real_sleep(delay, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    return requested
+
+
+async def test_503_with_retry_after_is_honoured_and_same_group_resent(tmp_path, sleeps):
     api, sender = make_sender(tmp_path, [(503, {"Retry-After": "0.2"}), 200])
-    started = time.monotonic()
     assert await sender.send(group(1)) is True
-    assert time.monotonic() - started >= 0.2
+    assert sleeps == [0.2]  # one wait, of the length the API asked for
     assert api.received == [group(1)] and api.calls == 2
     assert len(sender.outbox) == 0
     await sender.close(drain_timeout_s=0.1)
@@ -202,7 +214,7 @@ def test_outbox_adopts_entries_of_dead_processes_only(tmp_path):
     assert len(Outbox(tmp_path / f"otherenv-{dead.pid}")) == 1
 
 
-async def test_list_too_big_for_the_free_space_is_split_into_single_groups(tmp_path):
+async def test_list_too_big_for_the_free_space_is_split_into_single_groups(tmp_path, sleeps):
     api, sender = make_sender(tmp_path, [])
     lists_refused = []
 
@@ -220,10 +232,9 @@ async def test_list_too_big_for_the_free_space_is_split_into_single_groups(tmp_p
     sender.client = RolloutAPIClient(
         "http://api.test", transport=httpx.MockTransport(busy_for_lists)
     )
-    started = time.monotonic()
     results = await asyncio.gather(*(sender.send(group(i)) for i in range(6)))
+    assert all(results) and 30 not in sleeps  # no 30 s Retry-After wait for lists
     await sender.close(drain_timeout_s=1)
-    assert all(results) and time.monotonic() - started < 10  # no 30 s Retry-After wait for lists
     assert [g["scores"][0] for g in api.received] == [float(i) for i in range(6)]
     assert lists_refused
 

@@ -4,7 +4,6 @@ admission queue, and failures that stay with the request that caused them."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
@@ -194,10 +193,10 @@ async def test_a_sampling_failure_fails_only_that_request(make_engine, tokenizer
     ]
     while engine.generated_tokens < 10:
         await asyncio.sleep(0.005)
-    t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match="injected"):
-        await engine.generate(prompt, SamplingParams(temperature=0.777, max_tokens=30))
-    assert time.monotonic() - t0 < 10
+    with pytest.raises(RuntimeError, match="injected"):  # 60 s: a hang guard only
+        await asyncio.wait_for(
+            engine.generate(prompt, SamplingParams(temperature=0.777, max_tokens=30)), 60
+        )
     results = await asyncio.wait_for(asyncio.gather(*others), 60)
     assert all(len(o.token_ids) == 30 for r in results for o in r.outputs)
     assert len(streamed) == 60 and sum(ev.finish_reason == "length" for ev in streamed) == 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 
 import httpx
 import pytest
@@ -211,7 +210,6 @@ def test_a_chat_with_too_many_messages_is_refused_before_validating_them(served)
     """1.5 million one-word messages (48 MB) used to hold /health back for 13 s while each was
     validated on the event loop; the count is checked first now."""
     many = [{"role": "user", "content": "x"}] * 200_001
-    started = time.monotonic()
     r = httpx.post(
         f"{served.url}/v1/chat/completions",
         json={"messages": many, "max_tokens": 1},
@@ -219,4 +217,3 @@ def test_a_chat_with_too_many_messages_is_refused_before_validating_them(served)
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
     assert "200001 messages" in r.json()["error"]["message"]
-    assert time.monotonic() - started < 10

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
+import threading
 
 import httpx
 import pytest
@@ -134,8 +134,13 @@ async def test_an_unloadable_tokenizer_is_409_and_does_not_stall_the_proxy(monke
     minute of hub retries during which /health did not answer)."""
     import atroposlib.envs.server_handling.managed_server_proxy as proxy_module
 
+    loading, loaded = threading.Event(), threading.Event()
+    release = threading.Event()
+
     def slow_missing(name):
-        time.sleep(0.5)
+        loading.set()
+        release.wait(30)  # held until /health has answered (30 s: a hang guard only)
+        loaded.set()
         return None
 
     monkeypatch.setattr(proxy_module, "load_tokenizer", slow_missing)
@@ -145,10 +150,10 @@ async def test_an_unloadable_tokenizer_is_409_and_does_not_stall_the_proxy(monke
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         create = asyncio.create_task(client.post("/sessions/create", json={}))
-        await asyncio.sleep(0.05)
-        started = time.monotonic()
+        assert await asyncio.to_thread(loading.wait, 30)  # the load has begun
         assert (await client.get("/health")).status_code == 200
-        assert time.monotonic() - started < 0.3
+        assert not loaded.is_set()  # /health answered while the tokenizer was still loading
+        release.set()
         r = await create
         assert r.status_code == 409 and r.json()["error"]["param"] == "tokenizer"
 
