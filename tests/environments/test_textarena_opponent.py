@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from pathlib import Path
 from typing import Dict, Iterator
@@ -27,12 +28,12 @@ from atroposlib.envs.adapters.textarena import (  # noqa: E402
 )
 from atroposlib.envs.cli import CliError, build_env, parse_cli  # noqa: E402
 from atroposlib.envs.health import TooManyFailuresError  # noqa: E402
-from atroposlib.testing.launch import fake_server_cmd
+from atroposlib.testing.launch import fake_server_cmd, serve_model_cmd  # noqa: E402
 from atroposlib.testing.processes import running_process  # noqa: E402
 from atroposlib.utils.ports import free_port  # noqa: E402
 from tests.environments.env_helpers import check_groups, process_argv  # noqa: E402
 
-GAMES = '["SimpleNegotiation-v0","IteratedPrisonersDilemma-v0"]'
+GAMES = '["SimpleNegotiation-v0","TruthAndDeception-v0"]'
 
 
 def _fake_server(log: Path, latency_ms: int) -> Iterator[str]:
@@ -115,21 +116,23 @@ def test_an_unknown_opponent_field_is_refused_naming_it():
 # ------------------------------------------------------------------- real processes
 
 
-def test_process_mode_plays_the_opponent_on_its_own_server(
-    serve_model, opponent_server, tiny_model_dir, tmp_path
-):
+def _record_end_reasons(env: TextArenaEnv) -> list:
+    """The end reason of every episode ``env`` plays from now on (in order of ending)."""
+    reasons: list = []
+    play = env.run_episode
+
+    async def recording(*args, **kwargs):
+        episode = await play(*args, **kwargs)
+        reasons.append(episode.end_reason)
+        return episode
+
+    env.run_episode = recording
+    return reasons
+
+
+def _assert_only_policy_turns_trained(groups, tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    before = _chat_requests(opponent_server)
-    out = tmp_path / "ta.jsonl"
-    opponent = f'{{"base_url": "{opponent_server}/v1", "model_name": "fake", "temperature": 0}}'
-    env = build_env(TextArenaEnv, parse_cli(TextArenaEnv, _argv(serve_model, out, opponent)))
-    asyncio.run(env.process_manager())
-
-    # The opponent seat's moves were asked of the opponent server (the policy is elsewhere).
-    assert _chat_requests(opponent_server) > before
-    assert env.opponent_manager is None, "the opponent's client was closed with the run"
-    groups = check_groups(out, 2, 2, -1.0, 1.0)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     for group in groups:
         for tokens, mask, messages in zip(
@@ -148,6 +151,46 @@ def test_process_mode_plays_the_opponent_on_its_own_server(
             # the opponent's moves only show up inside (masked) observations.
             decoded = [tokenizer.decode(s, skip_special_tokens=True).strip() for s in spans]
             assert decoded == [r.strip() for r in replies]
+
+
+def test_process_mode_plays_the_opponent_on_its_own_server(
+    serve_model, opponent_server, tiny_model_dir, tmp_path
+):
+    before = _chat_requests(opponent_server)
+    out = tmp_path / "ta.jsonl"
+    opponent = f'{{"base_url": "{opponent_server}/v1", "model_name": "fake", "temperature": 0}}'
+    env = build_env(TextArenaEnv, parse_cli(TextArenaEnv, _argv(serve_model, out, opponent)))
+    ended = _record_end_reasons(env)
+    asyncio.run(env.process_manager())
+    assert ended == ["done"] * 4, ended  # full episodes, both games
+
+    # The opponent seat's moves were asked of the opponent server (the policy is elsewhere).
+    assert _chat_requests(opponent_server) > before
+    assert env.opponent_manager is None, "the opponent's client was closed with the run"
+    groups = check_groups(out, 2, 2, -1.0, 1.0)
+    _assert_only_policy_turns_trained(groups, tiny_model_dir)
+
+
+def test_process_mode_against_a_second_serve_model(
+    serve_model, tiny_model_dir, tmp_path_factory, tmp_path
+):
+    port = free_port()
+    log = tmp_path_factory.mktemp("opponent_model") / "serve.log"
+    cmd = serve_model_cmd(tiny_model_dir, port, "--seed", "1")
+    health = f"http://127.0.0.1:{port}/health"
+    with running_process(cmd, health_url=health, timeout=180, log_path=log):
+        out = tmp_path / "vs_model.jsonl"
+        opponent = json.dumps(
+            {"base_url": f"http://127.0.0.1:{port}/v1", "model_name": str(tiny_model_dir)}
+        )
+        argv = _argv(serve_model, out, opponent, games='["SimpleNegotiation-v0"]')
+        env = build_env(TextArenaEnv, parse_cli(TextArenaEnv, argv))
+        ended = _record_end_reasons(env)
+        asyncio.run(env.process_manager())
+        assert ended == ["done"] * 4, ended
+        # The opponent model generated the other seat's moves.
+        assert httpx.get(health, timeout=10).json()["generated_tokens"] > 0
+    _assert_only_policy_turns_trained(check_groups(out, 2, 2, -1.0, 1.0), tiny_model_dir)
 
 
 def test_an_opponent_server_that_is_down_ends_episodes_with_the_reason(
@@ -169,7 +212,7 @@ def test_an_opponent_server_that_is_down_ends_episodes_with_the_reason(
     # Each item lost both episodes to the opponent and failed, naming the cause; the run
     # stopped at its own failure limit; none of the policy's moves was written.
     assert "ended by the opponent server (opponent_timeout)" in str(err.value)
-    assert env.failures.total == 2
+    assert err.value.count == 2 and isinstance(err.value.last, OpponentServerError)
     assert env.end_reasons == {"opponent_timeout": 4}
     assert "the opponent server gave no move within 2 s" in caplog.text
     assert "Connect call failed" in caplog.text  # the client logged why
