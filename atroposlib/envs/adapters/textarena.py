@@ -187,15 +187,18 @@ class OpponentServerConfig(BaseModel):
         return value.strip().rstrip("/")
 
     def api_server_config(self, timeout: float) -> APIServerConfig:
-        """The client config for a ``ServerManager`` of this server."""
+        """The client config for a ``ServerManager`` of this server (``timeout``: the
+        seconds one move may take)."""
         return APIServerConfig(
             base_url=self.base_url,
             model_name=self.model_name,
             api_key=self.api_key,
             server_type="openai",
-            timeout=max(1, math.ceil(timeout)),
-            # One server, nothing to route around: a failed request fails the move at once
-            # instead of waiting for a probe to call the server healthy again.
+            # Past the move's limit, so that the limit (opponent_timeout) is what ends a
+            # move whose server never answers, not the client's own deadline.
+            timeout=math.ceil(timeout) + 1,
+            # One server, nothing to route around: no background probes; the move's limit
+            # bounds the client's retries of an unreachable server.
             health_check=False,
         )
 
