@@ -14,8 +14,8 @@ ratio, and the env process's CPU time per group.
     python benchmarks/env_bench.py --server-type none    # env runtime + API only
     python benchmarks/env_bench.py --fake-server uvicorn # the fake server under uvicorn
 
-The env's OpenAI-protocol and ``/generate`` requests go through the server layer's lean
-aiohttp transport (set ``ATROPOS_OPENAI_SDK=1`` to force the official ``openai`` client).
+The env's OpenAI-protocol and ``/generate`` requests go through the server layer's one
+HTTP client (``server_handling/_transport.py``).
 CPU per group is also printed for the fake inference server and the API, to show
 which process limits the rate on a small machine.
 """
