@@ -13,9 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import json
 from typing import Callable, Iterable
-
-import orjson
 
 from atroposlib.http.asgi import Send
 
@@ -50,21 +49,13 @@ def openai_error_type(status: int) -> str:
 
 def detail_error(status: int, message: str, param: str | None = None) -> bytes:
     """FastAPI's error body ``{"detail": message}`` (``param`` is not part of that shape)."""
-    return orjson.dumps({"detail": message})
+    return json.dumps({"detail": message}).encode()
 
 
 def openai_error_bytes(status: int, message: str, param: str | None = None) -> bytes:
     """OpenAI's error envelope with the type that fits ``status`` and ``code`` the status."""
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": openai_error_type(status),
-                "param": param,
-                "code": status,
-            }
-        }
-    )
+    error = {"message": message, "type": openai_error_type(status), "param": param, "code": status}
+    return json.dumps({"error": error}).encode()
 
 
 async def send_response(

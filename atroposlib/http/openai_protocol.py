@@ -171,6 +171,17 @@ def install_error_handlers(app: FastAPI) -> None:
 # ----------------------------------------------------------------------------- models
 
 
+def model_list(names: Any, created: int, owned_by: str, **extra: Any) -> dict[str, Any]:
+    """The ``GET /v1/models`` answer: one model card per name, each with ``extra`` fields."""
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": owned_by, **extra}
+            for name in names
+        ],
+    }
+
+
 class ChatMessage(BaseModel):
     """One chat message: a ``role`` is required (templates cannot render without one);
     other fields (``reasoning_content``, ...) pass through to the chat template."""

@@ -34,6 +34,7 @@ from atroposlib.http.openai_protocol import (
     InvalidRequest,
     ModelNotFound,
     install_error_handlers,
+    model_list,
 )
 from atroposlib.http.server import ServerOptions, build_server
 from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
@@ -253,22 +254,15 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
 
     @app.get("/v1/models")
     async def models(st: ServingState = Depends(get_state)) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": int(st.started),
-                    "owned_by": "atroposlib",
-                    "root": st.config.model,
-                    "max_model_len": st.engine.max_model_len,
-                    "version": st.engine.version,
-                    "weights_path": st.engine.weights_path,
-                }
-                for name in st.names
-            ],
-        }
+        return model_list(
+            st.names,
+            int(st.started),
+            "atroposlib",
+            root=st.config.model,
+            max_model_len=st.engine.max_model_len,
+            version=st.engine.version,
+            weights_path=st.engine.weights_path,
+        )
 
     @app.post("/v1/completions")
     async def completions(

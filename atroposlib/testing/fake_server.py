@@ -44,6 +44,7 @@ from atroposlib.http.openai_protocol import (
     PassThroughChatRequest,
     PassThroughCompletionRequest,
     error_body,
+    model_list,
 )
 
 logger = logging.getLogger(__name__)
@@ -454,17 +455,7 @@ class FakeBackend:
             if path == "/health":
                 return 200, {"status": "ok"}
             if path == "/v1/models":
-                return 200, {
-                    "object": "list",
-                    "data": [
-                        {
-                            "id": state.model_name,
-                            "object": "model",
-                            "created": 0,
-                            "owned_by": "fake",
-                        }
-                    ],
-                }
+                return 200, model_list([state.model_name], 0, "fake")
             if path == "/fake/stats":
                 return 200, {"requests": dict(self.counts), **self.concurrency}
         elif method == "POST":

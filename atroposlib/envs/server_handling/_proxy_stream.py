@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-import orjson
 from fastapi.responses import StreamingResponse
 
+from atroposlib.envs.server_handling._proxy_upstream import upstream_json
 from atroposlib.http.openai_protocol import OpenAIError
 
 
@@ -108,15 +108,8 @@ def sse_answer(chunks: Iterable[dict[str, Any]]) -> StreamingResponse:
     All are encoded first: output that cannot be sent as JSON is a 502 before anything is
     streamed (as for a plain answer)."""
     events: list[bytes] = []
-    try:
-        for c in chunks:
-            events.append(b"data: " + orjson.dumps(c) + b"\n\n")
-    except (TypeError, orjson.JSONEncodeError) as e:
-        raise OpenAIError(
-            f"the inference server's output cannot be sent as JSON: {e}",
-            status=502,
-            type="upstream_error",
-        ) from e
+    for c in chunks:
+        events.append(b"data: " + upstream_json(c) + b"\n\n")
     events.append(b"data: [DONE]\n\n")
 
     async def body() -> Any:

@@ -172,18 +172,23 @@ def strict_tool_arguments(payload: dict[str, Any]) -> None:
             )
 
 
-def json_answer(payload: dict[str, Any]) -> Response:
-    """``payload`` as a JSON response; an inference server's output that cannot be encoded
-    (a lone surrogate the model spelled out in a tool call) is a 502, not a bare 500."""
+def upstream_json(value: Any) -> bytes:
+    """``value`` (built from an inference server's output) as JSON bytes; output that cannot
+    be encoded (a lone surrogate the model spelled out in a tool call) is a 502, not a bare
+    500."""
     try:
-        body = orjson.dumps(payload)
+        return orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError) as e:
         raise OpenAIError(
             f"the inference server's output cannot be sent as JSON: {e}",
             status=502,
             type="upstream_error",
         ) from e
-    return Response(body, media_type="application/json")
+
+
+def json_answer(payload: dict[str, Any]) -> Response:
+    """``payload`` as a JSON response (see :func:`upstream_json`)."""
+    return Response(upstream_json(payload), media_type="application/json")
 
 
 def proxy_error_for(exc: BaseException, reached_upstream: bool) -> OpenAIError:

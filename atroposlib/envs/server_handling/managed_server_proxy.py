@@ -90,6 +90,7 @@ from atroposlib.http.openai_protocol import (
     PassThroughCompletionRequest,
     error_response,
     install_error_handlers,
+    model_list,
     passthrough,
     validation_error,
 )
@@ -392,14 +393,7 @@ def create_app(
             UPSTREAM_REACHED.reset(token)
 
     def _models_payload() -> dict[str, Any]:
-        created = int(time.time())
-        return {
-            "object": "list",
-            "data": [
-                {"id": n, "object": "model", "created": created, "owned_by": "atropos"}
-                for n in state.model_names()
-            ],
-        }
+        return model_list(state.model_names(), int(time.time()), "atropos")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
