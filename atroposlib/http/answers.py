@@ -22,6 +22,7 @@ __all__ = [
     "JSON",
     "ErrorShape",
     "detail_error",
+    "error_body",
     "openai_error_bytes",
     "openai_error_type",
     "send_response",
@@ -47,6 +48,11 @@ def openai_error_type(status: int) -> str:
     return _OPENAI_TYPES.get(status, "invalid_request_error")
 
 
+def error_body(message: str, type_: str, param: str | None, code: str | int | None) -> dict:
+    """The OpenAI error envelope ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
 def detail_error(status: int, message: str, param: str | None = None) -> bytes:
     """FastAPI's error body ``{"detail": message}`` (``param`` is not part of that shape)."""
     return json.dumps({"detail": message}).encode()
@@ -54,8 +60,7 @@ def detail_error(status: int, message: str, param: str | None = None) -> bytes:
 
 def openai_error_bytes(status: int, message: str, param: str | None = None) -> bytes:
     """OpenAI's error envelope with the type that fits ``status`` and ``code`` the status."""
-    error = {"message": message, "type": openai_error_type(status), "param": param, "code": status}
-    return json.dumps({"error": error}).encode()
+    return json.dumps(error_body(message, openai_error_type(status), param, status)).encode()
 
 
 async def send_response(

@@ -12,7 +12,7 @@ models from here, the way every ``serving_*`` module of vLLM imports one ``proto
   or imitates one (the fake server).
 
 Errors: :class:`OpenAIError` and its subclasses carry a status and OpenAI's error fields;
-:func:`error_body` writes the envelope ``{"error": {"message", "type", "param", "code"}}``
+:func:`~atroposlib.http.answers.error_body` writes the envelope ``{"error": {"message", "type", "param", "code"}}``
 and :func:`install_error_handlers` maps them (and validation and HTTP errors) onto it, so
 a FastAPI app never answers a bare 500.
 """
@@ -36,7 +36,7 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from atroposlib.http.answers import openai_error_type
+from atroposlib.http.answers import error_body, openai_error_type
 from atroposlib.http.security import json_value_problem
 
 logger = logging.getLogger(__name__)
@@ -108,11 +108,6 @@ class ClientGone(OpenAIError):
 
     def __init__(self) -> None:
         super().__init__("client closed the request")
-
-
-def error_body(message: str, type_: str, param: str | None, code: str | int | None) -> dict:
-    """The OpenAI error envelope ``{"error": {...}}``."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_response(exc: OpenAIError) -> JSONResponse:

@@ -22,6 +22,8 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from atroposlib.http.answers import error_body
+
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[str, str, bytes], Awaitable[tuple[int, Any]]]
@@ -128,7 +130,9 @@ class _Connection(asyncio.Protocol):
         self.pending.clear()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(
-                render_response(status, {"error": {"message": message}}, close=True)
+                render_response(
+                    status, error_body(message, "invalid_request_error", None, status), close=True
+                )
             )
             self.transport.close()
 
@@ -143,7 +147,8 @@ class _Connection(asyncio.Protocol):
             return
         except Exception as e:  # a handler bug answers 500 and is logged, the server stays up
             logger.exception("handler failed for %s %s", method, path)
-            status, content = 500, {"error": {"message": f"internal error: {type(e).__name__}"}}
+            message = f"internal error: {type(e).__name__}"
+            status, content = 500, error_body(message, "internal_error", None, 500)
         self.task = None
         transport = self.transport
         if transport is None or transport.is_closing():
