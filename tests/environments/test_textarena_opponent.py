@@ -29,8 +29,8 @@ from atroposlib.envs.adapters.textarena import (  # noqa: E402
 from atroposlib.envs.cli import CliError, build_env, parse_cli  # noqa: E402
 from atroposlib.envs.health import TooManyFailuresError  # noqa: E402
 from atroposlib.testing.launch import fake_server_cmd, serve_model_cmd  # noqa: E402
+from atroposlib.testing.ports import free_port  # noqa: E402
 from atroposlib.testing.processes import running_process  # noqa: E402
-from atroposlib.utils.ports import free_port  # noqa: E402
 from tests.environments.env_helpers import check_groups, process_argv  # noqa: E402
 
 GAMES = '["SimpleNegotiation-v0","TruthAndDeception-v0"]'
