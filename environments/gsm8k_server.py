@@ -100,7 +100,7 @@ def score_response(text: str, gold_parsed: List[Any]) -> float:
 
 
 class GSM8kEnv(BaseEnv):
-    """GSM8K math with boxed answers (SPEC §8)."""
+    """GSM8K math with boxed answers (docs/design.md, "Bundled environments")."""
 
     name = "gsm8k"
     env_config_cls = GSM8kConfig

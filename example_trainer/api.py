@@ -7,7 +7,7 @@
   ``status == "error"``; :func:`wait_for_batch` polls it (stoppable, and bounded
   when the API stays unreachable). Both go through a
   :class:`BatchClient`, which acknowledges each batch by the next request and
-  skips a batch served twice (the API's at-least-once delivery, SPEC D19).
+  skips a batch served twice (the API's at-least-once delivery; docs/design.md, "Delivery guarantee").
 
 Every request has a timeout and sends ``Authorization: Bearer $ATROPOS_API_KEY``
 when that variable is set.

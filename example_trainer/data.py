@@ -1,6 +1,6 @@
 """Turn an API batch (a list of scored groups) into padded training tensors.
 
-Pure functions of their inputs. Conventions (SPEC §3.2, §6.1-6.2):
+Pure functions of their inputs. Conventions (docs/design.md, "Trainer data conventions"):
 
 - inputs are ``tokens[:-1]``, labels are ``masks[1:]`` (−100 = no loss), padded with
   −100; the causal shift is done here, so the model never sees the last token as input;

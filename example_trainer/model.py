@@ -23,7 +23,7 @@ def resolve_dtype(config: TrainingConfig) -> torch.dtype:
     """The dtype the weights (and so the optimizer state) are kept in.
 
     float32 under every policy but ``bf16-pure``: mixed precision computes in
-    bf16/fp16 under autocast while the master weights stay float32 (D20).
+    bf16/fp16 under autocast while the master weights stay float32 (docs/design.md, "Precision policy").
     """
     return policy_for(config).param_dtype
 

@@ -1,4 +1,4 @@
-"""D1: every public name the original exposes is importable from the same module path."""
+"""Every public name the original exposes is importable from the same module path (docs/design.md, "Differences from the original")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``ScoredData`` is what environments post: one group of rollouts. Type-level
 validation is pydantic's; :func:`check_lengths` adds the cross-field checks the
-original skipped (counts and per-sequence lengths must agree, D5/D17).
+original skipped (counts and per-sequence lengths must agree; docs/design.md, "Per-token fields").
 """
 
 from __future__ import annotations
@@ -163,8 +163,8 @@ class Info(BaseModel):
 
 ScoredDataList = TypeAdapter(List[ScoredData])
 
-# Per-token fields that, when present, must match `tokens` sequence by sequence (D5); the
-# optional ones only with `run-api --strict-groups` (D17: the original accepts any length).
+# Per-token fields that, when present, must match `tokens` sequence by sequence; the
+# optional ones only with `run-api --strict-groups` (the original accepts any length; docs/design.md, "Per-token fields").
 PER_TOKEN_OPTIONAL = ("advantages", "ref_logprobs", "inference_logprobs")
 _PER_TOKEN_FIELDS = ("masks", *PER_TOKEN_OPTIONAL)
 

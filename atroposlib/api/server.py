@@ -1,4 +1,4 @@
-"""The rollout API's HTTP routes (SPEC §2.3): parse, call the :class:`RolloutStore`, answer.
+"""The rollout API's HTTP routes (docs/design.md, "Rollout API routes"): parse, call the :class:`RolloutStore`, answer.
 
 ``create_app(settings)`` builds one app around one store. The hot endpoints
 are also answered by :class:`~atroposlib.api.fastpath.HotPathMiddleware`

@@ -1,7 +1,7 @@
 """``atropos-dpo-gen FILEPATH``: pair good and bad rollouts of each group as a DPO dataset.
 
 Acts as the trainer against a running ``run-api`` (register, poll ``/batch``),
-or reads a ``process`` rollouts jsonl with ``--from-file``. Pairing (SPEC §7.3):
+or reads a ``process`` rollouts jsonl with ``--from-file``. Pairing (docs/design.md, "Export tools"):
 positives by score descending (scores <= 0 dropped unless
 ``--allow-negative-scores``); the negative pool is the ``--save-n-pairs-per-group``
 lowest-scoring rollouts; each top positive takes a random negative scoring below

@@ -2,7 +2,7 @@
 
 One ``httpx.AsyncClient`` per environment, every call with a timeout, the
 ``Authorization: Bearer $ATROPOS_API_KEY`` header when that variable is set, and
-request bodies gzipped when that makes them smaller (D9, §4.8).
+request bodies gzipped when that makes them smaller (docs/design.md, "Environment lifecycle").
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class RolloutAPIClient:
         return await self._get_json("/info")
 
     async def status_env(self, env_id: int) -> Dict[str, Any]:
-        """``GET /status-env?env_id=N`` (query parameter, D2)."""
+        """``GET /status-env?env_id=N`` (query parameter; docs/design.md, "Rollout API routes")."""
         return await self._get_json("/status-env", env_id=env_id)
 
     async def register_env(self, payload: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``MyEnv.cli()``: the ``serve|process|evaluate`` command line of an environment (D14, §4.4).
+"""``MyEnv.cli()``: the ``serve|process|evaluate`` command line of an environment (docs/design.md, "Environment command line").
 
 Flags are parsed by pydantic-settings (``CliSettingsSource``) from models built
 from the environment's own config classes, so ``--help`` lists every field with

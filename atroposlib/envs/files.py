@@ -1,4 +1,4 @@
-"""Files an environment writes: group jsonl dumps, eval results, env checkpoints (§4.10)."""
+"""Files an environment writes: group jsonl dumps, eval results, env checkpoints (docs/design.md, "Files and metrics")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""An on-disk FIFO of scored groups that could not be delivered yet (D10).
+"""An on-disk FIFO of scored groups that could not be delivered yet (docs/design.md, "Delivery guarantee").
 
 Each entry is one JSON file named by a zero-padded sequence number, written to a
 temporary name and renamed, so a crash never leaves a half-written entry and the

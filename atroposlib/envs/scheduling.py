@@ -1,4 +1,4 @@
-"""Pure scheduling arithmetic of the serve loop (§2.7, §2.8, §4.5, §4.6).
+"""Pure scheduling arithmetic of the serve loop (docs/design.md, "Throttling and scheduling").
 
 Kept free of I/O so the throttling rules can be unit- and property-tested.
 """
@@ -65,7 +65,7 @@ def offpolicy_full(
     max_batches_offpolicy: int,
     min_batch_allocation: float | None,
 ) -> bool:
-    """The pause rule: enough data is queued already (§2.8)."""
+    """The pause rule: enough data is queued already (docs/design.md, "Throttling and scheduling")."""
     if max_batches_offpolicy <= 0 or batch_size <= 0:
         return False
     queued = status.queue_size * group_size
@@ -94,7 +94,7 @@ def train_worker_cap(
     min_batch_allocation: float | None,
     batch_size: int,
 ) -> int:
-    """How many training workers may run now (§4.6). Never negative."""
+    """How many training workers may run now (docs/design.md, "Throttling and scheduling"). Never negative."""
     cap = max_num_workers
     if eval_running:
         if eval_handling == "STOP_TRAIN":

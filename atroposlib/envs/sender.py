@@ -1,4 +1,4 @@
-"""Delivery of scored groups to the rollout API without losing any (D7, D10).
+"""Delivery of scored groups to the rollout API without losing any (docs/design.md, "Delivery guarantee").
 
 Workers hand their groups to :meth:`GroupSender.send` and wait for the outcome.
 One pump task posts them in arrival order; groups that arrive while a POST is in

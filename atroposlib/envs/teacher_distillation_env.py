@@ -1,4 +1,4 @@
-"""``TeacherDistillationEnv``: attach a teacher model's top-k logprobs to every group (§4.12).
+"""``TeacherDistillationEnv``: attach a teacher model's top-k logprobs to every group (docs/design.md, "Teacher distillation").
 
 Before a group is sent, each sequence goes through the teacher's
 ``get_logprobs(input_ids=tokens, top_k=k, max_tokens=1)``; the result fills

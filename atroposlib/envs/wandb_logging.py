@@ -1,4 +1,4 @@
-"""Metric assembly for W&B (§4.10). ``wandb`` is imported only when logging is on."""
+"""Metric assembly for W&B (docs/design.md, "Files and metrics"). ``wandb`` is imported only when logging is on."""
 
 from __future__ import annotations
 

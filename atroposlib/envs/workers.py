@@ -1,4 +1,4 @@
-"""Bookkeeping of rollout workers: running items, re-queueing and timeouts (§4.6, D10).
+"""Bookkeeping of rollout workers: running items, re-queueing and timeouts (docs/design.md, "Delivery guarantee").
 
 An item is *collecting* while its worker runs ``collect_trajectories``; once it has
 a result it is *sending* and is no longer cancellable by pauses or timeouts, so a

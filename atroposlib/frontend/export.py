@@ -1,6 +1,6 @@
 """Pure selection and formatting for SFT and DPO datasets built from scored groups.
 
-Selection follows the original tools (SPEC §7.2-7.3). Two output formats:
+Selection follows the original tools (docs/design.md, "Export tools"). Two output formats:
 
 * ``atropos`` (default, the original's lines):
   SFT ``{"prefix","completion","score"}`` or ``{"messages","score"}``;

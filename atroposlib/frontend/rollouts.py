@@ -1,6 +1,6 @@
 """Reading and taking apart scored groups: the shared core of the inspection tools.
 
-A *group* is one ScoredDataGroup as a dict (SPEC §3): ``tokens``, ``masks``,
+A *group* is one ScoredDataGroup as a dict (docs/design.md, "Data shapes"): ``tokens``, ``masks``,
 ``scores`` and optionally ``messages``, ``inference_logprobs``, ``env_id`` ...
 ``process`` writes one group per jsonl line; ``GET /batch`` returns lists of them.
 

@@ -11,7 +11,7 @@ logger = logging.getLogger(__name__)
 
 
 def auth_headers() -> Dict[str, str]:
-    """``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is set, else nothing (D9).
+    """``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is set, else nothing (docs/design.md, "Security model").
 
     Every client of ``run-api`` (environments, trainer, tools) sends this header.
     """

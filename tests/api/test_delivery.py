@@ -1,4 +1,4 @@
-"""Delivery of ``/batch`` (SPEC D19): at-least-once to the trainer, exactly-once consumption.
+"""Delivery of ``/batch`` (docs/design.md, "Delivery guarantee"): at-least-once to the trainer, exactly-once consumption.
 
 A served batch stays in the store until acknowledged: by ``?ack=<batch_id>``,
 by ``POST /batch/ack``, or (clients that never ack) by the next ``/batch``.

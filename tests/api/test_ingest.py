@@ -273,7 +273,7 @@ def test_list_type_errors_name_every_bad_element_like_pydantic(fresh: Api):
     assert fresh.client.get("/status").json()["queue_size"] == 0
 
 
-# ------------------------------------------------------------------ D17 against run-api
+# ---------------- lenient per-token fields against run-api (docs/design.md, "Per-token fields")
 _OPTIONAL_MISMATCHES = [
     ({"inference_logprobs": [[1.0, -0.5, -0.5]] * 3 + [[1.0]]}, ("body", "inference_logprobs", 3)),
     ({"advantages": [[0.0, 0.0, 0.0]] * 5}, ("body", "advantages")),
@@ -305,7 +305,10 @@ def test_optional_field_length_mismatches_are_accepted_warned_once_and_counted(t
             posted.append(g)
         listed = [{**group(4, env_id=env, base=9), **_OPTIONAL_MISMATCHES[0][0]}]
         assert api.client.post("/scored_data_list", json=listed).status_code == 200
-        for change, loc in _REQUIRED_MISMATCHES:  # D5 still holds for these
+        for (
+            change,
+            loc,
+        ) in _REQUIRED_MISMATCHES:  # counts and mask lengths must still agree for these
             r = api.client.post("/scored_data", json={**group(4, env_id=env), **change})
             assert r.status_code == 422 and [d["loc"] for d in r.json()["detail"]] == [list(loc)]
         metrics = api.client.get("/metrics").text

@@ -74,7 +74,6 @@ def test_every_path_the_design_document_names_exists():
     assert not missing, f"docs/design.md names paths that do not exist (moved?): {missing}"
 
 
-@pytest.mark.xfail(strict=False, reason="references rewritten at the end of the restructuring")
 def test_no_old_design_reference_remains():
     left = refs.find_references(ROOT)
     assert not left, (

@@ -1,4 +1,4 @@
-"""SFT selection and DPO pairing rules (SPEC §7.2-7.3) and the TRL record formats."""
+"""SFT selection and DPO pairing rules (docs/design.md, "Export tools") and the TRL record formats."""
 
 from __future__ import annotations
 
