@@ -143,15 +143,29 @@ class FakeTrainer:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def drain(self, timeout: float = 10.0) -> None:
-        """Pull until no full batch is left."""
+    def drain(self, timeout: float = 120.0) -> None:
+        """Pull until the API has no full batch left to serve.
+
+        It ends on the first pull that finds no full batch, however long the pulls before it
+        took (a loaded machine makes each one slower, not fewer); connection errors and
+        timeouts are retried. ``timeout`` only guards against a hang: past it,
+        :class:`TimeoutError` is raised instead of returning with batches still queued.
+        """
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        pulled = failed = 0
+        while True:
             try:
                 if not self.pull_once():
                     return
+                pulled += 1
             except httpx.HTTPError:
+                failed += 1
                 time.sleep(0.1)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"drain: the API still had full batches after {timeout:g}s "
+                    f"({pulled} pulled, {failed} pulls failed)"
+                )
 
     def group_ids(self) -> List[int]:
         """The first token of every group received, in order (the test envs put an id there)."""
