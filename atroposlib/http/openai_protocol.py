@@ -20,6 +20,8 @@ a FastAPI app never answers a bare 500.
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from typing import Annotated, Any, Literal, Union
 
 from fastapi import FastAPI, Request
@@ -174,6 +176,52 @@ def model_list(names: Any, created: int, owned_by: str, **extra: Any) -> dict[st
             {"id": name, "object": "model", "created": created, "owned_by": owned_by, **extra}
             for name in names
         ],
+    }
+
+
+# ----------------------------------------------------------------------------- answers
+
+_ID_PREFIX = {
+    "chat.completion": "chatcmpl",
+    "chat.completion.chunk": "chatcmpl",
+    "text_completion": "cmpl",
+}
+
+
+def completion_body(
+    object_name: str,
+    model: str,
+    choices: list[Any],
+    *,
+    id: str | None = None,  # noqa: A002 (OpenAI's field name)
+    created: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The envelope of a completion answer or stream chunk: ``id``, ``object``,
+    ``created``, ``model``, ``choices``, then ``extra`` (``usage``, ``version`` ...).
+
+    ``object_name`` is ``"chat.completion"``, ``"chat.completion.chunk"`` or
+    ``"text_completion"``; a missing ``id`` is a fresh one with OpenAI's prefix for it
+    (``chatcmpl-`` or ``cmpl-``), a missing ``created`` is now. Example::
+
+        completion_body("text_completion", "m", [{"index": 0, "text": "hi", ...}], usage=u)
+    """
+    return {
+        "id": f"{_ID_PREFIX[object_name]}-{uuid.uuid4().hex}" if id is None else id,
+        "object": object_name,
+        "created": int(time.time()) if created is None else created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+
+
+def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 

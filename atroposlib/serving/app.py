@@ -33,6 +33,7 @@ from atroposlib.http.openai_protocol import (
     ClientGone,
     InvalidRequest,
     ModelNotFound,
+    completion_body,
     install_error_handlers,
     model_list,
 )
@@ -67,7 +68,7 @@ from atroposlib.serving.responses import (
     usage,
 )
 from atroposlib.serving.sampling import SamplingParams
-from atroposlib.serving.streaming import new_id, now, stream_choices
+from atroposlib.serving.streaming import stream_choices
 from atroposlib.serving.weights_version import read_weights_version
 
 logger = logging.getLogger(__name__)
@@ -439,34 +440,52 @@ def _usage_requested(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool((body.stream_options or {}).get("include_usage"))
 
 
+def _chunk_envelope(object_name: str, name: str) -> Callable[..., dict[str, Any]]:
+    """``wrap(choices, **extra)``: one stream's chunks, all with the same id and time."""
+    head = completion_body(object_name, name, [])
+
+    def wrap(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": choices, **extra}
+
+    return wrap
+
+
+def _sse(
+    st: ServingState,
+    body: ChatCompletionRequest | CompletionRequest,
+    params: SamplingParams,
+    prompts: list[list[int]],
+    wrap: Callable[..., dict[str, Any]],
+    chunk: Callable[[int, str, list[TokenEvent], str | None], dict[str, Any]],
+    first: Callable[[int], dict[str, Any]] | None,
+) -> StreamingResponse:
+    """The SSE answer streaming ``prompts``, with a usage chunk when the client asked."""
+
+    def usage_chunk(results: list) -> dict[str, Any]:
+        return wrap([], usage=usage(results))
+
+    gen = stream_choices(
+        st.engine,
+        prompts,
+        params,
+        st.tokenizer,
+        chunk,
+        first,
+        usage_chunk if _usage_requested(body) else None,
+    )
+    return StreamingResponse(gen, media_type="text/event-stream")
+
+
 def stream_chat(
     st: ServingState, name: str, body: ChatCompletionRequest, params: SamplingParams, ids: list[int]
 ) -> StreamingResponse:
     """SSE ``chat.completion.chunk`` stream for one conversation."""
-    rid, created = new_id("chatcmpl"), now()
     as_ids = body.return_tokens_as_token_ids
-
-    def wrap(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": name,
-            "choices": choices,
-            **extra,
-        }
+    wrap = _chunk_envelope("chat.completion.chunk", name)
 
     def first(idx: int) -> dict[str, Any]:
-        return wrap(
-            [
-                {
-                    "index": idx,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ]
-        )
+        delta = {"role": "assistant", "content": ""}
+        return wrap([{"index": idx, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
         lps = chat_logprobs(st.tokenizer, _events_output(events), as_ids) if body.logprobs else None
@@ -481,19 +500,7 @@ def stream_chat(
             ]
         )
 
-    def usage_chunk(results: list) -> dict[str, Any]:
-        return wrap([], usage=usage(results))
-
-    gen = stream_choices(
-        st.engine,
-        [ids],
-        params,
-        st.tokenizer,
-        chunk,
-        first,
-        usage_chunk if _usage_requested(body) else None,
-    )
-    return StreamingResponse(gen, media_type="text/event-stream")
+    return _sse(st, body, params, [ids], wrap, chunk, first)
 
 
 def stream_completions(
@@ -505,8 +512,8 @@ def stream_completions(
     texts: list[str],
 ) -> StreamingResponse:
     """SSE ``text_completion`` stream; choice index = prompt index * n + i."""
-    rid, created = new_id("cmpl"), now()
     as_ids = body.return_tokens_as_token_ids
+    wrap = _chunk_envelope("text_completion", name)
     echoed: set[int] = set()
 
     def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
@@ -518,31 +525,6 @@ def stream_completions(
             if body.logprobs is not None
             else None
         )
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": name,
-            "choices": [{"index": idx, "text": delta, "logprobs": lps, "finish_reason": finish}],
-        }
+        return wrap([{"index": idx, "text": delta, "logprobs": lps, "finish_reason": finish}])
 
-    def usage_chunk(results: list) -> dict[str, Any]:
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": name,
-            "choices": [],
-            "usage": usage(results),
-        }
-
-    gen = stream_choices(
-        st.engine,
-        ids_list,
-        params,
-        st.tokenizer,
-        chunk,
-        None,
-        usage_chunk if _usage_requested(body) else None,
-    )
-    return StreamingResponse(gen, media_type="text/event-stream")
+    return _sse(st, body, params, ids_list, wrap, chunk, None)

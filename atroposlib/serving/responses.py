@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 import uuid
 from typing import Any
 
+from atroposlib.http.openai_protocol import completion_body, usage_body
 from atroposlib.serving.engine import GenerationResult, SequenceOutput
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -29,11 +29,7 @@ def usage(results: list[GenerationResult]) -> dict[str, int]:
     """OpenAI ``usage``: prompt tokens once per prompt, completion tokens of every choice."""
     prompt = sum(len(r.prompt_ids) for r in results)
     completion = sum(len(o.token_ids) for r in results for o in r.outputs)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+    return usage_body(prompt, completion)
 
 
 def token_text(tokenizer: Any, token_id: int, as_ids: bool = False) -> str:
@@ -141,15 +137,9 @@ def chat_response(
                 "finish_reason": finish,
             }
         )
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage([result]),
-        "version": result.version,
-    }
+    return completion_body(
+        "chat.completion", model, choices, usage=usage([result]), version=result.version
+    )
 
 
 def completion_response(
@@ -177,15 +167,13 @@ def completion_response(
                     "finish_reason": out.finish_reason,
                 }
             )
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage(results),
-        "version": results[0].version if results else 0,
-    }
+    return completion_body(
+        "text_completion",
+        model,
+        choices,
+        usage=usage(results),
+        version=results[0].version if results else 0,
+    )
 
 
 def generate_response(

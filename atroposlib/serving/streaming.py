@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,13 +147,3 @@ async def stream_choices(
     finally:
         for task in tasks:
             task.cancel()
-
-
-def new_id(prefix: str) -> str:
-    """A fresh response id."""
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    """Unix seconds."""
-    return int(time.time())

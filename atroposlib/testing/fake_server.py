@@ -31,8 +31,6 @@ import hashlib
 import json
 import logging
 import random
-import time
-import uuid
 from collections import Counter
 from typing import Any, Union
 
@@ -43,8 +41,10 @@ from atroposlib.http.headers import POLICY_VERSION_HEADER
 from atroposlib.http.openai_protocol import (
     PassThroughChatRequest,
     PassThroughCompletionRequest,
+    completion_body,
     error_body,
     model_list,
+    usage_body,
 )
 
 logger = logging.getLogger(__name__)
@@ -248,18 +248,12 @@ def chat_payload(req: ChatRequest, state: FakeServerSettings) -> dict[str, Any]:
                 ]
             }
         choices.append(choice)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": req.model or state.model_name,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
-    }
+    return completion_body(
+        "chat.completion",
+        req.model or state.model_name,
+        choices,
+        usage=usage_body(len(prompt_ids), completion_tokens),
+    )
 
 
 def completion_payload(req: CompletionRequest, state: FakeServerSettings) -> Reply:
@@ -302,18 +296,12 @@ def completion_payload(req: CompletionRequest, state: FakeServerSettings) -> Rep
                     "finish_reason": finish,
                 }
             )
-    return 200, {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": req.model or state.model_name,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+    return 200, completion_body(
+        "text_completion",
+        req.model or state.model_name,
+        choices,
+        usage=usage_body(prompt_tokens, completion_tokens),
+    )
 
 
 def vllm_payload(req: VLLMGenerateRequest, state: FakeServerSettings) -> Reply:

@@ -14,9 +14,11 @@ from atroposlib.http.openai_protocol import (
     OpenAIError,
     PassThroughChatRequest,
     PassThroughCompletionRequest,
+    completion_body,
     install_error_handlers,
     model_list,
     passthrough,
+    usage_body,
     validation_error,
 )
 
@@ -100,4 +102,28 @@ def test_model_list_is_openais_shape():
     assert model_list(["a"], 7, "me", root="/m") == {
         "object": "list",
         "data": [{"id": "a", "object": "model", "created": 7, "owned_by": "me", "root": "/m"}],
+    }
+
+
+def test_completion_body_is_openais_envelope_with_the_prefix_of_its_object():
+    chat = completion_body("chat.completion", "m", [{"index": 0}], usage=usage_body(3, 2))
+    assert chat["id"].startswith("chatcmpl-") and isinstance(chat["created"], int)
+    assert list(chat) == ["id", "object", "created", "model", "choices", "usage"]
+    assert chat["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    text = completion_body("text_completion", "m", [])
+    assert (
+        text["id"].startswith("cmpl-")
+        and text["id"] != completion_body("text_completion", "m", [])["id"]
+    )
+
+
+def test_completion_body_keeps_a_given_id_and_time_even_when_empty():
+    chunk = completion_body("chat.completion.chunk", "m", [], id="", created=0, usage=None)
+    assert chunk == {
+        "id": "",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [],
+        "usage": None,
     }

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 from fastapi.responses import StreamingResponse
 
 from atroposlib.envs.server_handling._proxy_upstream import upstream_json
-from atroposlib.http.openai_protocol import OpenAIError
+from atroposlib.http.openai_protocol import OpenAIError, completion_body, usage_body
 
 
 def stream_options(extra: dict[str, Any] | None) -> tuple[bool, bool]:
@@ -40,26 +40,21 @@ def stream_options(extra: dict[str, Any] | None) -> tuple[bool, bool]:
     return True, bool(include_usage)
 
 
-def _usage(usage: list[int]) -> dict[str, int]:
-    prompt, completion = usage
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+def _chunk_base(
+    payload: dict[str, Any], object_name: str, usage: list[int] | None
+) -> dict[str, Any]:
+    """The fields every chunk streaming ``payload`` repeats; when usage is asked for, a
+    ``usage`` that is null on every chunk but the last, as OpenAI sends it."""
+    extra: dict[str, Any] = {} if usage is None else {"usage": None}
+    return completion_body(
+        object_name, payload["model"], [], id=payload["id"], created=payload["created"], **extra
+    )
 
 
 def chat_chunks(payload: dict[str, Any], usage: list[int] | None) -> Iterable[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects that stream ``payload`` (a ``chat.completion``);
     ``usage`` (or None: no usage chunk) is ``[prompt_tokens, completion_tokens]``."""
-    base = {
-        "id": payload["id"],
-        "object": "chat.completion.chunk",
-        "created": payload["created"],
-        "model": payload["model"],
-    }
-    if usage is not None:
-        base["usage"] = None  # as OpenAI sends it: null on every chunk but the last
+    base = _chunk_base(payload, "chat.completion.chunk", usage)
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -76,20 +71,13 @@ def chat_chunks(payload: dict[str, Any], usage: list[int] | None) -> Iterable[di
             yield chunk(index, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
         yield chunk(index, {}, choice.get("finish_reason") or "stop")
     if usage is not None:
-        yield {**base, "choices": [], "usage": _usage(usage)}
+        yield {**base, "usage": usage_body(*usage)}
 
 
 def completion_chunks(payload: dict[str, Any], usage: list[int] | None) -> Iterable[dict[str, Any]]:
     """The ``text_completion`` chunks that stream ``payload`` (a text completion): per
     choice one with its text, one with its finish reason; then the usage, when asked."""
-    base = {
-        "id": payload["id"],
-        "object": "text_completion",
-        "created": payload["created"],
-        "model": payload["model"],
-    }
-    if usage is not None:
-        base["usage"] = None
+    base = _chunk_base(payload, "text_completion", usage)
 
     def chunk(index: int, text: str, finish: str | None) -> dict[str, Any]:
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
@@ -99,7 +87,7 @@ def completion_chunks(payload: dict[str, Any], usage: list[int] | None) -> Itera
         yield chunk(choice["index"], choice.get("text") or "", None)
         yield chunk(choice["index"], "", choice.get("finish_reason") or "stop")
     if usage is not None:
-        yield {**base, "choices": [], "usage": _usage(usage)}
+        yield {**base, "usage": usage_body(*usage)}
 
 
 def sse_answer(chunks: Iterable[dict[str, Any]]) -> StreamingResponse:

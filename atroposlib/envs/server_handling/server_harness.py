@@ -13,8 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Sequence, Union
 
 from openai.types import Completion, CompletionChoice
@@ -22,6 +20,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 
 from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
+from atroposlib.http.openai_protocol import completion_body
 
 TokensResponse = tuple[list[int], list[list[int]], list[list[float]], list[str]]
 
@@ -35,44 +34,37 @@ def _as_list(value: Union[str, Sequence[str]], n: int) -> list[str]:
     return values
 
 
+def _canned_choices(
+    resp: Union[str, Sequence[str]], n: int, finish_reason: Union[str, Sequence[str]]
+) -> list[tuple[int, str, str]]:
+    """``(index, text, finish_reason)`` of each of ``n`` canned choices."""
+    return list(zip(range(n), _as_list(resp, n), _as_list(finish_reason, n), strict=True))
+
+
 def create_chat_completion(
     resp: Union[str, Sequence[str]], n: int = 1, finish_reason: Union[str, Sequence[str]] = "stop"
 ) -> ChatCompletion:
     """A ``ChatCompletion`` with ``n`` assistant choices (``resp`` one text or a list of n)."""
-    texts = _as_list(resp, n)
-    reasons = _as_list(finish_reason, n)
-    return ChatCompletion(
-        id=f"chatcmpl-{uuid.uuid4().hex}",
-        object="chat.completion",
-        created=int(time.time()),
-        model="harness",
-        choices=[
-            Choice(
-                index=i,
-                finish_reason=reasons[i],  # type: ignore[arg-type]
-                message=ChatCompletionMessage(role="assistant", content=texts[i]),
-            )
-            for i in range(n)
-        ],
-    )
+    choices = [
+        Choice(
+            index=i,
+            finish_reason=reason,  # type: ignore[arg-type]
+            message=ChatCompletionMessage(role="assistant", content=text),
+        )
+        for i, text, reason in _canned_choices(resp, n, finish_reason)
+    ]
+    return ChatCompletion(**completion_body("chat.completion", "harness", choices))
 
 
 def create_completion(
     resp: Union[str, Sequence[str]], n: int = 1, finish_reason: Union[str, Sequence[str]] = "stop"
 ) -> Completion:
     """A ``Completion`` with ``n`` text choices."""
-    texts = _as_list(resp, n)
-    reasons = _as_list(finish_reason, n)
-    return Completion(
-        id=f"cmpl-{uuid.uuid4().hex}",
-        object="text_completion",
-        created=int(time.time()),
-        model="harness",
-        choices=[
-            CompletionChoice(index=i, finish_reason=reasons[i], text=texts[i])  # type: ignore[arg-type]
-            for i in range(n)
-        ],
-    )
+    choices = [
+        CompletionChoice(index=i, finish_reason=reason, text=text)  # type: ignore[arg-type]
+        for i, text, reason in _canned_choices(resp, n, finish_reason)
+    ]
+    return Completion(**completion_body("text_completion", "harness", choices))
 
 
 def _positional(args: tuple[Any, ...], name: str, kwargs: dict[str, Any]) -> dict[str, Any]:

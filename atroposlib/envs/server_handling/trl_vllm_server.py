@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import time
-import uuid
 from typing import Any
 
 import aiohttp  # noqa: F401 - a module attribute the original exposes; used via _module()
@@ -32,6 +30,7 @@ from atroposlib.envs.server_handling.server_baseline import (
     ReasoningConfig,
     config_value,
 )
+from atroposlib.http.openai_protocol import completion_body
 
 
 def __getattr__(name: str) -> Any:
@@ -129,37 +128,26 @@ class TrlVllmServer(APIServer):
             kwargs["messages"], tokenize=False, add_generation_prompt=True
         )
         completions = await self._generate(prompt, kwargs)
-        return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            object="chat.completion",
-            created=int(time.time()),
-            model=self.config.model_name,
-            choices=[
-                Choice(
-                    index=i,
-                    finish_reason=self._finish(ids),
-                    message=ChatCompletionMessage(
-                        role="assistant",
-                        content=self.tokenizer.decode(ids, skip_special_tokens=True),
-                    ),
-                )
-                for i, ids in enumerate(completions)
-            ],
-        )
+        choices = [
+            Choice(
+                index=i,
+                finish_reason=self._finish(ids),
+                message=ChatCompletionMessage(
+                    role="assistant", content=self.tokenizer.decode(ids, skip_special_tokens=True)
+                ),
+            )
+            for i, ids in enumerate(completions)
+        ]
+        return ChatCompletion(**completion_body("chat.completion", self.config.model_name, choices))
 
     async def _completion_wrapper(self, **kwargs: Any) -> Completion:
         completions = await self._generate(kwargs["prompt"], kwargs)
-        return Completion(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            object="text_completion",
-            created=int(time.time()),
-            model=self.config.model_name,
-            choices=[
-                CompletionChoice(
-                    index=i,
-                    finish_reason=self._finish(ids),
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                )
-                for i, ids in enumerate(completions)
-            ],
-        )
+        choices = [
+            CompletionChoice(
+                index=i,
+                finish_reason=self._finish(ids),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            )
+            for i, ids in enumerate(completions)
+        ]
+        return Completion(**completion_body("text_completion", self.config.model_name, choices))
