@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Literal, Sequence, Tuple
 from pydantic import Field
 
 from atroposlib.envs.adapters import _rg_worker
+from atroposlib.envs.adapters._defaults import adapter_config_init
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
 from atroposlib.envs.rollout_helpers import managed_chat_rollouts, scored_group
@@ -340,23 +341,7 @@ class ReasoningGymEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> Tuple[ReasoningGymEnvConfig, List[APIServerConfig]]:
-        env = ReasoningGymEnvConfig(
-            tokenizer_name="none",
-            group_size=8,
-            batch_size=-1,
-            max_token_length=2048,
-            steps_per_eval=100,
-            total_steps=1000,
-            use_wandb=False,
-            wandb_name="reasoning_gym",
-        )
-        server = APIServerConfig(
-            model_name="default",
-            base_url="http://localhost:9001/v1",
-            api_key="x",
-            server_type="vllm",
-        )
-        return env, [server]
+        return adapter_config_init(ReasoningGymEnvConfig, "reasoning_gym", max_token_length=2048)
 
     # --- items ------------------------------------------------------------------------
 

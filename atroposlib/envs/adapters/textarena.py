@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from atroposlib.envs.adapters._defaults import adapter_config_init
 from atroposlib.envs.adapters.text_games import (
     Episode,
     EpisodeEnded,
@@ -313,23 +314,7 @@ class TextArenaEnv(BaseEnv):
 
     @classmethod
     def config_init(cls) -> Tuple[TextArenaEnvConfig, List[APIServerConfig]]:
-        env = TextArenaEnvConfig(
-            tokenizer_name="none",
-            group_size=8,
-            batch_size=-1,
-            max_token_length=4096,
-            steps_per_eval=100,
-            total_steps=1000,
-            use_wandb=False,
-            wandb_name="textarena",
-        )
-        server = APIServerConfig(
-            model_name="default",
-            base_url="http://localhost:9001/v1",
-            api_key="x",
-            server_type="vllm",
-        )
-        return env, [server]
+        return adapter_config_init(TextArenaEnvConfig, "textarena", max_token_length=4096)
 
     async def setup(self) -> None:
         import textarena  # noqa: F401 - fail at setup, with the extra's name, when missing
