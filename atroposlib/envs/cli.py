@@ -25,7 +25,18 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple, Type, get_args
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    NoReturn,
+    Sequence,
+    Tuple,
+    Type,
+    get_args,
+)
 
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, create_model
@@ -193,14 +204,10 @@ def mode_config_cls(env_cls: Type[BaseEnv], mode: str) -> Type[BaseModel]:
 
     def cli_cmd(self: BaseModel) -> None:
         """Run this mode with the values set on this instance."""
-        prog = Path(sys.argv[0]).name
         values = _none_literals(self.model_dump(exclude_unset=True))
-        try:
-            parsed = parsed_from_values(env_cls, mode, values)
-        except CliError as err:
-            sys.stderr.write(f"{prog}: error: {err}\n")
-            raise SystemExit(2) from None
-        run_parsed(env_cls, parsed, prog)
+        _parse_and_run(
+            env_cls, Path(sys.argv[0]).name, lambda: parsed_from_values(env_cls, mode, values)
+        )
 
     base = type(
         f"{mode.capitalize()}CliBase",
@@ -614,12 +621,22 @@ def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
             logging.getLogger(noisy).setLevel(logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = Path(sys.argv[0]).name
+    _parse_and_run(env_cls, prog, lambda: parse_cli(env_cls, argv, prog))
+
+
+def _parse_and_run(env_cls: Type[BaseEnv], prog: str, parse: Callable[[], ParsedCli]) -> None:
+    """Run what ``parse()`` gives; a :class:`CliError` from it is a usage error (exit 2)."""
     try:
-        parsed = parse_cli(env_cls, argv, prog)
+        parsed = parse()
     except CliError as err:
-        sys.stderr.write(f"{prog}: error: {err}\n")
-        raise SystemExit(2) from None
+        _exit_with_error(prog, err, 2)
     run_parsed(env_cls, parsed, prog)
+
+
+def _exit_with_error(prog: str, err: BaseException, code: int) -> NoReturn:
+    """Report ``err`` as ``prog: error: ...`` on stderr and exit with ``code``."""
+    sys.stderr.write(f"{prog}: error: {err}\n")
+    raise SystemExit(code) from None
 
 
 def run_parsed(env_cls: Type[BaseEnv], parsed: ParsedCli, prog: str) -> None:
@@ -629,16 +646,14 @@ def run_parsed(env_cls: Type[BaseEnv], parsed: ParsedCli, prog: str) -> None:
     try:
         check_servers(env, parsed)
     except NoServerReachableError as err:
-        sys.stderr.write(f"{prog}: error: {err}\n")
-        raise SystemExit(2) from None
+        _exit_with_error(prog, err, 2)
     try:
         _run_mode(env, parsed)
     except (TooManyFailuresError, ServersDownError, ProcessFailedError) as err:
         last_tb = getattr(err, "last_traceback", "")
         if last_tb:
             sys.stderr.write(f"last failure:\n{last_tb}")
-        sys.stderr.write(f"{prog}: error: {err}\n")
-        raise SystemExit(1) from None
+        _exit_with_error(prog, err, 1)
 
 
 def _run_mode(env: BaseEnv, parsed: ParsedCli) -> None:

@@ -225,3 +225,38 @@ def test_testing_flag_builds_the_mock_server_harness():
 
     env = build_env(TrivialEnv, parse("serve", "--testing"))
     assert [type(s) for s in env.server.servers] == [ServerHarness]
+
+
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ({"config": "/nonexistent/env.yaml"}, "--config /nonexistent/env.yaml: cannot read"),
+        ({"max_n_completions": 0}, "--max_n_completions: must be at least 1"),
+    ],
+)
+def test_mode_config_instance_reports_a_bad_value_like_the_command_line(
+    values, needle, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["trivial_env.py"])
+    with pytest.raises(SystemExit) as exc:
+        TrivialEnv.get_cli_serve_config_cls()(**values).cli_cmd()
+    assert exc.value.code == 2
+    assert f"trivial_env.py: error: {needle}" in capsys.readouterr().err
+
+
+def test_a_failed_run_exits_1_with_its_last_traceback(capsys, monkeypatch):
+    from atroposlib.envs.offline import ProcessFailedError
+
+    async def failing_run(self):
+        err = ProcessFailedError("10 items failed in a row")
+        err.last_traceback = "Traceback: boom\n"
+        raise err
+
+    monkeypatch.setattr(TrivialEnv, "run_evaluate", failing_run)
+    monkeypatch.setattr(sys, "argv", ["trivial_env.py"])
+    with pytest.raises(SystemExit) as exc:
+        run_cli(TrivialEnv, ["evaluate", "--testing", "true"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "last failure:\nTraceback: boom\n" in err
+    assert "trivial_env.py: error: 10 items failed in a row" in err
