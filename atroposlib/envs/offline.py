@@ -26,8 +26,6 @@ from rich.progress import (
 
 from atroposlib.envs import wandb_logging as wl
 from atroposlib.envs.health import bounded
-from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
-from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
@@ -56,39 +54,26 @@ class ProcessFailedError(RuntimeError):
 
 
 async def _next_item(runner: EnvRunner) -> Any:
-    """The next item (backlog first); failures are counted and give ``_FAILED``."""
+    """The next item (backlog first); failures are counted and give ``runner.FAILED``."""
     env = runner.env
     if env.backlog:
         return env.backlog.pop(0)
-    try:
-        return await env.get_next_item()
-    except asyncio.CancelledError:
-        raise
-    except Exception as err:
-        logger.exception("get_next_item failed")
-        runner.record_failure(err, "get_next_item")
-        return _FAILED
-
-
-_FAILED = object()
+    return await runner.next_item()
 
 
 async def _collect(runner: EnvRunner, item: Any) -> Any:
-    env = runner.env
-    try:
-        with recording_versions() as versions_seen, recording_sampling() as sampled:
-            result, backlog = await env.collect_trajectories(item)
-        for group in result if isinstance(result, list) else [result]:
-            stamp_group(group, versions_seen)
-            stamp_sampling(group, sampled)
-    except asyncio.CancelledError:
-        raise
-    except Exception as err:
-        logger.exception("collect_trajectories failed; trying the next item")
-        runner.record_failure(err, "collect_trajectories")
+    """The groups of ``item``, stamped; None when ``collect_trajectories`` raised (counted)."""
+    collected = await runner.attempt(
+        "collect_trajectories",
+        lambda: runner.collect(item),
+        runner.FAILED,
+        "collect_trajectories failed; trying the next item",
+    )
+    if collected is runner.FAILED:
         return None
+    result, backlog = collected
     runner.failures.record_success()
-    env.backlog.extend(backlog or [])
+    runner.env.backlog.extend(backlog or [])
     return result
 
 
@@ -128,7 +113,7 @@ async def run_process(runner: EnvRunner) -> None:
                 ):
                     item = await _next_item(runner)
                     runner.raise_if_fatal()
-                    if item is _FAILED:
+                    if item is runner.FAILED:
                         break
                     if item is None:
                         exhausted = True

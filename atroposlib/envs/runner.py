@@ -25,7 +25,7 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Dict, Tuple
 
 import httpx
 
@@ -71,6 +71,9 @@ class EnvRunner:
     ``async (path) -> None`` to change or skip the report.
     """
 
+    FAILED: Any = object()
+    """What :meth:`next_item` gives when ``get_next_item`` raised (None: no more items)."""
+
     def __init__(self, env: BaseEnv) -> None:
         self.env = env
         self.wake = asyncio.Event()
@@ -104,6 +107,20 @@ class EnvRunner:
             self.failures.record_failure(err, where, count=count)
         except TooManyFailuresError as fatal:
             self.stop_with_error(fatal)
+
+    async def attempt(
+        self, where: str, call: Callable[[], Awaitable[Any]], failed: Any, message: str
+    ) -> Any:
+        """``await call()``; should it raise, log ``message`` with the traceback, count the
+        failure at ``where`` (:meth:`record_failure`) and give ``failed`` instead."""
+        try:
+            return await call()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            logger.exception(message)
+            self.record_failure(err, where)
+            return failed
 
     def stop_with_error(self, err: BaseException) -> None:
         """Make the running ``serve``/``process`` loop stop and raise ``err``."""
@@ -178,19 +195,29 @@ class EnvRunner:
             elif env.backlog:
                 item, timeouts = env.backlog.pop(0), 0
             else:
-                try:
-                    item, timeouts = await env.get_next_item(), 0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:
-                    logger.exception("get_next_item failed")
-                    self.record_failure(err, "get_next_item")
-                    break
-                if item is None:
+                item, timeouts = await self.next_item(), 0
+                if item is None or item is self.FAILED:
                     break
             self.pool.spawn(item, env.handle_env, timeouts=timeouts)
             added += 1
         env.workers_added_list.append(added)
+
+    async def next_item(self) -> Any:
+        """``env.get_next_item()``; a failure is logged and counted and gives :attr:`FAILED`."""
+        return await self.attempt(
+            "get_next_item", self.env.get_next_item, self.FAILED, "get_next_item failed"
+        )
+
+    async def collect(self, item: Any) -> Tuple[Any, Any]:
+        """``env.collect_trajectories(item)``, each group it returns stamped with the policy
+        versions and the sampling parameters of the requests that made it (docs/design.md,
+        "Policy versions and staleness")."""
+        with recording_versions() as versions_seen, recording_sampling() as sampled:
+            result, backlog = await self.env.collect_trajectories(item)
+        for group in result if isinstance(result, list) else [result]:
+            stamp_group(group, versions_seen)
+            stamp_sampling(group, sampled)
+        return result, backlog
 
     async def run_item(self, item_uuid: str) -> None:
         """One worker: collect, postprocess, send, clean up (what ``env.handle_env`` runs)."""
@@ -199,13 +226,9 @@ class EnvRunner:
         started = time.time()
         result: Any = None
         try:
-            with recording_versions() as versions_seen, recording_sampling() as sampled:
-                result, backlog = await env.collect_trajectories(item)
+            result, backlog = await self.collect(item)
             env.backlog.extend(backlog or [])
             if result is not None:
-                for group in result if isinstance(result, list) else [result]:
-                    stamp_group(group, versions_seen)
-                    stamp_sampling(group, sampled)
                 result = await env.postprocess_histories(result)
             self.failures.record_success()
         except asyncio.CancelledError:

@@ -185,3 +185,75 @@ def test_loop_modules_use_no_private_field_of_the_env():
         for hit in _private_env_fields(ENVS / f"{name}.py")
     ]
     assert not found, found
+
+
+class FailingItemsEnv(GroupEnv):
+    """``get_next_item`` raises on its first call; ``collect_trajectories`` on item 2."""
+
+    async def get_next_item(self):
+        self.items += 1
+        if self.items == 1:
+            raise ValueError("no item today")
+        return self.items
+
+    async def collect_trajectories(self, item):
+        if item == 2:
+            raise ValueError("broken scorer")
+        return await super().collect_trajectories(item)
+
+
+async def test_a_failing_get_next_item_is_counted_and_gives_the_failed_marker(caplog):
+    env = FailingItemsEnv(BaseEnvConfig(use_wandb=False, group_size=2), [SERVER])
+    runner = env.runner
+    assert await runner.next_item() is runner.FAILED
+    assert runner.failures.consecutive == 1
+    assert "get_next_item failed" in caplog.text and "no item today" in caplog.text
+    assert await runner.next_item() == 2
+
+
+async def test_attempt_lets_cancellation_through():
+    env = make_env(group_size=2)
+
+    async def cancelled():
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await env.runner.attempt("x", cancelled, env.runner.FAILED, "x failed")
+    assert env.runner.failures.consecutive == 0
+
+
+async def test_process_skips_failed_items_and_counts_them(tmp_path):
+    out = tmp_path / "groups.jsonl"
+    config = BaseEnvConfig(
+        use_wandb=False,
+        group_size=2,
+        total_steps=2,
+        data_path_to_save_groups=str(out),
+        ensure_scores_are_not_same=False,
+        max_num_workers=1,
+    )
+    env = FailingItemsEnv(config, [SERVER], testing=True)
+
+    async def no_report(path: Path) -> None:
+        return None
+
+    env.runner.write_report = no_report
+    await env.process_manager()
+    # Item 1 failed to be made, item 2 to be collected; items 3 and 4 became the groups.
+    assert env.items == 4 and env.curr_step == 2
+    assert len(out.read_text().splitlines()) == 2
+    assert env.runner.failures.consecutive == 0  # a success after the failures resets it
+
+
+async def test_collect_stamps_the_groups_with_what_their_requests_saw():
+    from atroposlib.envs.server_handling.policy_version import note_version
+
+    class VersionedEnv(GroupEnv):
+        async def collect_trajectories(self, item):
+            note_version(7)
+            return [group(n=2), None], ["backlog item"]
+
+    env = VersionedEnv(BaseEnvConfig(use_wandb=False, group_size=2), [SERVER])
+    result, backlog = await env.runner.collect(1)
+    assert backlog == ["backlog item"] and result[1] is None
+    assert result[0]["policy_version"] == [7, 7]
