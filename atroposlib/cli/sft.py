@@ -17,73 +17,21 @@ Example::
 from __future__ import annotations
 
 import argparse
-import asyncio
-import random
 import sys
 from typing import Any
 
+from atroposlib.frontend import generators
 from atroposlib.frontend.api_client import DEFAULT_API_URL
-from atroposlib.frontend.dataset_gen import add_common_arguments, main_with, run_generation
-from atroposlib.frontend.export import GroupView, select_sft, sft_records
-from atroposlib.frontend.trainer_helpers import (
-    check_for_batch,
-    find_common_prefix,
-    grabber_argv,
-    sft_group_records,
-)
-from atroposlib.frontend.trainer_helpers import register_to_api as _register
-
-__all__ = [
-    "build_parser",
-    "check_for_batch",
-    "find_common_prefix",
-    "grab_group_data",
-    "main",
-    "register_to_api",
-    "sft_data_grabber",
-]
+from atroposlib.frontend.export import Selection
+from atroposlib.frontend.generators import SFT
+from atroposlib.frontend.trainer_helpers import check_for_batch as check_for_batch
+from atroposlib.frontend.trainer_helpers import find_common_prefix as find_common_prefix
+from atroposlib.frontend.trainer_helpers import group_records, register_trainer
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``atropos-sft-gen`` argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="atropos-sft-gen",
-        description="Grab rollouts from the Atropos API (or a process jsonl) and save an SFT dataset.",
-    )
-    add_common_arguments(parser, min_diff_default=0.0)
-    parser.add_argument(
-        "--save-top-n-per-group",
-        type=int,
-        default=3,
-        help="keep at most this many rollouts per group (default 3)",
-    )
-    parser.add_argument(
-        "--tasks-per-step",
-        type=int,
-        default=64,
-        help="groups per batch when registering (batch_size = group_size * tasks_per_step)",
-    )
-    return parser
-
-
-def _run(args: argparse.Namespace) -> int:
-    def records_for(
-        view: GroupView, use_messages: bool, rng: random.Random
-    ) -> list[dict[str, Any]]:
-        keep = select_sft(
-            view.scores,
-            args.save_top_n_per_group,
-            args.allow_negative_scores,
-            args.minimum_score_diff_max_min,
-        )
-        return sft_records(view, keep, use_messages, args.format)
-
-    return run_generation(
-        args,
-        records_for,
-        batch_size=args.group_size * args.tasks_per_step,
-        num_steps=args.num_seqs_to_save,
-    )
+    return generators.build_parser(SFT)
 
 
 async def register_to_api(
@@ -94,7 +42,7 @@ async def register_to_api(
     tasks_per_step: int = 64,
 ) -> dict[str, Any]:
     """Register as a trainer taking ``group_size * tasks_per_step`` sequences a batch."""
-    return await _register(group_size, max_token_len, api_url, num_steps, tasks_per_step)
+    return await register_trainer(api_url, group_size * tasks_per_step, max_token_len, num_steps)
 
 
 def grab_group_data(
@@ -106,14 +54,8 @@ def grab_group_data(
     minimum_score_diff_max_min: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The SFT lines of one group: its best rollouts (see the module doc)."""
-    return sft_group_records(
-        tok,
-        datagroup,
-        save_messages,
-        save_top_n_per_group,
-        allow_negative_scores,
-        minimum_score_diff_max_min,
-    )
+    rule = Selection("sft", save_top_n_per_group, allow_negative_scores, minimum_score_diff_max_min)
+    return group_records(tok, datagroup, save_messages, rule)
 
 
 async def sft_data_grabber(
@@ -132,30 +74,13 @@ async def sft_data_grabber(
 ) -> int:
     """Run ``atropos-sft-gen`` with these settings (``tokenizer``: a name or a loaded
     tokenizer); returns its exit code."""
-    argv = grabber_argv(
-        filepath,
-        api_url,
-        group_size,
-        max_token_len,
-        tokenizer,
-        save_messages,
-        num_seqs_to_save,
-        allow_negative_scores,
-        minimum_score_diff_max_min,
-        append_to_previous,
-    )
-    argv += [
-        "--save-top-n-per-group",
-        str(save_top_n_per_group),
-        "--tasks-per-step",
-        str(tasks_per_step),
-    ]
-    return await asyncio.to_thread(main, argv)
+    # The parameters are named after the command's options, so they are its settings as is.
+    return await generators.run_with_options(SFT, dict(locals()))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``atropos-sft-gen``."""
-    return main_with(build_parser(), argv, _run)
+    return generators.main(SFT, argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,12 @@ import socket
 import sys
 from typing import Any
 
-from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
+from atroposlib.frontend.api_client import (
+    DEFAULT_API_URL,
+    ApiError,
+    TrainerClient,
+    add_trainer_arguments,
+)
 from atroposlib.frontend.dataset_gen import DEFAULT_TOKENIZER, ToolError, load_display_tokenizer
 from atroposlib.frontend.rollouts import RolloutFileError, RolloutIndex
 from atroposlib.frontend.trainer_helpers import find_common_prefix  # noqa: F401 - original name
@@ -42,6 +47,9 @@ from atroposlib.frontend.trainer_helpers import find_common_prefix  # noqa: F401
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 7860
+# The original viewer registered batches of ``group_size * 8`` for 69 steps.
+_TASKS_PER_STEP = 8
+_NUM_STEPS = 69
 
 
 def build_parser(
@@ -55,31 +63,12 @@ def build_parser(
     parser.add_argument(
         "--host", default="127.0.0.1", help="address of the web UI (default 127.0.0.1)"
     )
-    parser.add_argument(
-        "--group-size",
-        type=int,
-        default=2,
-        help="rollouts per group shown in live mode (default 2)",
-    )
-    parser.add_argument(
-        "--max-token-len",
-        type=int,
-        default=2048,
-        help="max token length to register (default 2048)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        default=None,
-        help=f"tokenizer name or local directory (live default: {DEFAULT_TOKENIZER}; "
+    add_trainer_arguments(
+        parser,
+        group_size_help="rollouts per group shown in live mode (default 2)",
+        tokenizer_default=None,
+        tokenizer_help=f"tokenizer name or local directory (live default: {DEFAULT_TOKENIZER}; "
         "file mode shows token ids without one)",
-    )
-    parser.add_argument(
-        "--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)"
-    )
-    parser.add_argument(
-        "--reset-api",
-        action="store_true",
-        help="wipe the API (GET /reset_data) before registering; never done without this flag",
     )
     parser.add_argument(
         "--file",
@@ -130,6 +119,26 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
+def _registered_client(
+    api_url: str, group_size: int, max_token_len: int, reset: bool
+) -> TrainerClient:
+    """A client of the API at ``api_url``, checked and registered as the viewer's trainer
+    (wiping the API first only with ``reset``); closed again when that fails."""
+    client = TrainerClient(api_url)
+    try:
+        client.check()
+        client.ensure_registered(
+            batch_size=group_size * _TASKS_PER_STEP,
+            max_token_len=max_token_len,
+            num_steps=_NUM_STEPS,
+            reset=reset,
+        )
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
 def run(args: argparse.Namespace, multimodal: bool = False) -> int:
     """Start the UI for parsed ``args``; return an exit code."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
@@ -147,13 +156,8 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
             demo = build_file_app(index, tokenizer)
         else:
             tokenizer = load_display_tokenizer(args.tokenizer or DEFAULT_TOKENIZER)
-            client = TrainerClient(args.api_url)
-            client.check()
-            client.ensure_registered(
-                batch_size=args.group_size * 8,
-                max_token_len=args.max_token_len,
-                num_steps=69,
-                reset=args.reset_api,
+            client = _registered_client(
+                args.api_url, args.group_size, args.max_token_len, args.reset_api
             )
             from atroposlib.frontend.viewer_app import build_live_app, launch
 
@@ -184,9 +188,11 @@ def run(args: argparse.Namespace, multimodal: bool = False) -> int:
 async def register_to_api(group_size: int, max_token_len: int) -> dict[str, Any]:
     """Register with the API at its default URL as the viewer's trainer (batches of
     ``group_size * 8``)."""
-    from atroposlib.frontend.trainer_helpers import register_to_api as register
+    from atroposlib.frontend.trainer_helpers import register_trainer
 
-    return await register(group_size, max_token_len, DEFAULT_API_URL, 69, 8)
+    return await register_trainer(
+        DEFAULT_API_URL, group_size * _TASKS_PER_STEP, max_token_len, _NUM_STEPS
+    )
 
 
 async def check_for_batch() -> list[dict[str, Any]]:
@@ -209,15 +215,10 @@ async def build_interface(
 
     if isinstance(tokenizer, str):
         tokenizer = load_display_tokenizer(tokenizer)
-    client = TrainerClient(DEFAULT_API_URL)
+    client = await asyncio.to_thread(
+        _registered_client, DEFAULT_API_URL, group_size, max_token_len, False
+    )
     try:
-        await asyncio.to_thread(client.check)
-        await asyncio.to_thread(
-            client.ensure_registered,
-            batch_size=group_size * 8,
-            max_token_len=max_token_len,
-            num_steps=69,
-        )
         demo = build_live_app(client, tokenizer, group_size, multimodal=multimodal)
         await asyncio.to_thread(launch, demo, "127.0.0.1", port, False)
     finally:

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from typing import Any, Callable
@@ -31,6 +32,48 @@ DEFAULT_API_URL = "http://localhost:8000"
 
 class ApiError(RuntimeError):
     """The rollout API could not be reached or answered something unusable."""
+
+
+def registration(batch_size: int, max_token_len: int, num_steps: int) -> dict[str, Any]:
+    """The ``POST /register`` body of a tool acting as the trainer; the W&B and checkpoint
+    fields are the original tools' placeholders (a tool trains nothing)."""
+    return {
+        "wandb_group": "test",
+        "wandb_project": "test",
+        "batch_size": batch_size,
+        "max_token_len": max_token_len,
+        "checkpoint_dir": "checkpoints",
+        "save_checkpoint_interval": 10,
+        "starting_step": 0,
+        "num_steps": num_steps,
+    }
+
+
+def add_trainer_arguments(
+    parser: argparse.ArgumentParser,
+    group_size_help: str,
+    tokenizer_default: str | None,
+    tokenizer_help: str,
+) -> None:
+    """The options of a tool that registers with the API as the trainer (``view-run``,
+    ``atropos-sft-gen``, ``atropos-dpo-gen``): where the API is, how to register, how to
+    decode tokens, and whether to wipe the API first."""
+    parser.add_argument(
+        "--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)"
+    )
+    parser.add_argument("--group-size", type=int, default=2, help=group_size_help)
+    parser.add_argument(
+        "--max-token-len",
+        type=int,
+        default=2048,
+        help="max token length to register (default 2048)",
+    )
+    parser.add_argument("--tokenizer", default=tokenizer_default, help=tokenizer_help)
+    parser.add_argument(
+        "--reset-api",
+        action="store_true",
+        help="wipe the API (GET /reset_data) before registering; never done without this flag",
+    )
 
 
 class TrainerClient:
@@ -97,30 +140,11 @@ class TrainerClient:
         """``GET /reset_data``: wipes the API's queue, registry and step. Destructive."""
         self._request("GET", "/reset_data")
 
-    def register(
-        self,
-        batch_size: int,
-        max_token_len: int,
-        num_steps: int,
-        *,
-        wandb_group: str = "test",
-        wandb_project: str = "test",
-        checkpoint_dir: str = "checkpoints",
-        save_checkpoint_interval: int = 10,
-        starting_step: int = 0,
-    ) -> dict[str, Any]:
+    def register(self, batch_size: int, max_token_len: int, num_steps: int) -> dict[str, Any]:
         """``POST /register`` as a trainer; returns the API's answer (``{"uuid": ...}``)."""
-        body = {
-            "wandb_group": wandb_group,
-            "wandb_project": wandb_project,
-            "batch_size": batch_size,
-            "max_token_len": max_token_len,
-            "checkpoint_dir": checkpoint_dir,
-            "save_checkpoint_interval": save_checkpoint_interval,
-            "starting_step": starting_step,
-            "num_steps": num_steps,
-        }
-        return self._json("POST", "/register", json=body)
+        return self._json(
+            "POST", "/register", json=registration(batch_size, max_token_len, num_steps)
+        )
 
     def info(self) -> dict[str, Any]:
         """``GET /info``: the registered batch size and max token length."""

@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from atroposlib.frontend.api_client import DEFAULT_API_URL, ApiError, TrainerClient
-from atroposlib.frontend.export import FORMATS, Deduper, GroupView, group_view
+from atroposlib.frontend.api_client import ApiError, TrainerClient
+from atroposlib.frontend.export import Deduper, GroupView, group_view
 from atroposlib.frontend.rollouts import RolloutFileError, iter_groups
 
 logger = logging.getLogger(__name__)
@@ -42,75 +42,6 @@ class ToolError(RuntimeError):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def add_common_arguments(parser: argparse.ArgumentParser, min_diff_default: float) -> None:
-    """The options both generators share (original names and defaults, plus additions)."""
-    parser.add_argument("filepath", help="output jsonl file")
-    parser.add_argument(
-        "--api-url", default=DEFAULT_API_URL, help="rollout API URL (default %(default)s)"
-    )
-    parser.add_argument(
-        "--group-size", type=int, default=2, help="group size used to size the batch (default 2)"
-    )
-    parser.add_argument(
-        "--max-token-len",
-        type=int,
-        default=2048,
-        help="max token length to register (default 2048)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        default=DEFAULT_TOKENIZER,
-        help="tokenizer name or local directory used to decode tokens",
-    )
-    parser.add_argument(
-        "--save-messages",
-        action="store_true",
-        help="save the groups' chat messages instead of decoded prefix/completion text",
-    )
-    parser.add_argument(
-        "--num-seqs-to-save", type=int, default=100, help="stop after this many lines (default 100)"
-    )
-    parser.add_argument(
-        "--allow-negative-scores", action="store_true", help="keep rollouts with score <= 0"
-    )
-    parser.add_argument(
-        "--minimum-score-diff-max-min",
-        type=float,
-        default=min_diff_default,
-        help="minimum score gap (default %(default)s)",
-    )
-    parser.add_argument(
-        "--append-to-previous", action="store_true", help="append to an existing output file"
-    )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="atropos",
-        help="'atropos': the original line format; 'trl': columns TRL's trainers load as is",
-    )
-    parser.add_argument(
-        "--dedupe",
-        action="store_true",
-        help="skip lines identical to one already written (including earlier runs when appending)",
-    )
-    parser.add_argument(
-        "--from-file",
-        metavar="JSONL",
-        default=None,
-        help="build the dataset from a `process` rollouts jsonl instead of the live API",
-    )
-    parser.add_argument(
-        "--reset-api",
-        action="store_true",
-        help="wipe the API (GET /reset_data) before registering; never done without this flag",
-    )
-    parser.add_argument(
-        "--poll-interval", type=float, default=1.0, help="seconds between /batch polls"
-    )
-    parser.add_argument("--seed", type=int, default=None, help="random seed (DPO negative choice)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 @dataclass
@@ -439,14 +370,3 @@ def _peeked(groups: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from groups
 
     return chain()
-
-
-def main_with(
-    parser: argparse.ArgumentParser,
-    argv: list[str] | None,
-    run: Callable[[argparse.Namespace], int],
-) -> int:
-    """Parse ``argv`` and run, with logging set up for a person at a terminal."""
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    return run(args)

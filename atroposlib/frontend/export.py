@@ -204,6 +204,34 @@ def dpo_records(
     return records
 
 
+ExportKind = Literal["sft", "dpo"]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The rule that turns one group into output lines.
+
+    ``sft`` keeps up to ``count`` of the best rollouts (:func:`select_sft`), ``dpo`` makes up
+    to ``count`` chosen/rejected pairs (:func:`pair_dpo`); both format with ``fmt``.
+    """
+
+    kind: ExportKind
+    count: int
+    allow_negative: bool = False
+    min_diff: float = 0.0
+    fmt: OutputFormat = "atropos"
+
+    def records(
+        self, view: GroupView, use_messages: bool, rng: random.Random
+    ) -> list[dict[str, Any]]:
+        """The output lines of one group (``rng`` draws the DPO negatives)."""
+        if self.kind == "sft":
+            keep = select_sft(view.scores, self.count, self.allow_negative, self.min_diff)
+            return sft_records(view, keep, use_messages, self.fmt)
+        pairs = pair_dpo(view.scores, self.count, self.allow_negative, self.min_diff, rng)
+        return dpo_records(view, pairs, use_messages, self.fmt)
+
+
 def record_key(record: dict[str, Any]) -> str:
     """Identity of a record for ``--dedupe``: its content without the score."""
     return json.dumps(

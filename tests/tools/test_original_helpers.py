@@ -98,7 +98,8 @@ async def test_view_run_helpers_use_the_default_api(monkeypatch, tokenizer):
         def check(self):
             seen.append("check")
 
-        def ensure_registered(self, batch_size, max_token_len, num_steps):
+        def ensure_registered(self, batch_size, max_token_len, num_steps, reset=False):
+            assert reset is False  # the original helper never wipes the API
             seen.append(f"register {batch_size} {max_token_len}")
 
         def close(self):

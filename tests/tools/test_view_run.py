@@ -374,3 +374,25 @@ def test_viewer_stops_reading_a_connection_whose_answers_are_not_taken(viewers) 
     (it is served through the same bounded HTTP protocol as run-api)."""
     port = int(viewers["file"].rstrip("/").rsplit(":", 1)[1])
     assert_flood_grows_server_little(port, viewers["file_pid"], "/config", health="/config")
+
+
+def test_live_mode_closes_its_client_when_the_api_refuses(monkeypatch, tokenizer_dir) -> None:
+    from atroposlib.cli import view_run
+    from atroposlib.frontend.api_client import ApiError
+
+    events: list[str] = []
+
+    class Refused:
+        def __init__(self, url):
+            events.append(url)
+
+        def check(self):
+            raise ApiError("cannot reach the rollout API")
+
+        def close(self):
+            events.append("closed")
+
+    monkeypatch.setattr(view_run, "TrainerClient", Refused)
+    argv = ["--tokenizer", str(tokenizer_dir), "--api-url", "http://api.invalid:1"]
+    assert view_run.main([*argv, "--port", str(free_port())]) == 1
+    assert events == ["http://api.invalid:1", "closed"]
