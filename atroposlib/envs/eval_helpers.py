@@ -31,13 +31,39 @@ logger = logging.getLogger(__name__)
 
 Sample = Dict[str, Any]
 
-__all__ = ["drain_metrics", "mean_of", "run_eval_set"]
+__all__ = ["drain_metrics", "mean_of", "means_by", "run_eval_set"]
 
 
 def mean_of(samples: Iterable[Mapping[str, Any]], key: str) -> float:
     """Mean of ``sample[key]`` over the samples that have a value (booleans count 0/1); 0.0 if none."""
     values = [float(s[key]) for s in samples if s.get(key) is not None]
     return sum(values) / len(values) if values else 0.0
+
+
+def means_by(
+    samples: Iterable[Mapping[str, Any]],
+    key: str,
+    fields: Mapping[str, str],
+    order: Iterable[Any] | None = None,
+    prefix: str = "eval",
+) -> Dict[str, float]:
+    """Per-group means: ``{prefix}/{group}/{name}`` is :func:`mean_of` ``field`` over the
+    samples whose ``sample[key]`` is ``group``, for each ``name: field`` of ``fields``.
+
+    Groups come in the order of ``order`` (a group with no sample is left out), else
+    sorted. E.g. ``means_by(samples, "task", {"accuracy": "correct"})`` gives
+    ``{"eval/<task>/accuracy": ...}`` for each task evaluated.
+    """
+    by_group: Dict[Any, List[Mapping[str, Any]]] = {}
+    for sample in samples:
+        by_group.setdefault(sample[key], []).append(sample)
+    metrics: Dict[str, float] = {}
+    for group in sorted(by_group) if order is None else order:
+        rows = by_group.get(group)
+        if rows:
+            for name, field in fields.items():
+                metrics[f"{prefix}/{group}/{name}"] = mean_of(rows, field)
+    return metrics
 
 
 async def run_eval_set(

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from atroposlib.envs import files
-from atroposlib.envs.eval_helpers import drain_metrics, mean_of, run_eval_set
+from atroposlib.envs.eval_helpers import drain_metrics, mean_of, means_by, run_eval_set
 
 ENV_FILES = [
     "arithmetic_server.py",
@@ -105,6 +105,30 @@ def test_drain_metrics_reports_means_once_and_empties_buffers():
     assert metrics == {"step": 3, "train/percent_correct": 0.5, "eval/percent_correct": 0.25}
     assert buffer == [] and evals == {}
     assert drain_metrics(None, evals, train={"train/percent_correct": buffer}) == {}
+
+
+SAMPLES = [
+    {"task": "b", "score": 1.0, "correct": True},
+    {"task": "a", "score": 0.5, "correct": False},
+    {"task": "b", "score": 0.0, "correct": False},
+]
+
+
+def test_means_by_averages_each_field_per_group_in_sorted_order():
+    metrics = means_by(SAMPLES, "task", {"accuracy": "correct", "mean_score": "score"})
+    assert metrics == {
+        "eval/a/accuracy": 0.0,
+        "eval/a/mean_score": 0.5,
+        "eval/b/accuracy": 0.5,
+        "eval/b/mean_score": 0.5,
+    }
+    assert list(metrics)[:2] == ["eval/a/accuracy", "eval/a/mean_score"]
+
+
+def test_means_by_follows_the_given_order_and_skips_groups_without_samples():
+    metrics = means_by(SAMPLES, "task", {"acc": "correct"}, order=["b", "absent"], prefix="x")
+    assert metrics == {"x/b/acc": 0.5}  # "a" is not in the order, "absent" has no sample
+    assert means_by([], "task", {"acc": "correct"}) == {}
 
 
 @pytest.mark.parametrize("name", ENV_FILES)

@@ -44,7 +44,7 @@ from pydantic import Field
 from atroposlib.envs.adapters import _rg_worker
 from atroposlib.envs.adapters._defaults import adapter_config_init
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
+from atroposlib.envs.eval_helpers import drain_metrics, mean_of, means_by, run_eval_set
 from atroposlib.envs.rollout_helpers import managed_chat_rollouts, scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
@@ -502,16 +502,10 @@ class ReasoningGymEnv(BaseEnv):
             }
 
         def per_task(samples: List[Dict[str, Any]]) -> Dict[str, float]:
-            metrics: Dict[str, float] = {"eval/mean_score": 0.0}
-            by_task: Dict[str, List[Dict[str, Any]]] = {}
-            for s in samples:
-                by_task.setdefault(s["task"], []).append(s)
-            for task, rows in sorted(by_task.items()):
-                metrics[f"eval/{task}/accuracy"] = sum(r["correct"] for r in rows) / len(rows)
-                metrics[f"eval/{task}/mean_score"] = sum(r["score"] for r in rows) / len(rows)
-            if samples:
-                metrics["eval/mean_score"] = sum(s["score"] for s in samples) / len(samples)
-            return metrics
+            return {
+                "eval/mean_score": mean_of(samples, "score"),
+                **means_by(samples, "task", {"accuracy": "correct", "mean_score": "score"}),
+            }
 
         self.eval_metrics = await run_eval_set(
             self,

@@ -54,7 +54,7 @@ from atroposlib.envs.adapters.text_games import (
     play_episode,
 )
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
+from atroposlib.envs.eval_helpers import drain_metrics, means_by, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 
@@ -508,15 +508,8 @@ class TextArenaEnv(BaseEnv):
             }
 
         def per_game(samples: List[Dict[str, Any]]) -> Dict[str, float]:
-            metrics: Dict[str, float] = {}
-            for game_id in cfg.game_ids:
-                rows = [s for s in samples if s["game_id"] == game_id]
-                if rows:
-                    metrics[f"eval/{game_id}/mean_reward"] = sum(r["score"] for r in rows) / len(
-                        rows
-                    )
-                    metrics[f"eval/{game_id}/win_rate"] = sum(r["win"] for r in rows) / len(rows)
-            return metrics
+            fields = {"mean_reward": "score", "win_rate": "win"}
+            return means_by(samples, "game_id", fields, order=cfg.game_ids)
 
         self.eval_metrics = await run_eval_set(
             self,
