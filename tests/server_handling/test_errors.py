@@ -8,7 +8,10 @@ import aiohttp
 import httpx
 import openai
 import pytest
+import yarl
+from multidict import CIMultiDict, CIMultiDictProxy
 
+from atroposlib.envs.server_handling._proxy_upstream import proxy_error_for
 from atroposlib.envs.server_handling.errors import (
     ServerConnectionError,
     ServerTimeoutError,
@@ -130,3 +133,37 @@ def test_every_error_is_classified_in_one_place(
 
 def test_cancellation_is_never_retried():
     assert not is_retryable(asyncio.CancelledError())
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "words"),
+    [
+        (
+            status_error("POST", "http://u/v1", 418, {}, b'{"error": {"message": "teapot"}}'),
+            418,
+            "teapot",
+        ),
+        (
+            httpx.HTTPStatusError(
+                "moved",
+                request=httpx.Request("POST", "http://u"),
+                response=httpx.Response(301, headers={"location": "http://elsewhere/"}),
+            ),
+            502,
+            "http://elsewhere/",
+        ),
+        (
+            aiohttp.ClientResponseError(
+                aiohttp.RequestInfo(yarl.URL(URL), "POST", CIMultiDictProxy(CIMultiDict())),
+                (),
+                status=500,
+                message="boom",
+            ),
+            502,
+            "HTTP 500",
+        ),
+    ],
+)
+def test_the_proxy_reads_the_status_of_every_client_familys_error_answer(exc, status, words):
+    error = proxy_error_for(exc, reached_upstream=True)
+    assert error.status == status and error.type == "upstream_error" and words in error.message

@@ -4,6 +4,7 @@ process with small limits; and the upstream policy's name resolution."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from atroposlib.envs.server_handling._proxy_state import (
     SessionStore,
     UpstreamPolicy,
 )
-from atroposlib.envs.server_handling.managed_server_proxy import create_app
+from atroposlib.envs.server_handling.managed_server_proxy import create_app, main
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.http.openai_protocol import OpenAIError
@@ -217,3 +218,13 @@ def test_a_proxy_process_bounds_sessions_nodes_and_request_size(small_proxy):
 
     assert httpx.delete(f"{url}/{sids[1]}").status_code == 200
     assert httpx.post(f"{url}/sessions/create", json={}).status_code == 200
+
+
+def test_every_session_limit_is_a_proxy_flag_with_its_default_and_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for limit in dataclasses.fields(SessionLimits):
+        assert f"--{limit.name.replace('_', '-')}" in help_text
+        assert " ".join(limit.metadata["help"].split()) in help_text
+    assert isinstance(SessionLimits().session_idle_s, float)

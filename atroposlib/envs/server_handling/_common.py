@@ -147,3 +147,29 @@ class LazyTokenizerMixin:
         if not ids:
             raise ValueError("the prompt is empty")
         return ids
+
+
+class GenerateEndpointMixin(LazyTokenizerMixin):
+    """What the backends with a native ``POST {root}/generate`` (vLLM, SGLang) share: the
+    URL, the request that returns the policy version, and the ``top_k`` argument.
+
+    For :class:`~atroposlib.envs.server_handling.openai_server.OpenAIServer` subclasses
+    (it uses their transport and ``resolve_version``)."""
+
+    def generate_url(self) -> str:
+        """``{root}/generate`` of the configured server."""
+        return f"{root_url(self.config.base_url)}/generate"
+
+    async def post_generate(self, body: dict[str, Any]) -> tuple[Any, Any]:
+        """POST ``body`` to ``/generate``: the decoded answer and the policy version it
+        carries (header or body, see :mod:`.policy_version`)."""
+        data, headers = await self.fast_post_json_with_headers(self.generate_url(), body)
+        return data, self.resolve_version(data, headers)
+
+    @staticmethod
+    def pop_top_k(kwargs: dict[str, Any]) -> int:
+        """Pop ``top_k`` (else ``top_logprobs``; both go) from ``kwargs``: the logprobs
+        wanted per prompt position, at least 1."""
+        top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
+        kwargs.pop("top_logprobs", None)
+        return top_k

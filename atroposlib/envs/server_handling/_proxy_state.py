@@ -52,18 +52,29 @@ class SessionState:
     touched: float = 0.0
 
 
+def _limit(default: float, description: str) -> Any:
+    # The description is also the proxy's command-line help for the field (``--max-sessions``).
+    return field(default=default, metadata={"help": description})
+
+
 @dataclass
 class SessionLimits:
-    """Bounds on what sessions may hold (see the module docstring)."""
+    """Bounds on what sessions may hold (see the module docstring); each field is also a
+    command-line flag of the proxy, with its ``metadata["help"]`` as the help."""
 
-    max_sessions: int = 4096
-    """Sessions held at once; creating one more is a 429."""
-    session_idle_s: float = 3600.0
-    """A session unused for this long (no request in flight) is evicted; 0 disables."""
-    max_session_nodes: int = 1024
-    """Nodes one session may hold; a request that could pass it is a 429."""
-    max_stored_tokens: int = 16_000_000
-    """Tokens all sessions' nodes may hold together; a request that could pass it is a 503."""
+    max_sessions: int = _limit(4096, "Sessions held at once (creating one more is a 429).")
+    session_idle_s: float = _limit(
+        3600.0,
+        "Evict a session unused for this many seconds, with no request in flight (0: never); "
+        "evictions are counted in /health.",
+    )
+    max_session_nodes: int = _limit(
+        1024, "Nodes one session may hold (a request that could pass it is a 429)."
+    )
+    max_stored_tokens: int = _limit(
+        16_000_000,
+        "Tokens all sessions' nodes may hold together (a request that could pass it is a 503).",
+    )
 
 
 class SessionStore:

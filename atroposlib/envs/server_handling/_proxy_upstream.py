@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from atroposlib.envs.server_handling.errors import NoHealthyServerError
+from atroposlib.envs.server_handling.errors import NoHealthyServerError, status_code
 from atroposlib.http.openai_protocol import OpenAIError
 
 logger = logging.getLogger(__name__)
@@ -27,12 +27,10 @@ logger = logging.getLogger(__name__)
 def _upstream_status(exc: BaseException) -> tuple[int, str, str | None] | None:
     """The status, message and ``Location`` of an inference server's HTTP error answer (or
     redirect), if ``exc`` is one."""
-    response = getattr(exc, "response", None)
-    status = getattr(exc, "status_code", None) or getattr(response, "status_code", None)
-    if not isinstance(status, int):
-        status = getattr(exc, "status", None)  # the lean transport's HttpStatus
-        if not isinstance(status, int):
-            return None
+    status = status_code(exc)
+    if status is None:
+        return None
+    response = getattr(exc, "response", None)  # openai's and httpx's errors carry the answer
     try:
         text = response.text if response is not None else str(exc)
     except Exception:  # noqa: BLE001 - a streamed body cannot be read here; the summary will do

@@ -85,14 +85,20 @@ def fit_logprobs(logprobs: list[float], length: int) -> list[float]:
     return list(logprobs) + [PROMPT_LOGPROB] * (length - len(logprobs))
 
 
+def own_tokenizer(server: Any) -> Any:
+    """``server``'s own ``tokenizer`` attribute, or None when it has none or its lazily
+    loaded one failed to load."""
+    try:
+        return getattr(server, "tokenizer", None)
+    except ValueError:  # a backend whose lazily loaded tokenizer failed to load
+        return None
+
+
 def server_tokenizer(server: Any) -> Any:
     """The tokenizer for ``server``: its own ``tokenizer`` attribute when it has one, else
     the one its config names (``tokenizer_name``, or ``model_name``); ValueError naming
     what was tried when there is none."""
-    try:
-        tokenizer = getattr(server, "tokenizer", None)
-    except ValueError:  # a backend whose lazily loaded tokenizer failed to load
-        tokenizer = None
+    tokenizer = own_tokenizer(server)
     if tokenizer is not None:
         return tokenizer
     name = config_tokenizer_name(getattr(server, "config", None))
@@ -653,33 +659,21 @@ class ManagedServerAdapter:
         """``adapter.chat``."""
 
         def __init__(self, managed: Any):
-            self.completions = ManagedServerAdapter._ChatCompletionsNamespace(managed)
+            self.completions = ManagedServerAdapter._CreateNamespace(managed, "chat_completion")
 
-    class _ChatCompletionsNamespace:
-        """``adapter.chat.completions``."""
+    class _CreateNamespace:
+        """``adapter.chat.completions`` and ``adapter.completions``: ``create`` calls the
+        managed server's ``method`` (``chat_completion`` or ``completion``)."""
 
-        def __init__(self, managed: Any):
+        def __init__(self, managed: Any, method: str):
             self._managed = managed
+            self._method = method
 
         async def create(self, **kwargs: Any) -> Any:
-            """A chat completion through the managed server."""
+            """A (chat) completion through the managed server."""
             token = _ROLLOUT_ORDER.set(True)
             try:
-                return await self._managed.chat_completion(**_openai_kwargs(kwargs))
-            finally:
-                _ROLLOUT_ORDER.reset(token)
-
-    class _CompletionsNamespace:
-        """``adapter.completions``."""
-
-        def __init__(self, managed: Any):
-            self._managed = managed
-
-        async def create(self, **kwargs: Any) -> Any:
-            """A completion through the managed server."""
-            token = _ROLLOUT_ORDER.set(True)
-            try:
-                return await self._managed.completion(**_openai_kwargs(kwargs))
+                return await getattr(self._managed, self._method)(**_openai_kwargs(kwargs))
             finally:
                 _ROLLOUT_ORDER.reset(token)
 
@@ -687,7 +681,7 @@ class ManagedServerAdapter:
         self.managed_server = managed_server
         self.base_url = base_url
         self.chat = self._ChatNamespace(managed_server)
-        self.completions = self._CompletionsNamespace(managed_server)
+        self.completions = self._CreateNamespace(managed_server, "completion")
 
     async def post(self, path: str, body: dict[str, Any], cast_to: type) -> Any:
         """``AsyncOpenAI.post`` for the chat and completion routes: ``/chat/completions``

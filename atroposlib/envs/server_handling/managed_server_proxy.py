@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -79,7 +80,7 @@ from atroposlib.envs.server_handling._proxy_upstream import (
     strict_tool_arguments,
 )
 from atroposlib.envs.server_handling._rawhttp import DEFAULT_MAX_ANSWER_BYTES
-from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling.managed_server import ManagedServer, own_tokenizer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
 from atroposlib.http.answers import openai_error_bytes
@@ -242,10 +243,7 @@ class ProxyState:
         """The proxy's tokenizer, else the server's own, else the one its config names."""
         if self.tokenizer is not None:
             return self.tokenizer
-        try:
-            existing = getattr(server, "tokenizer", None)
-        except ValueError:  # a backend whose lazy tokenizer failed to load
-            existing = None
+        existing = own_tokenizer(server)
         if existing is not None:
             return existing
         name = config_tokenizer_name(getattr(server, "config", None))
@@ -696,32 +694,13 @@ def main(argv: list[str] | None = None) -> None:
         default=64.0,
         help="Largest request body accepted (413 above it).",
     )
-    defaults = SessionLimits()
-    parser.add_argument(
-        "--max-sessions",
-        type=int,
-        default=defaults.max_sessions,
-        help="Sessions held at once (creating one more is a 429).",
-    )
-    parser.add_argument(
-        "--session-idle-s",
-        type=float,
-        default=defaults.session_idle_s,
-        help="Evict a session unused for this many seconds (0: never); evictions are counted "
-        "in /health.",
-    )
-    parser.add_argument(
-        "--max-session-nodes",
-        type=int,
-        default=defaults.max_session_nodes,
-        help="Nodes one session may hold (a request that could pass it is a 429).",
-    )
-    parser.add_argument(
-        "--max-stored-tokens",
-        type=int,
-        default=defaults.max_stored_tokens,
-        help="Tokens all sessions may hold together (a request that could pass it is a 503).",
-    )
+    for limit in dataclasses.fields(SessionLimits):
+        parser.add_argument(
+            "--" + limit.name.replace("_", "-"),
+            type=type(limit.default),
+            default=limit.default,
+            help=limit.metadata["help"],
+        )
     parser.add_argument(
         "--max-upstream-mb",
         type=float,
@@ -773,10 +752,7 @@ def main(argv: list[str] | None = None) -> None:
         allowed_origins=args.cors_origin,
         max_request_mb=args.max_request_mb,
         limits=SessionLimits(
-            max_sessions=args.max_sessions,
-            session_idle_s=args.session_idle_s,
-            max_session_nodes=args.max_session_nodes,
-            max_stored_tokens=args.max_stored_tokens,
+            **{limit.name: getattr(args, limit.name) for limit in dataclasses.fields(SessionLimits)}
         ),
         max_upstream_mb=args.max_upstream_mb,
     )

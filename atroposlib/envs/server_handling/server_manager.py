@@ -18,7 +18,7 @@ import os
 import subprocess
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence, Union
 
 from pydantic import BaseModel, Field
 
@@ -488,27 +488,24 @@ class ServerManager:
         """A ``ChatCompletion``; ``n`` above ``max_n_completions`` is split across requests."""
         n = _requested_n(kwargs)
         if n > self.max_n_completions:
-            parts = await asyncio.gather(
-                *(
-                    self._call("chat", {**kwargs, "n": c})
-                    for c in split_n(n, self.max_n_completions)
-                )
-            )
-            return merge_choices(list(parts))
+            return await self._split_n("chat", kwargs, n, merge_choices)
         return await self._call("chat", kwargs)
 
     async def completion(self, **kwargs: Any) -> Any:
         """A ``Completion``; ``n`` above ``max_n_completions`` is split across requests."""
         n = _requested_n(kwargs)
         if n > self.max_n_completions:
-            parts = await asyncio.gather(
-                *(
-                    self._call("completion", {**kwargs, "n": c})
-                    for c in split_n(n, self.max_n_completions)
-                )
-            )
-            return merge_choices(list(parts))
+            return await self._split_n("completion", kwargs, n, merge_choices)
         return await self._call("completion", kwargs)
+
+    async def _split_n(
+        self, kind: str, kwargs: dict[str, Any], n: int, merge: Callable[[list[Any]], Any]
+    ) -> Any:
+        """``n`` choices as requests of at most ``max_n_completions`` each, joined by ``merge``."""
+        parts = await asyncio.gather(
+            *(self._call(kind, {**kwargs, "n": c}) for c in split_n(n, self.max_n_completions))
+        )
+        return merge(list(parts))
 
     async def tokens_and_logprobs_completion(
         self, **kwargs: Any
@@ -516,13 +513,7 @@ class ServerManager:
         """``(prompt_tokens, output_tokens_list, output_logprobs_list, finish_reasons)``."""
         n = _requested_n(kwargs)
         if n > self.max_n_completions:
-            parts = await asyncio.gather(
-                *(
-                    self._call("tokens", {**kwargs, "n": c})
-                    for c in split_n(n, self.max_n_completions)
-                )
-            )
-            return join_results(list(parts))
+            return await self._split_n("tokens", kwargs, n, join_results)
         return await self._call("tokens", kwargs)
 
     async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from atroposlib.envs.server_handling._common import (
-    LazyTokenizerMixin,
+    GenerateEndpointMixin,
     drop_none,
     generate_sampling_kwargs,
-    root_url,
 )
 from atroposlib.envs.server_handling.openai_server import (  # noqa: F401 - original import path
     OpenAIServer,
@@ -39,7 +38,7 @@ def parse_sglang_output(item: dict[str, Any]) -> tuple[list[int], list[float], s
     return ids, lps, str(finish or "stop")
 
 
-class SGLangServer(LazyTokenizerMixin, OpenAIServer):
+class SGLangServer(GenerateEndpointMixin, OpenAIServer):
     """An SGLang server: OpenAI API for chat/completions, native ``/generate`` for tokens."""
 
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
@@ -54,10 +53,7 @@ class SGLangServer(LazyTokenizerMixin, OpenAIServer):
             "return_logprob": True,
             "return_text_in_logprobs": False,
         }
-        data, headers = await self.fast_post_json_with_headers(
-            f"{root_url(self.config.base_url)}/generate", body
-        )
-        version = self.resolve_version(data, headers)
+        data, version = await self.post_generate(body)
         items = data if isinstance(data, list) else [data]
         tokens, logprobs, finishes = [], [], []
         for item in items:
@@ -68,8 +64,7 @@ class SGLangServer(LazyTokenizerMixin, OpenAIServer):
         return TokensResult((input_ids, tokens, logprobs, finishes), version)
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
-        top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
-        kwargs.pop("top_logprobs", None)
+        top_k = self.pop_top_k(kwargs)
         input_ids = self.pop_prompt_ids(kwargs)
         body = {
             "input_ids": input_ids,
@@ -79,7 +74,7 @@ class SGLangServer(LazyTokenizerMixin, OpenAIServer):
             "top_logprobs_num": top_k,
             "return_text_in_logprobs": False,
         }
-        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
+        data = await self.fast_post_json(self.generate_url(), body)
         meta = (data[0] if isinstance(data, list) else data).get("meta_info") or {}
         rows = meta.get("input_top_logprobs") or []
         ids_out, lps_out = [], []

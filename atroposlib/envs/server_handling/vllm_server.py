@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from atroposlib.envs.server_handling._common import (
-    LazyTokenizerMixin,
+    GenerateEndpointMixin,
     drop_none,
     generate_sampling_kwargs,
     root_url,
@@ -87,7 +87,7 @@ def topk_from_prompt_logprobs(
     return ids_out, lps_out
 
 
-class VLLMServer(LazyTokenizerMixin, OpenAIServer):
+class VLLMServer(GenerateEndpointMixin, OpenAIServer):
     """A vLLM server that also serves the custom ``/generate`` endpoint.
 
     The tokenizer (``tokenizer_name``, or ``model_name`` when that is "none") is loaded
@@ -131,10 +131,7 @@ class VLLMServer(LazyTokenizerMixin, OpenAIServer):
             "prompt": {"prompt_token_ids": prompt_ids},
             "logprobs": 0,
         }
-        data, headers = await self.fast_post_json_with_headers(
-            f"{root_url(self.config.base_url)}/generate", body
-        )
-        version = self.resolve_version(data, headers)
+        data, version = await self.post_generate(body)
         token_ids = data.get("token_ids") or [None] * len(data.get("logprobs", []))
         output_tokens, output_logprobs = [], []
         for seq_ids, seq_lps in zip(token_ids, data.get("logprobs", []), strict=False):
@@ -145,8 +142,7 @@ class VLLMServer(LazyTokenizerMixin, OpenAIServer):
         return TokensResult((prompt_ids, output_tokens, output_logprobs, finish), version)
 
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
-        top_k = int(kwargs.pop("top_k", None) or kwargs.pop("top_logprobs", None) or 1)
-        kwargs.pop("top_logprobs", None)
+        top_k = self.pop_top_k(kwargs)
         prompt_ids = self._prompt_ids(kwargs)
         body = {
             "prompt": {"prompt_token_ids": prompt_ids},
@@ -156,7 +152,7 @@ class VLLMServer(LazyTokenizerMixin, OpenAIServer):
             "top_p": 1.0,
             "max_tokens": 1,
         }
-        data = await self.fast_post_json(f"{root_url(self.config.base_url)}/generate", body)
+        data = await self.fast_post_json(self.generate_url(), body)
         prompt_lps = data.get("prompt_logprobs") or []
         if prompt_lps and isinstance(prompt_lps[0], list) and len(prompt_lps) == 1:
             prompt_lps = prompt_lps[0]  # one list per prompt
