@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +15,7 @@ from atroposlib.envs.server_handling.managed_server import (
     ManagedServer,
     ManagedServerAdapter,
     fit_logprobs,
+    server_tokenizer,
 )
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_harness import ServerHarness, create_chat_completion
@@ -267,3 +269,22 @@ async def test_large_prompts_are_rendered_and_tokenized_off_the_event_loop(
     loop_thread = threading.get_ident()
     assert [kind for kind, _ in recorder.threads] == ["render", "encode"]
     assert all((tid != loop_thread) == off_loop for _, tid in recorder.threads)
+
+
+class _FailedLazyTokenizer:
+    """A backend whose lazily loaded tokenizer failed, and whose config names none."""
+
+    config = SimpleNamespace(tokenizer_name="none", model_name="")
+
+    @property
+    def tokenizer(self):
+        raise ValueError("could not load")
+
+
+def test_the_tokenizer_is_the_servers_own_else_its_configs_else_a_clear_error(tmp_path):
+    assert server_tokenizer(SimpleNamespace(tokenizer="own", config=None)) == "own"
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        server_tokenizer(_FailedLazyTokenizer())
+    absent = SimpleNamespace(config=SimpleNamespace(tokenizer_name=str(tmp_path / "absent")))
+    with pytest.raises(ValueError, match="could not load the tokenizer"):
+        server_tokenizer(absent)

@@ -12,13 +12,14 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
+from atroposlib.envs.server_handling import managed_server_proxy
 from atroposlib.envs.server_handling._proxy_state import (
     SessionLimits,
     SessionState,
     SessionStore,
     UpstreamPolicy,
 )
-from atroposlib.envs.server_handling.managed_server_proxy import create_app, main
+from atroposlib.envs.server_handling.managed_server_proxy import ProxyState, create_app, main
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.http.openai_protocol import OpenAIError
@@ -228,3 +229,23 @@ def test_every_session_limit_is_a_proxy_flag_with_its_default_and_help(capsys):
         assert f"--{limit.name.replace('_', '-')}" in help_text
         assert " ".join(limit.metadata["help"].split()) in help_text
     assert isinstance(SessionLimits().session_idle_s, float)
+
+
+def test_the_proxy_names_a_missing_or_unloadable_tokenizer_and_loads_each_name_once(
+    monkeypatch,
+):
+    loads: list[str] = []
+    monkeypatch.setattr(managed_server_proxy, "load_tokenizer", loads.append)  # always None
+    state = ProxyState()
+    nameless = SimpleNamespace(config=SimpleNamespace(tokenizer_name="none", model_name=""))
+    with pytest.raises(OpenAIError, match="no tokenizer configured") as info:
+        state.tokenizer_for(nameless)
+    assert info.value.status == 409 and info.value.param == "tokenizer"
+    named = SimpleNamespace(config=SimpleNamespace(tokenizer_name="org/tok"))
+    for _ in range(2):
+        with pytest.raises(OpenAIError, match="could not load tokenizer 'org/tok'") as info:
+            state.tokenizer_for(named)
+        assert info.value.status == 409
+    assert loads == ["org/tok"]
+    assert ProxyState(tokenizer="given").tokenizer_for(named) == "given"
+    assert state.tokenizer_for(SimpleNamespace(tokenizer="own", config=None)) == "own"

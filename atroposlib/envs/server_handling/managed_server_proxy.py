@@ -58,7 +58,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
+from atroposlib.envs.server_handling._common import load_tokenizer
 from atroposlib.envs.server_handling._proxy_state import (
     SessionLimits,
     SessionState,
@@ -80,7 +80,7 @@ from atroposlib.envs.server_handling._proxy_upstream import (
     strict_tool_arguments,
 )
 from atroposlib.envs.server_handling._rawhttp import DEFAULT_MAX_ANSWER_BYTES
-from atroposlib.envs.server_handling.managed_server import ManagedServer, own_tokenizer
+from atroposlib.envs.server_handling.managed_server import ManagedServer, resolve_tokenizer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
 from atroposlib.http.answers import openai_error_bytes
@@ -243,28 +243,29 @@ class ProxyState:
         """The proxy's tokenizer, else the server's own, else the one its config names."""
         if self.tokenizer is not None:
             return self.tokenizer
-        existing = own_tokenizer(server)
-        if existing is not None:
-            return existing
-        name = config_tokenizer_name(getattr(server, "config", None))
-        if name is None:
-            raise OpenAIError(
+        return resolve_tokenizer(
+            server,
+            self._load_tokenizer,
+            lambda: OpenAIError(
                 "no tokenizer configured for this server: start the proxy with --tokenizer or "
                 "POST /setup with 'tokenizer'",
                 param="tokenizer",
                 status=409,
                 type="invalid_state",
-            )
-        if name not in self._tokenizers:
-            self._tokenizers[name] = load_tokenizer(name)
-        if self._tokenizers[name] is None:
-            raise OpenAIError(
+            ),
+            lambda name: OpenAIError(
                 f"could not load tokenizer {name!r} named by the server's config: POST /setup "
                 "with a loadable 'tokenizer'",
                 param="tokenizer",
                 status=409,
                 type="invalid_state",
-            )
+            ),
+        )
+
+    def _load_tokenizer(self, name: str) -> Any:
+        """``load_tokenizer(name)``, once per name (a failure, None, is remembered too)."""
+        if name not in self._tokenizers:
+            self._tokenizers[name] = load_tokenizer(name)
         return self._tokenizers[name]
 
     def session(self, session_id: str) -> SessionState:
