@@ -26,7 +26,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "serving": {"utils", "http"},
     "envs": {"utils", "http", "type_definitions"},
     "frontend": {"utils", "http", "api", "envs", "type_definitions"},
-    "cli": {"utils", "http", "api", "serving", "envs", "frontend", "tiny_model", "type_definitions"},
+    "cli": {
+        "utils",
+        "http",
+        "api",
+        "serving",
+        "envs",
+        "frontend",
+        "tiny_model",
+        "type_definitions",
+    },
     # The test doubles may use anything in the product; nothing in the product uses them.
     "testing": {
         "utils",
@@ -110,5 +119,7 @@ def test_every_package_is_on_the_contributing_map():
 
 def test_the_scan_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "mod.py"
-    source.write_text("def f():\n    from atroposlib.envs import base\n    import atroposlib.api.store\n")
+    source.write_text(
+        "def f():\n    from atroposlib.envs import base\n    import atroposlib.api.store\n"
+    )
     assert [target for _, target in _atroposlib_imports(source)] == ["envs", "api"]
