@@ -51,6 +51,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from atroposlib.http.asgi import answer_lifespan  # noqa: E402
 from atroposlib.testing.launch import run_api_cmd  # noqa: E402
 from atroposlib.testing.ports import free_port  # noqa: E402
 from atroposlib.testing.processes import PYTHON, running_process  # noqa: E402
@@ -421,13 +422,8 @@ def bench_api(port: int, pid: int, args: argparse.Namespace) -> Run:
 async def _floor_app(scope: dict, receive: Callable, send: Callable) -> None:
     """The least an ASGI app can do per request: read the whole body, answer a constant."""
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await answer_lifespan(receive, send)
+        return
     more = True
     while more:
         message = await receive()

@@ -11,11 +11,9 @@ it; every wait is bounded by a timeout.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import List, Mapping, Tuple
 
 import httpx
+
+from atroposlib.utils.processes import stop_process_group
 
 from .supervision import die_with_parent
 
@@ -212,14 +212,7 @@ class InferenceProcess:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=timeout)
+        stop_process_group(proc, timeout)
         deadline = time.monotonic() + timeout
         while not port_is_free(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)

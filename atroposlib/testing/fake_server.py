@@ -37,6 +37,7 @@ from typing import Any, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from atroposlib.http.asgi import answer_lifespan
 from atroposlib.http.headers import POLICY_VERSION_HEADER
 from atroposlib.http.openai_protocol import (
     PassThroughChatRequest,
@@ -534,13 +535,8 @@ class FakeASGIApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         chunks = []

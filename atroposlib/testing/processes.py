@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import httpx
+
+from atroposlib.utils.processes import stop_process_group
 
 __all__ = ["PYTHON", "running_process", "start_process", "stop_process", "wait_http"]
 
@@ -56,16 +57,7 @@ def wait_http(
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     """Terminate ``proc`` and its process group; kill it if it does not exit in time."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)
+    stop_process_group(proc, timeout)
 
 
 def start_process(

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from atroposlib.api.server import GZipRequestMiddleware, Info, ScoredData, Status
+from atroposlib.testing.asgi import read_body, send_plain
 from tests.api.conftest import Api
 
 
@@ -26,15 +27,8 @@ async def test_gzip_request_middleware_inflates_bodies():
     seen: list[bytes] = []
 
     async def app(scope, receive, send):
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        seen.append(body)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+        seen.append(await read_body(receive))
+        await send_plain(send, b"ok")
 
     payload = json.dumps({"tokens": [[1] * 500]}).encode()
     transport = httpx.ASGITransport(app=GZipRequestMiddleware(app))

@@ -16,18 +16,13 @@ from atroposlib.http.body import (
     BodyTooLarge,
     read_stream,
 )
+from atroposlib.testing.asgi import read_body, send_plain
 
 
 async def _echo(scope, receive, send):
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     length = dict(scope["headers"]).get(b"content-length", b"-")
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": length + b":" + body})
+    await send_plain(send, length + b":" + body)
 
 
 def _client(app):

@@ -15,6 +15,7 @@ from atroposlib.http.security import (
     load_api_key,
 )
 from atroposlib.http.server import ServerOptions, build_server
+from atroposlib.testing.asgi import read_body, send_plain
 
 
 def _secured(app, *, api_key, bind_host, allowed_origins=(), **options):
@@ -31,14 +32,7 @@ def _secured(app, *, api_key, bind_host, allowed_origins=(), **options):
 
 
 async def _echo(scope, receive, send):
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    await send({"type": "http.response.start", "status": 200, "headers": []})
-    await send({"type": "http.response.body", "body": b"ok:" + body})
+    await send_plain(send, b"ok:" + await read_body(receive))
 
 
 def _client(app, host="127.0.0.1:8000"):
