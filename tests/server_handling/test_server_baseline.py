@@ -82,3 +82,30 @@ async def test_the_retry_policy_follows_the_servers_settings():
     policy = server.retrying()
     assert policy.stop.max_attempt_number == 5
     assert policy.wait.multiplier == 2.0 and policy.wait.max == 7.0
+
+
+async def test_close_ends_a_health_loop_that_swallowed_a_cancellation(monkeypatch):
+    """``asyncio.wait_for`` before Python 3.12 can swallow a cancellation that lands as its inner
+    call finishes; the health loop then goes on probing. ``close`` must still end it."""
+    from atroposlib.envs.server_handling import server_baseline
+
+    monkeypatch.setattr(server_baseline, "CLOSE_RECANCEL_S", 0.01, raising=False)
+    server = ScriptedServer([])
+    probes = 0
+
+    async def loop_that_swallows_one_cancel() -> None:
+        nonlocal probes
+        swallowed = False
+        while True:
+            try:
+                probes += 1
+                await asyncio.sleep(0.001)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed = True  # as wait_for does when the probe's connect just finished
+
+    server.check_task = asyncio.get_running_loop().create_task(loop_that_swallows_one_cancel())
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(server.close(), 30)  # hang guard only: the old close never returned
+    assert server.check_task is None and probes > 1

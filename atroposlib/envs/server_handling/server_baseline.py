@@ -47,6 +47,8 @@ ServerType = Literal["openai", "trl", "sglang", "vllm"]
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 VALID_REASONING_EFFORTS = set(REASONING_EFFORTS)
 """The accepted reasoning efforts, as a set (the original's name)."""
+CLOSE_RECANCEL_S = 0.5
+"""How long :meth:`APIServer.close` waits for the cancelled health loop before cancelling again."""
 EFFORT_TO_MAX_TOKENS: dict[str, int] = {
     "none": 1024,
     "minimal": 3200,
@@ -477,13 +479,17 @@ class APIServer(ABC):
 
     async def close(self) -> None:
         """Stop the health loop and release backend resources."""
-        if self.check_task is not None:
-            self.check_task.cancel()
-            try:
-                await self.check_task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - shutting down
-                pass
-            self.check_task = None
+        task, self.check_task = self.check_task, None
+        if task is None or task.done():
+            return
+        # Cancel until it ends: a cancellation that lands just as a probe's connect finishes can
+        # be swallowed by ``asyncio.wait_for`` (Python < 3.12), and awaiting the task once would
+        # then wait for ever while the loop went on probing.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CLOSE_RECANCEL_S)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("health loop of %s ended with %r", self.name, task.exception())
 
     # ----------------------------------------------------------------- weights and metrics
     async def update_weight(self, weight: float) -> None:
