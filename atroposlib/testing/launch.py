@@ -1,5 +1,5 @@
-"""Command lines of the servers that tests and benchmarks start: run-api, serve-model and the
-fake inference server, each written once.
+"""Command lines of the servers that tests and benchmarks start: run-api, serve-model, the
+OpenAI proxy and the fake inference server, each written once.
 
 Each runs under the test's own interpreter (``python -m ...``) so a source checkout is
 exercised without installing its console scripts, and binds loopback only.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["fake_server_cmd", "run_api_cmd", "serve_model_cmd"]
+__all__ = ["fake_server_cmd", "proxy_cmd", "run_api_cmd", "serve_model_cmd"]
 
 
 def run_api_cmd(port: int, *extra: str, python: str | None = None) -> list[str]:
@@ -57,6 +57,19 @@ def fake_server_cmd(port: int, *extra: str, python: str | None = None) -> list[s
         python or sys.executable,
         "-m",
         "atroposlib.testing.fake_server",
+        "--port",
+        str(port),
+        *extra,
+    ]
+
+
+def proxy_cmd(port: int, *extra: str, python: str | None = None) -> list[str]:
+    """The OpenAI proxy over ManagedServer sessions on ``port`` (its own default host), then
+    ``extra`` flags (``--config``, ``--tokenizer``, bounds)."""
+    return [
+        python or sys.executable,
+        "-m",
+        "atroposlib.envs.server_handling.managed_server_proxy",
         "--port",
         str(port),
         *extra,

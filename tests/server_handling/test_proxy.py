@@ -16,6 +16,7 @@ from atroposlib.envs.server_handling.managed_server_proxy import UpstreamPolicy,
 from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import fake_servers
@@ -23,7 +24,6 @@ from tests.server_handling.conftest import fake_servers
 USER = [{"role": "user", "content": "Name a color."}]
 KEY = "proxy-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Proxy:
 
 def _start_proxy(args, log: Path, env: dict[str, str]):
     port = free_port()
-    proc = start_process([*PROXY, "--port", str(port), *args], log_path=log, env=env)
+    proc = start_process(proxy_cmd(port, *args), log_path=log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health", timeout=120, proc=proc)

@@ -7,18 +7,17 @@ liked. The proxy takes its body timeout from ``ATROPOS_BODY_TIMEOUT`` (30 s by d
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import httpx
 
+from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.pipelining import assert_flood_grows_server_little
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from atroposlib.testing.stalled_uploads import answer_of, stalled_uploads
 from tests.server_handling.conftest import start_fake
 
-PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
 USER = [{"role": "user", "content": "hi"}]
 
 
@@ -27,11 +26,11 @@ def test_stalled_bodies_get_408_while_honest_requests_keep_getting_200(tokenizer
     fake_port, port = free_port(), free_port()
     config = {"servers": [{"base_url": f"http://127.0.0.1:{fake_port}/v1", "server_type": "vllm"}]}
     (tmp_path / "servers.json").write_text(json.dumps(config))
-    args = ["--port", str(port), "--config", str(tmp_path / "servers.json")]
+    args = ["--config", str(tmp_path / "servers.json")]
     args += ["--tokenizer", str(tmp_path / "tok"), "--model-name", "fake"]
     fake = start_fake(fake_port, "--latency-ms", "1")
     proc = start_process(
-        [*PROXY, *args],
+        proxy_cmd(port, *args),
         log_path=tmp_path / "proxy.log",
         env={"ATROPOS_BODY_TIMEOUT": "1", "HF_HUB_OFFLINE": "1"},
     )
@@ -64,10 +63,10 @@ def test_the_proxy_stops_reading_a_connection_whose_answers_are_not_taken(tokeni
     fake_port, port = free_port(), free_port()
     config = {"servers": [{"base_url": f"http://127.0.0.1:{fake_port}/v1", "server_type": "vllm"}]}
     (tmp_path / "servers.json").write_text(json.dumps(config))
-    args = ["--port", str(port), "--config", str(tmp_path / "servers.json")]
+    args = ["--config", str(tmp_path / "servers.json")]
     args += ["--tokenizer", str(tmp_path / "tok"), "--model-name", "fake"]
     proc = start_process(
-        [*PROXY, *args], log_path=tmp_path / "proxy.log", env={"HF_HUB_OFFLINE": "1"}
+        proxy_cmd(port, *args), log_path=tmp_path / "proxy.log", env={"HF_HUB_OFFLINE": "1"}
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=120, proc=proc)

@@ -15,6 +15,7 @@ from typing import Iterator
 import httpx
 import pytest
 
+from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import start_fake
@@ -23,7 +24,6 @@ from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 KEY = "hostile-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 USER = [{"role": "user", "content": "hi"}]
-PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
 
 
 def _pid_rss_mb(pid: int) -> float:
@@ -69,10 +69,10 @@ def _start_proxy(tmp: Path, upstream_url: str, *extra: str) -> tuple[str, object
         ]
     }
     (tmp / "servers.json").write_text(json.dumps(servers))
-    args = ["--port", str(port), "--config", str(tmp / "servers.json")]
+    args = ["--config", str(tmp / "servers.json")]
     args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake", *extra]
     proc = start_process(
-        [*PROXY, *args],
+        proxy_cmd(port, *args),
         log_path=tmp / "proxy.log",
         env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
     )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import start_fake
@@ -23,7 +23,6 @@ from tests.server_handling.conftest import start_fake
 KEY = "redteam-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 USER = [{"role": "user", "content": "hi"}]
-PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +33,11 @@ def proxy(tokenizer, tmp_path_factory):
     fake_port, port = free_port(), free_port()
     config = {"servers": [{"base_url": f"http://127.0.0.1:{fake_port}/v1", "server_type": "vllm"}]}
     (tmp / "servers.json").write_text(json.dumps(config))
-    args = ["--port", str(port), "--config", str(tmp / "servers.json")]
+    args = ["--config", str(tmp / "servers.json")]
     args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake"]
     fake = start_fake(fake_port, "--latency-ms", "1")
     proc = start_process(
-        [*PROXY, *args],
+        proxy_cmd(port, *args),
         log_path=tmp / "proxy.log",
         env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
     )

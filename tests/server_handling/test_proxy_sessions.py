@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from types import SimpleNamespace
 
 import httpx
@@ -23,11 +22,11 @@ from atroposlib.envs.server_handling.managed_server_proxy import ProxyState, cre
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.http.openai_protocol import OpenAIError
+from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 
 USER = [{"role": "user", "content": "Name a color."}]
-PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
 
 
 class Clock:
@@ -175,10 +174,12 @@ def small_proxy(fake_pool, tokenizer, tmp_path_factory):
     config = {"servers": [{"base_url": fake_pool[1].base_url, "server_type": "vllm"}]}
     (tmp / "servers.json").write_text(json.dumps(config))
     port = free_port()
-    args = ["--port", str(port), "--config", str(tmp / "servers.json")]
+    args = ["--config", str(tmp / "servers.json")]
     args += ["--tokenizer", str(tmp / "tok"), "--max-sessions", "2"]
     args += ["--max-session-nodes", "3", "--max-stored-tokens", "20000"]
-    proc = start_process([*PROXY, *args], log_path=tmp / "proxy.log", env={"HF_HUB_OFFLINE": "1"})
+    proc = start_process(
+        proxy_cmd(port, *args), log_path=tmp / "proxy.log", env={"HF_HUB_OFFLINE": "1"}
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health", timeout=120, proc=proc)

@@ -8,7 +8,6 @@ answer to the same request, and the session records the same tokens and logprobs
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -16,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.server_handling.conftest import fake_servers
@@ -24,7 +24,6 @@ from tests.server_handling.hostile_upstream import HOSTILE, Upstream
 KEY = "stream-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 USER = [{"role": "user", "content": "Name three colors."}]
-PROXY = [sys.executable, "-m", "atroposlib.envs.server_handling.managed_server_proxy"]
 MAX_NODES = 8
 
 
@@ -72,11 +71,11 @@ def proxy(tokenizer, tmp_path_factory) -> Iterator[Proxy]:
             ]
             (tmp / "servers.json").write_text(json.dumps({"servers": servers}))
             port = free_port()
-            args = ["--port", str(port), "--config", str(tmp / "servers.json")]
+            args = ["--config", str(tmp / "servers.json")]
             args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake"]
             args += ["--max-session-nodes", str(MAX_NODES)]
             proc = start_process(
-                [*PROXY, *args],
+                proxy_cmd(port, *args),
                 log_path=tmp / "proxy.log",
                 env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
             )
