@@ -366,21 +366,26 @@ def _file_problem(path: Path) -> str | None:
     page = 65536 if page == 1 else page
     if page < 512 or size % page:
         return f"{path} is truncated ({size} bytes is not a whole number of {page}-byte pages)"
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    frames = _shm_frames(shm) if shm.exists() else None
+    wal_size = wal.stat().st_size if wal.exists() else 0
+    # A checkpoint copies WAL pages into the main file in page order, page 1 (the header)
+    # first, and extends the file as it goes: a server killed mid-checkpoint leaves a main
+    # file shorter than its header says while the WAL still holds every page. The header's
+    # size is only a promise once no committed page lives solely in the WAL.
+    pending = frames[0] > frames[1] if frames is not None else wal_size > _WAL_HEADER
     (pages,) = struct.unpack_from(">I", header, 28)
     change, valid_for = (
         struct.unpack_from(">I", header, 24)[0],
         struct.unpack_from(">I", header, 92)[0],
     )
-    if pages and change == valid_for and size < pages * page:
+    if pages and change == valid_for and size < pages * page and not pending:
         return f"{path} is truncated ({size} bytes, its header says {pages * page})"
-    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
-    frames = _shm_frames(shm) if shm.exists() else None
     if frames is not None:
         mx_frame, backfill = frames
         if mx_frame > backfill:
             needed = _WAL_HEADER + mx_frame * (page + _WAL_FRAME_HEADER)
-            wal_size = wal.stat().st_size if wal.exists() else None
-            if wal_size is None:
+            if not wal.exists():
                 return f"{wal} is missing although {mx_frame - backfill} committed pages live only there"
             if wal_size < needed:
                 what = "empty (zero-length)" if wal_size == 0 else f"truncated ({wal_size} bytes)"
