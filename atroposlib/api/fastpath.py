@@ -1,13 +1,13 @@
 """Raw-ASGI hot path for the endpoints environments and trainers call in a loop.
 
-``POST /scored_data``, ``POST /scored_data_list`` and ``GET /batch`` are
-declared once, in :data:`HOT_ENDPOINTS`: their handler and their OpenAPI entry
-(:func:`openapi_paths`, merged into the app's schema). They are answered here
-without FastAPI's request objects, routing and dependency machinery, and
-nowhere else. ``GET /status-env?env_id=N`` is answered here too; its FastAPI
-route serves the schema and the legacy JSON-body form, through the same
-:mod:`~atroposlib.api.handlers` function. The hot path sits inside the auth,
-body-limit and gzip middleware, so those apply unchanged.
+``POST /scored_data``, ``POST /scored_data_list``, ``GET /batch`` and
+``GET /status-env`` are declared once, in :data:`HOT_ENDPOINTS`: their handler
+and their OpenAPI entry (:func:`openapi_paths`, merged into the app's schema).
+They are answered here without FastAPI's request objects, routing and
+dependency machinery, and nowhere else; ``/status-env`` takes ``env_id`` as a
+query parameter or, from old clients, as a JSON body, and words its 422s as
+FastAPI would. The hot path sits inside the auth, body-limit and gzip
+middleware, so those apply unchanged.
 
 With ``--persist``, posts are committed in groups: every post handled in one
 turn of the event loop is applied in memory, then one SQLite transaction
@@ -21,16 +21,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, Sequence, Tuple
 from urllib.parse import parse_qs
 
-from starlette.datastructures import URL
+from fastapi.openapi.utils import (
+    validation_error_definition,
+    validation_error_response_definition,
+)
+from pydantic import TypeAdapter, ValidationError
+from starlette.datastructures import URL, QueryParams
 from starlette.responses import RedirectResponse
 
 from atroposlib.api import handlers
-from atroposlib.api.errors import ApiError, StorageError, error_response
-from atroposlib.api.models import ScoredData
+from atroposlib.api.errors import (
+    ApiError,
+    BodyValidationError,
+    StorageError,
+    error_response,
+    invalid_body,
+)
+from atroposlib.api.models import EnvIdentifier, ScoredData
 from atroposlib.api.store import RolloutStore
 from atroposlib.http.answers import send_response
 from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
@@ -45,6 +57,7 @@ __all__ = [
     "HotEndpoint",
     "HotPathMiddleware",
     "openapi_paths",
+    "openapi_schemas",
 ]
 
 INGEST_ROUTES = frozenset({("POST", "/scored_data"), ("POST", "/scored_data_list")})
@@ -75,18 +88,33 @@ async def _read_body(receive: Receive) -> bytes | None:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+_OPTIONAL_INT = TypeAdapter(int | None)
+_ENV_ID_DESCRIPTION = "The asking env's id."
+
+
 def _query_env_id(scope: Scope) -> int | None:
-    """``env_id`` from the query string when it is a plain int; None leaves the request to FastAPI."""
+    """``env_id`` of ``GET /status-env?env_id=N``; None when the query has none (422 when bad).
+
+    A plain int (the last non-blank value) is taken as it is; anything else is
+    validated as FastAPI validates an ``int | None`` query parameter (the last
+    value, blanks kept), so old answers and their 422 wording stay the same.
+    """
     query = scope.get("query_string", b"")
     if not query:
         return None
     values = parse_qs(query.decode("latin-1")).get("env_id")
-    if not values:
+    if values:
+        try:
+            return int(values[-1])
+        except ValueError:
+            pass
+    value = QueryParams(query).get("env_id")
+    if value is None:
         return None
     try:
-        return int(values[-1])
-    except ValueError:
-        return None
+        return _OPTIONAL_INT.validate_python(value)
+    except ValidationError as e:
+        raise invalid_body(e, ("query", "env_id")) from None
 
 
 def _query_ack(scope: Scope) -> str | None:
@@ -108,6 +136,24 @@ def _scored_data_list(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
 
 def _batch(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
     return handlers.serve_batch(store, _query_ack(scope))
+
+
+def _status_env(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
+    env_id = _query_env_id(scope)
+    if env_id is None:
+        # The original's clients send ``{"env_id": N}`` as the body of the GET.
+        if not body.strip():
+            raise BodyValidationError(
+                [
+                    {
+                        "type": "missing",
+                        "loc": ["query", "env_id"],
+                        "msg": "env_id is required: GET /status-env?env_id=N",
+                    }
+                ]
+            )
+        env_id = handlers.parse_body(EnvIdentifier, body).env_id
+    return handlers.status_env(store, env_id)
 
 
 @dataclass(frozen=True)
@@ -133,7 +179,9 @@ class HotEndpoint:
         op: Dict[str, Any] = {
             "summary": self.name.replace("_", " ").title(),
             "description": self.doc,
-            "operationId": f"{self.name}{self.path.replace('/', '_')}_{self.method.lower()}",
+            # As FastAPI's generate_unique_id: every non-word character of the path becomes "_".
+            "operationId": re.sub(r"\W", "_", f"{self.name}{self.path}")
+            + f"_{self.method.lower()}",
         }
         if self.query:
             op["parameters"] = list(self.query)
@@ -196,6 +244,26 @@ HOT_ENDPOINTS: Tuple[HotEndpoint, ...] = (
             },
         ),
     ),
+    HotEndpoint(
+        "GET",
+        "/status-env",
+        "status_env",
+        "An env's throttling signal; ``env_id`` as query parameter or (old clients) JSON body.",
+        _status_env,
+        query=(
+            {
+                "name": "env_id",
+                "in": "query",
+                "required": False,
+                "schema": {
+                    "anyOf": [{"type": "integer"}, {"type": "null"}],
+                    "description": _ENV_ID_DESCRIPTION,
+                    "title": "Env Id",
+                },
+                "description": _ENV_ID_DESCRIPTION,
+            },
+        ),
+    ),
 )
 """The endpoints the hot path answers: each declared here once, handler and schema."""
 
@@ -206,6 +274,17 @@ def openapi_paths(endpoints: Sequence[HotEndpoint] = HOT_ENDPOINTS) -> Dict[str,
     for e in endpoints:
         paths.setdefault(e.path, {})[e.method.lower()] = e.operation()
     return paths
+
+
+def openapi_schemas(endpoints: Sequence[HotEndpoint] = HOT_ENDPOINTS) -> Dict[str, Any]:
+    """The ``components.schemas`` entries that the operations of ``endpoints`` refer to:
+    FastAPI's validation-error schemas, as it adds them for a route with parameters."""
+    if not any(e.query for e in endpoints):
+        return {}
+    return {
+        "HTTPValidationError": validation_error_response_definition,
+        "ValidationError": validation_error_definition,
+    }
 
 
 class BypassFor:
@@ -252,11 +331,6 @@ class HotPathMiddleware:
         method, path = scope["method"], scope["path"]
         endpoint = self._routes.get((method, path))
         if endpoint is None:
-            if method == "GET" and path == "/status-env":
-                env_id = _query_env_id(scope)
-                if env_id is not None:
-                    await self._answer(send, lambda: handlers.status_env(self.store, env_id))
-                    return
             allow = self._allow.get(path)
             if allow is not None:  # the path is declared here only: answer as a router would
                 await send_response(

@@ -1,9 +1,9 @@
 """The rollout API's HTTP routes (docs/design.md, "Rollout API routes"): parse, call the :class:`RolloutStore`, answer.
 
 ``create_app(settings)`` builds one app around one store. The hot endpoints
-are also answered by :class:`~atroposlib.api.fastpath.HotPathMiddleware`
-through the same :mod:`~atroposlib.api.handlers`; the routes here define the
-OpenAPI schema and serve everything else.
+(``/scored_data``, ``/scored_data_list``, ``/batch``, ``/status-env``) are declared
+and answered only by :class:`~atroposlib.api.fastpath.HotPathMiddleware`, their
+schema merged into this app's; the routes here serve everything else.
 """
 
 from __future__ import annotations
@@ -13,18 +13,19 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from atroposlib.api import handlers
 from atroposlib.api.compression import GzipResponseMiddleware
-from atroposlib.api.errors import BodyValidationError, install_error_handlers
+from atroposlib.api.errors import install_error_handlers
 from atroposlib.api.fastpath import (
     SMALL_ANSWER_ROUTES,
     BypassFor,
     HotPathMiddleware,
     openapi_paths,
+    openapi_schemas,
 )
 from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
 from atroposlib.api.middleware import GZipRequestMiddleware
@@ -216,6 +217,7 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
     def openapi() -> dict[str, Any]:
         schema = fastapi_openapi()
         schema["paths"].update(openapi_paths())
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_schemas())
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -282,26 +284,6 @@ def _add_routes(app: FastAPI, store: RolloutStore) -> None:
         """Current step and queued groups, plus buffered groups, the unacknowledged batch
         and the envs silent for longer than --env-timeout."""
         return store.status()
-
-    @app.get("/status-env")
-    async def status_env(
-        request: Request, env_id: int | None = Query(None, description="The asking env's id.")
-    ) -> Response:
-        """An env's throttling signal; ``env_id`` as query parameter or (old clients) JSON body."""
-        if env_id is None:
-            body = await request.body()
-            if not body.strip():
-                raise BodyValidationError(
-                    [
-                        {
-                            "type": "missing",
-                            "loc": ["query", "env_id"],
-                            "msg": "env_id is required: GET /status-env?env_id=N",
-                        }
-                    ]
-                )
-            env_id = handlers.parse_body(EnvIdentifier, body).env_id
-        return _json(handlers.status_env(store, env_id))
 
     @app.post("/reset_data", response_class=PlainTextResponse)
     async def reset_data() -> PlainTextResponse:

@@ -23,7 +23,12 @@ def test_the_hot_endpoints_have_no_fastapi_route():
     routes = {
         (method, r.path) for r in app.routes if isinstance(r, APIRoute) for method in r.methods
     }
-    assert _HOT == {("POST", "/scored_data"), ("POST", "/scored_data_list"), ("GET", "/batch")}
+    assert _HOT == {
+        ("POST", "/scored_data"),
+        ("POST", "/scored_data_list"),
+        ("GET", "/batch"),
+        ("GET", "/status-env"),
+    }
     assert not routes & _HOT
 
 

@@ -1,0 +1,177 @@
+"""``GET /status-env``: declared once on the hot path, in both its forms (``?env_id=N`` and the
+original's JSON body ``{"env_id": N}``), with FastAPI's 422 wording and its schema entry.
+
+The expected answers were read from a run-api whose FastAPI route still served the JSON-body
+form and the 422s; they are pinned here byte for byte.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.routing import APIRoute
+
+from atroposlib.api import APISettings, create_app
+from tests.api.conftest import Api
+
+_NOT_INT = (
+    b'{"detail":[{"type":"int_parsing","loc":["query","env_id"],'
+    b'"msg":"Input should be a valid integer, unable to parse string as an integer"}]}'
+)
+_MISSING = (
+    b'{"detail":[{"type":"missing","loc":["query","env_id"],'
+    b'"msg":"env_id is required: GET /status-env?env_id=N"}]}'
+)
+
+
+def _unknown(env_id: int) -> bytes:
+    message = f"unknown env_id {env_id}: register the environment with /register-env first"
+    return f'{{"detail":"{message}","status":"failure","error":"{message}"}}'.encode()
+
+
+def _get(api: Api, url: str, body: bytes | None = None):
+    headers = {"content-type": "application/json"} if body is not None else {}
+    return api.client.request("GET", url, content=body, headers=headers)
+
+
+@pytest.fixture
+def registered(fresh: Api) -> Api:
+    """A reset server with a trainer and one env (``env_id`` 0)."""
+    fresh.start_trainer()
+    assert fresh.register_env() == 0
+    return fresh
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        ("/status-env?env_id=0", None),
+        ("/status-env", b'{"env_id": 0}'),
+        ("/status-env", b'{"env_id": "0"}'),
+        ("/status-env?foo=1", b'{"env_id": 0, "extra": 1}'),
+        ("/status-env?env_id=0", b'{"env_id": 99}'),  # the query wins over the body
+        ("/status-env?env_id=00", None),
+        ("/status-env?env_id=x&env_id=0", None),  # the last value counts
+    ],
+)
+def test_status_env_answers_the_query_and_the_legacy_body_form_alike(
+    registered: Api, url: str, body: bytes | None
+):
+    answer = _get(registered, url, body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json() == registered.client.get("/status-env", params={"env_id": 0}).json()
+    assert set(answer.json()) >= {"current_step", "queue_size", "env_weight", "max_group_size"}
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "status", "expected"),
+    [
+        ("/status-env", None, 422, _MISSING),
+        ("/status-env", b"   ", 422, _MISSING),
+        ("/status-env?foo=1", b"", 422, _MISSING),
+        ("/status-env?env_id=abc", None, 422, _NOT_INT),
+        ("/status-env?env_id=", None, 422, _NOT_INT),
+        ("/status-env?env_id=1.5", None, 422, _NOT_INT),
+        ("/status-env?env_id=0&env_id=x", None, 422, _NOT_INT),
+        ("/status-env?env_id=abc", b'{"env_id": 0}', 422, _NOT_INT),
+        (
+            "/status-env",
+            b"{oops",
+            422,
+            b'{"detail":[{"type":"json_invalid","loc":["body"],'
+            b'"msg":"Invalid JSON: key must be a string at line 1 column 2"}]}',
+        ),
+        (
+            "/status-env",
+            b"{}",
+            422,
+            b'{"detail":[{"type":"missing","loc":["body","env_id"],"msg":"Field required"}]}',
+        ),
+        (
+            "/status-env",
+            b"[]",
+            422,
+            b'{"detail":[{"type":"model_type","loc":["body"],"msg":"Input should be an object"}]}',
+        ),
+        (
+            "/status-env",
+            b'{"env_id": 1.5}',
+            422,
+            b'{"detail":[{"type":"int_from_float","loc":["body","env_id"],'
+            b'"msg":"Input should be a valid integer, got a number with a fractional part"}]}',
+        ),
+        ("/status-env?env_id=99", None, 404, _unknown(99)),
+        ("/status-env?env_id=1.0", None, 404, _unknown(1)),
+        ("/status-env", b'{"env_id": 99}', 404, _unknown(99)),
+        ("/status-env?env_id=99", b'{"env_id": 0}', 404, _unknown(99)),
+    ],
+)
+def test_status_env_errors_are_answered_as_before(
+    registered: Api, url: str, body: bytes | None, status: int, expected: bytes
+):
+    answer = _get(registered, url, body)
+    assert (answer.status_code, answer.content) == (status, expected)
+    assert answer.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_other_methods_on_status_env_are_405_with_allow_get(fresh: Api, method: str):
+    answer = fresh.client.request(method, "/status-env?env_id=0")
+    assert (answer.status_code, answer.headers["allow"]) == (405, "GET")
+    assert answer.content == b'{"detail":"Method Not Allowed"}'
+
+
+def test_status_env_with_a_trailing_slash_is_redirected_with_its_query(fresh: Api):
+    answer = fresh.client.get("/status-env/?env_id=0", follow_redirects=False)
+    assert answer.status_code == 307
+    assert answer.headers["location"] == f"{fresh.base_url}/status-env?env_id=0"
+
+
+def test_status_env_schema_entry_is_the_one_fastapi_wrote(fresh: Api):
+    schema = fresh.client.get("/openapi.json").json()
+    description = "The asking env's id."
+    assert schema["paths"]["/status-env"] == {
+        "get": {
+            "summary": "Status Env",
+            "description": "An env's throttling signal; ``env_id`` as query parameter or "
+            "(old clients) JSON body.",
+            "operationId": "status_env_status_env_get",
+            "parameters": [
+                {
+                    "name": "env_id",
+                    "in": "query",
+                    "required": False,
+                    "schema": {
+                        "anyOf": [{"type": "integer"}, {"type": "null"}],
+                        "description": description,
+                        "title": "Env Id",
+                    },
+                    "description": description,
+                }
+            ],
+            "responses": {
+                "200": {
+                    "description": "Successful Response",
+                    "content": {"application/json": {"schema": {}}},
+                },
+                "422": {
+                    "description": "Validation Error",
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/HTTPValidationError"}
+                        }
+                    },
+                },
+            },
+        }
+    }
+    components = schema["components"]["schemas"]
+    assert components["HTTPValidationError"]["properties"]["detail"]["items"] == {
+        "$ref": "#/components/schemas/ValidationError"
+    }
+    assert components["ValidationError"]["required"] == ["loc", "msg", "type"]
+
+
+def test_status_env_has_no_fastapi_route():
+    app = create_app(APISettings())
+    assert not [r for r in app.routes if isinstance(r, APIRoute) and r.path == "/status-env"]
