@@ -1,0 +1,186 @@
+"""``VerifiersEnv`` runs a verifiers 0.4 taskset (``vf_v1_tasks``, offline) through the
+OpenAI proxy against the tiny model, as processes: serve-model, the proxy, and the
+environment under ``.venv-verifiers/bin/python`` (verifiers 0.4 needs openai<3, so it
+has a venv of its own; ``make test`` builds it).
+
+Without that venv the process tests skip, except under CI (``CI`` set), where they
+fail and name the command that builds it: CI must never pass without running them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+from atroposlib.testing.launch import proxy_cmd
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
+from tests.environments.env_helpers import check_groups, process_argv, unmasked_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_PYTHON = ROOT / ".venv-verifiers" / "bin" / "python"
+SERVER = ROOT / "environments" / "verifiers_v1_server.py"
+BUILD_HINT = "build it with `make .venv-verifiers` (verifiers 0.4 from requirements-verifiers.lock)"
+WORDS = ["apple", "river", "stone", "cloud", "green", "tiger", "piano", "lemon"]
+
+
+def _verifiers_v1_python() -> str:
+    """The venv interpreter with verifiers 0.4; skips (fails under CI) without it."""
+    problem = None
+    if not VENV_PYTHON.exists():
+        problem = f"{VENV_PYTHON} does not exist"
+    else:
+        probe = subprocess.run(
+            [str(VENV_PYTHON), "-c", "import verifiers.v1"], capture_output=True, text=True
+        )
+        if probe.returncode != 0:
+            problem = f"{VENV_PYTHON} cannot import verifiers.v1: {probe.stderr[-500:]}"
+    if problem is not None:
+        message = f"{problem}; {BUILD_HINT}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return str(VENV_PYTHON)
+
+
+def _expected_score(reply: str, word: str) -> float:
+    """``vf_v1_tasks``'s scorer, restated: the word in the reply is 1.0, else half the
+    share of letters (verifiers strips the reply first)."""
+    reply = reply.strip()
+    if word in reply.lower():
+        return 1.0
+    return round(0.5 * sum(c.isalpha() for c in reply) / len(reply), 4) if reply else 0.0
+
+
+@pytest.fixture(scope="module")
+def proxy(serve_model: Dict[str, str], tmp_path_factory) -> Iterator[str]:
+    """URL of the managed-server proxy over the tiny model's serve-model."""
+    tmp = tmp_path_factory.mktemp("vf-proxy")
+    server = {
+        "base_url": serve_model["base_url"],
+        "model_name": serve_model["model"],
+        "server_type": "vllm",
+        "timeout": 120,
+    }
+    config = tmp / "servers.json"
+    config.write_text(json.dumps({"servers": [server], "tokenizer": serve_model["model"]}))
+    port = free_port()
+    with running_process(
+        proxy_cmd(port, "--config", str(config)),
+        health_url=f"http://127.0.0.1:{port}/health",
+        timeout=120,
+        log_path=tmp / "proxy.log",
+        env={"HF_HUB_OFFLINE": "1"},
+    ):
+        yield f"http://127.0.0.1:{port}"
+
+
+DRIVER = """
+import asyncio, json, runpy, sys
+from atroposlib.envs.cli import build_env, parse_cli
+VerifiersEnv = runpy.run_path(sys.argv[1])["VerifiersEnv"]
+for argv in json.loads(sys.argv[2]):
+    env = build_env(VerifiersEnv, parse_cli(VerifiersEnv, argv))
+    asyncio.run(env.process_manager() if argv[0] == "process" else env.run_evaluate())
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(serve_model, proxy, tmp_path_factory) -> Path:
+    """One environment process (the runnable file's ``VerifiersEnv`` under
+    ``.venv-verifiers``) that runs ``process`` (2 groups of 2 rollouts) and then
+    ``evaluate`` (2 held-out tasks); returns its output directory."""
+    python = _verifiers_v1_python()
+    tmp = tmp_path_factory.mktemp("vf-runs")
+    common = ["--proxy_url", proxy, "--env.taskset_id", "vf_v1_tasks"]
+    process = process_argv(serve_model, tmp / "vf.jsonl", group_size=2, steps=2)
+    process += [*common, "--env.max_tokens_per_turn", "12"]
+    evaluate = process_argv(serve_model, tmp / "unused.jsonl")
+    evaluate[0] = "evaluate"
+    evaluate += [*common, "--env.max_tokens_per_turn", "8", "--env.eval_limit", "2"]
+    evaluate += ["--env.eval_taskset_args", '{"offset": 5, "size": 3}']
+    evaluate += ["--env.data_dir_to_save_evals", str(tmp / "evals")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "tests" / "environments"),
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    env.pop("ATROPOS_PROXY_URL", None)
+    done = subprocess.run(
+        [python, "-c", DRIVER, str(SERVER), json.dumps([process, evaluate])],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return tmp
+
+
+def test_process_mode_trains_the_policy_turn_scored_by_the_taskset(serve_model, runs):
+    from transformers import AutoTokenizer
+
+    groups = check_groups(runs / "vf.jsonl", group_size=2, n_groups=2, lo=0.0, hi=1.0)
+    tokenizer = AutoTokenizer.from_pretrained(serve_model["model"])
+    scores = []
+    for group in groups:
+        for tokens, masks, messages, score in zip(
+            group["tokens"], group["masks"], group["messages"], group["scores"], strict=True
+        ):
+            assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+            word = messages[1]["content"].removeprefix("Say the word ").removesuffix(".")
+            assert word in WORDS, messages[1]
+            # Only the policy's reply is trained, and it is the text the taskset scored.
+            assert unmasked_runs(masks) == 1
+            trained = [t for t, m in zip(tokens, masks, strict=True) if m != -100]
+            reply = messages[-1]["content"]
+            assert tokenizer.decode(trained, skip_special_tokens=True).strip() == reply.strip()
+            assert score == pytest.approx(_expected_score(reply, word))
+            scores.append(score)
+        # A group is group_size rollouts of one task.
+        assert len({m[1]["content"] for m in group["messages"]}) == 1
+    assert len(set(scores)) >= 2, scores
+
+
+def test_evaluate_mode_reports_the_mean_reward_of_held_out_tasks(runs):
+    metrics = json.loads((runs / "evals" / "metrics.json").read_text())["results"]["all"]
+    assert metrics["eval/failed_rollouts"] == 0.0
+    assert 0.0 <= metrics["eval/mean_reward"] <= 1.0
+    assert metrics["eval/reward/says_word"] == pytest.approx(metrics["eval/mean_reward"])
+    samples = [
+        json.loads(line)
+        for path in (runs / "evals").glob("samples*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    # The eval taskset's first two tasks (offset 5), not the training ones.
+    assert sorted(s["task"] for s in samples) == ["echo-piano", "echo-tiger"]
+    for sample in samples:
+        word = sample["task"].removeprefix("echo-")
+        assert sample["score"] == pytest.approx(
+            _expected_score(sample["messages"][-1]["content"], word)
+        )
+
+
+def test_the_adapter_names_the_extra_when_verifiers_0_4_is_missing():
+    """The adapter module imports without verifiers; asking for verifiers 0.4 where it
+    is absent (or the 0.1 line is installed, as in the main venv) names the extra."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from atroposlib.envs.adapters import verifiers_v1
+
+    try:
+        installed = version("verifiers")
+    except PackageNotFoundError:
+        installed = None
+    if installed is not None and installed.startswith("0.4"):
+        pytest.skip("verifiers 0.4 is installed in this venv")
+    with pytest.raises(ImportError, match=r"atroposlib\[verifiers-v1\].*make \.venv-verifiers"):
+        verifiers_v1.import_verifiers()
