@@ -42,6 +42,31 @@ lock:
 	  --constraint $(TORCH) --output-file $(LOCK) pyproject.toml
 	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(LOCK)
 
+# verifiers 0.4 (VerifiersEnv, the `verifiers-v1` extra) needs openai<3 and shares its name
+# with the `verifiers` extra's 0.1.9, so it gets a venv of its own from its own lock: the
+# project's core dependencies plus verifiers 0.4 (the tests run its environment there).
+VF_VENV  := .venv-verifiers
+VF_LOCK  := requirements-verifiers.lock
+VF_STAMP := $(VF_VENV)/.installed-stamp
+.PHONY: $(VF_VENV) lock-verifiers
+
+$(VF_VENV): $(VF_STAMP)
+
+$(VF_STAMP): pyproject.toml $(VF_LOCK) $(TORCH)
+	@test -x $(VF_VENV)/bin/python || $(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VF_VENV)/bin/python -m pip install -q -c $(TORCH) -r $(VF_LOCK)
+	$(VF_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $(VF_STAMP)
+
+lock-verifiers:
+	@test -x .venv-lock/bin/pip-compile || { $(PYTHON) -m venv .venv-lock && \
+	  .venv-lock/bin/pip install -q --upgrade pip pip-tools; }
+	.venv-lock/bin/pip-compile --quiet --upgrade --strip-extras --no-emit-index-url \
+	  --no-emit-find-links --extra dev --extra verifiers-v1 \
+	  --constraint $(TORCH) --output-file $(VF_LOCK) pyproject.toml
+	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(VF_LOCK)
+
 # $(call smoke_in,VENV,PIP_ARGS): a fresh venv at VENV, the torch pin, the project with PIP_ARGS,
 # its versions written to VENV/versions.txt, then the smoke subset.
 define smoke_in
@@ -73,7 +98,7 @@ browser:
 	      || echo "chromium could not be installed; the browser test will be skipped"; \
 	  else echo "chromium not found; the browser test will be skipped"; fi; }
 
-test: install browser
+test: install browser $(VF_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q
 
 demo: install
@@ -98,4 +123,4 @@ bench: install
 	$(PY) benchmarks/trainer_bench.py
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock $(VF_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Dict, Iterator
 
 import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
@@ -184,3 +188,21 @@ def test_the_adapter_names_the_extra_when_verifiers_0_4_is_missing():
         pytest.skip("verifiers 0.4 is installed in this venv")
     with pytest.raises(ImportError, match=r"atroposlib\[verifiers-v1\].*make \.venv-verifiers"):
         verifiers_v1.import_verifiers()
+
+
+def test_the_verifiers_lock_pins_verifiers_0_4_and_every_core_dependency_in_range():
+    """``requirements-verifiers.lock`` (``make lock-verifiers``) matches pyproject: the
+    ``verifiers-v1`` extra and every core dependency pinned inside its declared range."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["verifiers-v1"]]
+    pins = {}
+    for line in (ROOT / "requirements-verifiers.lock").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            pins[canonicalize_name(name)] = Version(ver)
+    for spec in map(Requirement, wanted):
+        name = canonicalize_name(spec.name)
+        assert name in pins, f"{name} is not in requirements-verifiers.lock"
+        assert spec.specifier.contains(pins[name], prereleases=True), (name, pins[name])
+    assert pins["openai"] < Version("3")
