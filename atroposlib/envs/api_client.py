@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Dict
 
 import httpx
+import orjson
 
+from atroposlib.envs.validation import is_plain_json
 from atroposlib.utils.io import auth_headers
 
 logger = logging.getLogger(__name__)
@@ -23,13 +25,26 @@ GZIP_MIN_BYTES = 1024
 DEFAULT_TIMEOUT_S = 30.0
 
 
+def _encode_json(payload: Any) -> bytes:
+    """``payload`` as compact JSON: by ``orjson`` when that writes the same JSON value as
+    ``json.dumps`` (plain data, finite floats: :func:`~.validation.is_plain_json`), several
+    times faster on token lists; else by ``json.dumps``, whose rules (``NaN`` written as
+    such, non-``str`` keys turned into strings, errors for what it cannot encode) stay."""
+    if is_plain_json(payload):
+        try:
+            return orjson.dumps(payload)
+        except orjson.JSONEncodeError:  # an int beyond 64 bits, a lone surrogate
+            pass
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 def encode_body(payload: Any, minimum_size: int = GZIP_MIN_BYTES) -> tuple[bytes, Dict[str, str]]:
     """Serialize ``payload`` to JSON; gzip it when >= ``minimum_size`` bytes (1 KiB) and
     compression helps.
 
     Returns the body and the headers that describe it.
     """
-    raw = json.dumps(payload, separators=(",", ":")).encode()
+    raw = _encode_json(payload)
     headers = {"Content-Type": "application/json"}
     if len(raw) >= minimum_size:
         packed = gzip.compress(raw, compresslevel=1)

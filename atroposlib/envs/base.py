@@ -407,7 +407,8 @@ class BaseEnv(ABC):
             return None
         for key in OPTIONAL_GROUP_KEYS:
             group.setdefault(key, None)  # type: ignore[misc]
-        self.completion_lengths.extend(sum(1 for m in mask if m != -100) for mask in group["masks"])
+        # Masks are lists of ints by now (normalize_group): count the prompt positions in C.
+        self.completion_lengths.extend(len(mask) - mask.count(-100) for mask in group["masks"])
         if self.max_token_len <= 0:
             if not self.process_mode:
                 logger.warning(

@@ -89,6 +89,7 @@ class GroupSender:
         self.outboxed = 0
         self.posts = 0
         self._queue: Deque[_Pending] = deque()
+        self._queued_groups = 0  # groups in _queue, kept so send() need not sum the queue
         self._in_flight = 0
         self._queued = asyncio.Event()
         self._wake_flusher = asyncio.Event()
@@ -118,9 +119,10 @@ class GroupSender:
         if not groups:
             return True
         self.start()
-        backlog = sum(len(p.groups) for p in self._queue)
+        backlog = self._queued_groups
         pending = _Pending(groups, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
+        self._queued_groups += len(groups)
         self._queued.set()
         if not wait and backlog < self.high_water and not self.degraded:
             return None
@@ -140,6 +142,7 @@ class GroupSender:
             ):
                 break
             batch.append(self._queue.popleft())
+            self._queued_groups -= len(nxt.groups)
             n_groups += len(nxt.groups)
             tokens += size
         return batch
@@ -291,6 +294,7 @@ class GroupSender:
         self._pump = self._flusher = None
         while self._queue:
             pending = self._queue.popleft()
+            self._queued_groups -= len(pending.groups)
             self._park(pending.groups, "sender stopped")
             _resolve(pending, False)
         if len(self.outbox):

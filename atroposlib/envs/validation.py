@@ -59,7 +59,15 @@ def _dtype_kind(value: Any) -> str | None:
 
 def _as_list(value: Any, field: str, index: int, want: str) -> List[Any]:
     """One sequence as a plain list (``want`` is ``"int"`` or ``"float"``)."""
-    where = f"{field}[{index}]"
+    if type(value) is not list:  # a plain list (nearly every sequence) needs no conversion
+        value = _to_list(value, f"{field}[{index}]", want)
+    if len(value) == 1 and isinstance(value[0], (list, tuple)):
+        value = list(value[0])  # a batch of one sequence, e.g. return_tensors="pt"
+    return _check_items(value, field, index, want)
+
+
+def _to_list(value: Any, where: str, want: str) -> List[Any]:
+    """A sequence that is not a plain list (mapping, array, tensor, tuple) as one."""
     if isinstance(value, Mapping):
         if "input_ids" not in value:
             raise InvalidGroupError(
@@ -75,22 +83,28 @@ def _as_list(value: Any, field: str, index: int, want: str) -> List[Any]:
         value = list(value)
     if not isinstance(value, list):
         raise InvalidGroupError(where, f"expected a list of {want}s, got {type(value).__name__}")
-    if len(value) == 1 and isinstance(value[0], (list, tuple)):
-        value = list(value[0])  # a batch of one sequence, e.g. return_tensors="pt"
-    return _check_items(value, where, want)
+    return value
 
 
-def _check_items(seq: List[Any], where: str, want: str) -> List[Any]:
+_INT_ONLY = frozenset((int,))
+_FLOAT_ONLY = frozenset((float,))
+
+
+def _check_items(seq: List[Any], field: str, index: int | None, want: str) -> List[Any]:
+    """``seq`` with every item an ``int`` (``want="int"``) or a ``float``; errors name
+    ``field[index]`` (``field`` alone when ``index`` is None)."""
     types = set(map(type, seq))
     if want == "int":
-        if types <= {int}:
+        if types <= _INT_ONLY:
             return seq
+        where = field if index is None else f"{field}[{index}]"
         for i, v in enumerate(seq):
             if isinstance(v, bool) or not isinstance(v, Integral):
                 raise InvalidGroupError(f"{where}[{i}]", f"expected an int, got {v!r}")
         return [int(v) for v in seq]
-    if types <= {float}:
+    if types <= _FLOAT_ONLY:
         return seq
+    where = field if index is None else f"{field}[{index}]"
     for i, v in enumerate(seq):
         if isinstance(v, bool) or not isinstance(v, Real):
             raise InvalidGroupError(f"{where}[{i}]", f"expected a number, got {v!r}")
@@ -99,15 +113,23 @@ def _check_items(seq: List[Any], where: str, want: str) -> List[Any]:
 
 def _sequences(group: Mapping[str, Any], field: str, want: str) -> List[List[Any]]:
     value = group.get(field)
+    if type(value) is not list:
+        value = _outer_list(value)
+    if not isinstance(value, list):
+        raise InvalidGroupError(field, f"expected a list of sequences, got {type(value).__name__}")
+    return [_as_list(seq, field, i, want) for i, seq in enumerate(value)]
+
+
+def _outer_list(value: Any) -> Any:
+    """The sequences of a field given as an array, a tensor, a mapping or a tuple, as a list
+    (anything else is returned as it is, for the caller to refuse)."""
     if _dtype_kind(value) is not None:
         value = value.tolist()
     if isinstance(value, Mapping) and "input_ids" in value:
         value = value["input_ids"]
     if isinstance(value, tuple):
         value = list(value)
-    if not isinstance(value, list):
-        raise InvalidGroupError(field, f"expected a list of sequences, got {type(value).__name__}")
-    return [_as_list(seq, field, i, want) for i, seq in enumerate(value)]
+    return value
 
 
 def _scores(value: Any) -> List[float]:
@@ -117,14 +139,51 @@ def _scores(value: Any) -> List[float]:
         value = list(value)
     if not isinstance(value, list):
         raise InvalidGroupError("scores", f"expected a list of numbers, got {type(value).__name__}")
-    out = _check_items(value, "scores", "float")
+    out = _check_items(value, "scores", None, "float")
     for i, v in enumerate(out):
         if not math.isfinite(v):
             raise InvalidGroupError(f"scores[{i}]", f"not a finite number ({v})")
     return out
 
 
+_PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
+_PLAIN_MAX_DEPTH = 64
+
+
+def is_plain_json(value: Any, _depth: int = 0) -> bool:
+    """True when ``value`` is built only of dicts with ``str`` keys, lists, ``str``, ``int``,
+    ``bool``, ``None`` and finite floats (exact types, nested at most 64 deep).
+
+    Such a value is JSON with one meaning: ``json.dumps(value, allow_nan=False)`` encodes it,
+    and every encoder writes the same JSON value for it. False means "look closer" (a
+    subclass, a tuple, a NaN, deep nesting), not "invalid".
+
+    >>> is_plain_json({"a": [1, 2.5, None]}), is_plain_json({"a": float("nan")})
+    (True, False)
+    """
+    if _depth > _PLAIN_MAX_DEPTH:
+        return False
+    kind = type(value)
+    if kind is list:
+        # Token lists: one pass in C over the item types, no Python call per item.
+        if set(map(type, value)) <= _PLAIN_SCALARS:
+            return True
+        return all(type(v) in _PLAIN_SCALARS or is_plain_json(v, _depth + 1) for v in value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            if type(item) not in _PLAIN_SCALARS and not is_plain_json(item, _depth + 1):
+                return False
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    return kind in _PLAIN_SCALARS
+
+
 def _check_json(field: str, value: Any) -> None:
+    if is_plain_json(value):  # encodable as it is: skip building the text
+        return
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as err:
@@ -207,4 +266,4 @@ def _nested(value: Any, field: str, want: str) -> List[List[List[Any]]]:
     return out
 
 
-__all__ = ["InvalidGroupError", "normalize_group"]
+__all__ = ["InvalidGroupError", "is_plain_json", "normalize_group"]

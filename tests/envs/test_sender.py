@@ -62,6 +62,28 @@ def test_small_body_is_plain_json_and_large_body_is_gzipped():
     assert len(big) < GZIP_MIN_BYTES and json.loads(gzip.decompress(big)) == payload
 
 
+def test_body_keeps_the_json_dumps_rules_for_nan_keys_and_big_ints():
+    # The fast encoder is used only where it writes the same JSON value; the rest is
+    # written by json.dumps as before (NaN as NaN, int keys as strings, big ints exact).
+    for payload in (
+        {"scores": [1.0, float("nan")], "tokens": [[1, 2]]},
+        {"overrides": [{1: "a"}]},
+        {"tokens": [[2**70, 1]]},
+        {"messages": [("user", "\ud800")]},
+    ):
+        body, _ = encode_body(payload)
+        assert body == json.dumps(payload, separators=(",", ":")).encode()
+
+
+def test_plain_body_encodes_to_the_same_json_value():
+    payload = [
+        group(i) | {"generation_params": {"temperature": 0.7}, "note": "é"} for i in range(3)
+    ]
+    body, headers = encode_body(payload, minimum_size=10**9)
+    assert "Content-Encoding" not in headers
+    assert json.loads(body) == json.loads(json.dumps(payload))
+
+
 @pytest.fixture
 def sleeps(monkeypatch) -> list:
     """Every ``asyncio.sleep`` delay requested during the test (the sleeps still happen)."""

@@ -137,22 +137,38 @@ def status_error(
     return cls(message, response=response, body=data)
 
 
-@contextlib.contextmanager
-def mapped_errors(method: str, url: str) -> Iterator[None]:
+class _MappedErrors:
+    """The context of :func:`mapped_errors`. A class rather than a generator-based context
+    manager: it wraps every request to an inference server, and the generator machinery
+    cost more than the rest of the mapping."""
+
+    __slots__ = ("method", "url")
+
+    def __init__(self, method: str, url: str) -> None:
+        self.method = method
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc is None or isinstance(exc, openai.APIError):  # openai's: already mapped
+            return False
+        if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+            raise ServerTimeoutError(self.method, self.url, exc) from exc
+        if isinstance(exc, (OSError, aiohttp.ClientConnectionError)):
+            raise ServerConnectionError(self.method, self.url, exc) from exc
+        return False
+
+
+def mapped_errors(method: str, url: str) -> contextlib.AbstractContextManager[None]:
     """Turn the low-level failures of a call to ``url`` into this module's errors.
 
     Timeouts become :class:`ServerTimeoutError`; connection failures (any ``OSError``, and
     ``aiohttp``'s connection errors) :class:`ServerConnectionError`. Errors that mean the
     server answered, wrongly (too large, not HTTP, not JSON), pass through unchanged.
     """
-    try:
-        yield
-    except openai.APIError:
-        raise  # already mapped (a nested call)
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
-        raise ServerTimeoutError(method, url, e) from e
-    except (OSError, aiohttp.ClientConnectionError) as e:
-        raise ServerConnectionError(method, url, e) from e
+    return _MappedErrors(method, url)
 
 
 # ----------------------------------------------------------------------------- classification

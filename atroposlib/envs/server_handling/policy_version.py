@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from atroposlib.http.headers import POLICY_VERSION_HEADER
 
 _BODY_KEYS = ("policy_version", "version", "weight_version")
+_HEADER_LOWER = POLICY_VERSION_HEADER.lower()
 
 
 def _as_version(value: Any) -> int | None:
@@ -55,7 +56,7 @@ def version_from_response(data: Any, headers: Mapping[str, str] | None = None) -
     """
     if headers:
         for name, value in headers.items():
-            if name.lower() == POLICY_VERSION_HEADER.lower():
+            if name.lower() == _HEADER_LOWER:
                 found = _as_version(value)
                 if found is not None:
                     return found
@@ -65,9 +66,11 @@ def version_from_response(data: Any, headers: Mapping[str, str] | None = None) -
             extra = getattr(item, "model_extra", None)
             item = extra if isinstance(extra, Mapping) else {}
         for key in _BODY_KEYS:
-            found = _as_version(item.get(key))
-            if found is not None:
-                return found
+            value = item.get(key)
+            if value is not None:  # most answers name no version: skip the parse
+                found = _as_version(value)
+                if found is not None:
+                    return found
         meta = item.get("meta_info")
         if isinstance(meta, Mapping):
             found = _as_version(meta.get("weight_version"))
@@ -160,8 +163,23 @@ _RECORDER: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
 )
 
 
-@contextlib.contextmanager
-def recording_versions() -> Iterator[list[int]]:
+class _Recording:
+    """The context of :func:`recording_versions`: a class rather than a generator-based
+    context manager, because one is entered per rollout and the generator machinery cost
+    several times the work it wraps."""
+
+    __slots__ = ("seen", "token")
+
+    def __enter__(self) -> list[int]:
+        self.seen: list[int] = []
+        self.token = _RECORDER.set(self.seen)
+        return self.seen
+
+    def __exit__(self, *exc: object) -> None:
+        _RECORDER.reset(self.token)
+
+
+def recording_versions() -> contextlib.AbstractContextManager[list[int]]:
     """Collect the versions of every backend answer within this block (and tasks it starts).
 
     >>> with recording_versions() as seen:
@@ -169,12 +187,7 @@ def recording_versions() -> Iterator[list[int]]:
     >>> seen
     [4]
     """
-    seen: list[int] = []
-    token = _RECORDER.set(seen)
-    try:
-        yield seen
-    finally:
-        _RECORDER.reset(token)
+    return _Recording()
 
 
 def note_version(version: int | None) -> None:

@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 DEFAULT_TEMPERATURE = 1.0
 """What OpenAI-compatible servers (vLLM, SGLang, OpenAI, ``atropos-serve-model``) sample
@@ -41,15 +41,24 @@ _RECORDER: contextvars.ContextVar[SamplingRecord | None] = contextvars.ContextVa
 )
 
 
-@contextlib.contextmanager
-def recording_sampling() -> Iterator[SamplingRecord]:
+class _Recording:
+    """The context of :func:`recording_sampling` (a class: entered once per rollout, where a
+    generator-based context manager cost several times the work it wraps)."""
+
+    __slots__ = ("record", "token")
+
+    def __enter__(self) -> SamplingRecord:
+        self.record = SamplingRecord()
+        self.token = _RECORDER.set(self.record)
+        return self.record
+
+    def __exit__(self, *exc: object) -> None:
+        _RECORDER.reset(self.token)
+
+
+def recording_sampling() -> contextlib.AbstractContextManager[SamplingRecord]:
     """Collect what the requests made in this block (and the tasks it starts) sampled with."""
-    record = SamplingRecord()
-    token = _RECORDER.set(record)
-    try:
-        yield record
-    finally:
-        _RECORDER.reset(token)
+    return _Recording()
 
 
 def request_temperature(kwargs: Mapping[str, Any]) -> float:
