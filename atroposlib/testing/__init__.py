@@ -10,7 +10,9 @@ depends on a fake. Each helper is written once here and imported by tests and be
   and its children.
 - ``ports``: a free loopback port, and ``start_on_free_port``, which starts a server again on
   another port when its port was taken before it could bind.
-- ``launch``: the command lines of run-api, serve-model and the fake server.
+- ``launch``: the command lines of run-api, serve-model, the OpenAI proxy and the fake server.
+- ``proxy``: ``running_proxy``, the OpenAI proxy as a process (its ``servers.json``, its
+  tokenizer saved, a free port, healthy on entry), for the tests that need one.
 - ``trainer``: a fake trainer that registers with run-api and pulls batches like the real one.
 - ``tokenizers``: small byte-level BPE tokenizers built in memory.
 - ``pipelining`` and ``stalled_uploads``: hostile clients (a pipelining flood, bodies that

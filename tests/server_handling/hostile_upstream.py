@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 import httpx
+
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 
 MB = 1024 * 1024
 HOSTILE = [sys.executable, "-m", "tests.server_handling.hostile_upstream"]
@@ -44,6 +49,22 @@ class Upstream:
 
     def stats(self) -> dict:
         return httpx.get(f"{self.url}/stats", timeout=5).json()
+
+
+@contextlib.contextmanager
+def running_upstream(
+    host: str = "127.0.0.1", log_path: str | Path | None = None
+) -> Iterator[Upstream]:
+    """Run the hostile upstream on a free port of ``host`` for the duration of the block,
+    answering ``/health`` on entry."""
+    port = free_port()
+    proc = start_process([*HOSTILE, "--host", host, "--port", str(port)], log_path=log_path)
+    upstream = Upstream(host, port)
+    try:
+        wait_http(f"{upstream.url}/health", timeout=30, proc=proc)
+        yield upstream
+    finally:
+        stop_process(proc)
 
 
 STATE: dict[str, Any] = {"mode": "generate", "token_ids": [97, 98]}

@@ -3,8 +3,6 @@ built the original's way (``create_app(server_manager, tokenizer, model_name)``)
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +14,7 @@ from atroposlib.envs.server_handling.managed_server_proxy import UpstreamPolicy,
 from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.testing.launch import proxy_cmd
-from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import start_process, stop_process, wait_http
+from atroposlib.testing.proxy import running_proxy
 from tests.server_handling.conftest import fake_servers
 
 USER = [{"role": "user", "content": "Name a color."}]
@@ -33,28 +29,8 @@ class Proxy:
     failing: object  # the FakeServer sessions can be pinned to for upstream errors
 
 
-def _start_proxy(args, log: Path, env: dict[str, str]):
-    port = free_port()
-    proc = start_process(proxy_cmd(port, *args), log_path=log, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health", timeout=120, proc=proc)
-    except Exception:
-        sys.stderr.write(log.read_text(errors="replace")[-4000:])
-        stop_process(proc)
-        raise
-    return proc, url
-
-
 @pytest.fixture(scope="module")
-def tokenizer_dir(tokenizer, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def proxy(fake_pool, tokenizer_dir, tmp_path_factory):
+def proxy(fake_pool, tokenizer, tmp_path_factory):
     """The proxy process, keyed through ATROPOS_API_KEY, over two vLLM-style fakes and an
     OpenAI-only one; the second fake is this module's own, made to fail on demand."""
     tmp = tmp_path_factory.mktemp("proxy")
@@ -72,22 +48,16 @@ def proxy(fake_pool, tokenizer_dir, tmp_path_factory):
             ],
             "tool_parser": "hermes",
         }
-        (tmp / "servers.json").write_text(json.dumps(config))
-        args = [
-            "--config",
-            str(tmp / "servers.json"),
-            "--tokenizer",
-            str(tokenizer_dir),
-            "--model-name",
-            "fake-model",
+        with running_proxy(
+            tmp,
+            config,
             "--allow-upstream",
             "gpu-node.internal:9001",
-        ]
-        proc, url = _start_proxy(args, tmp / "proxy.log", {"ATROPOS_API_KEY": KEY})
-        try:
-            yield Proxy(url, tmp / "proxy.log", failing)
-        finally:
-            stop_process(proc)
+            tokenizer=tokenizer,
+            model_name="fake-model",
+            api_key=KEY,
+        ) as running:
+            yield Proxy(running.url, running.log, failing)
 
 
 def test_health_is_open_and_every_other_path_needs_the_key(proxy):
@@ -254,9 +224,8 @@ def test_setup_needs_the_key_and_an_allowed_upstream(proxy, fake_pool):
 
 def test_public_bind_without_a_key_warns_and_disables_setup(tmp_path, fake_pool, monkeypatch):
     monkeypatch.delenv("ATROPOS_API_KEY", raising=False)
-    log = tmp_path / "public.log"
-    proc, url = _start_proxy(["--host", "0.0.0.0"], log, {})
-    try:
+    with running_proxy(tmp_path, None, "--host", "0.0.0.0") as proxy:
+        url = proxy.url
         setup = httpx.post(
             f"{url}/setup",
             json={"servers": [{"base_url": fake_pool[2].base_url, "server_type": "vllm"}]},
@@ -267,9 +236,7 @@ def test_public_bind_without_a_key_warns_and_disables_setup(tmp_path, fake_pool,
             f"{url}/sessions/create", content=b"{}", headers={"Content-Type": "text/plain"}
         )
         assert text_plain.status_code == 415
-    finally:
-        stop_process(proc)
-    assert "without an API key" in log.read_text()
+    assert "without an API key" in proxy.log.read_text()
 
 
 def test_upstream_policy_allows_loopback_and_listed_hosts_only():

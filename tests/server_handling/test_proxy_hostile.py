@@ -8,18 +8,17 @@ IPv6 upstream works."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 import pytest
 
-from atroposlib.testing.launch import proxy_cmd
 from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import start_process, stop_process, wait_http
+from atroposlib.testing.processes import stop_process, wait_http
+from atroposlib.testing.proxy import running_proxy
 from tests.server_handling.conftest import start_fake
-from tests.server_handling.hostile_upstream import HOSTILE, Upstream
+from tests.server_handling.hostile_upstream import Upstream, running_upstream
 
 KEY = "hostile-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -61,47 +60,26 @@ class Proxy:
         self.upstream.mode(mode="generate", token_ids=ids)
 
 
-def _start_proxy(tmp: Path, upstream_url: str, *extra: str) -> tuple[str, object]:
-    port = free_port()
-    servers = {
-        "servers": [
-            {"base_url": upstream_url, "server_type": "vllm", "timeout": 20, "health_check": False}
-        ]
-    }
-    (tmp / "servers.json").write_text(json.dumps(servers))
-    args = ["--config", str(tmp / "servers.json")]
-    args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake", *extra]
-    proc = start_process(
-        proxy_cmd(port, *args),
-        log_path=tmp / "proxy.log",
-        env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
+def _upstream(base_url: str) -> dict:
+    """The proxy's config entry for one upstream (not health-checked: faults are the point)."""
+    return {"base_url": base_url, "server_type": "vllm", "timeout": 20, "health_check": False}
+
+
+def _running_proxy(tmp: Path, tokenizer, upstream_url: str, *extra: str):
+    """The proxy, keyed, over the one upstream at ``upstream_url``."""
+    return running_proxy(
+        tmp, [_upstream(upstream_url)], *extra, tokenizer=tokenizer, model_name="fake", api_key=KEY
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health", timeout=120, proc=proc)
-    except Exception:
-        sys.stderr.write((tmp / "proxy.log").read_text(errors="replace")[-3000:])
-        stop_process(proc)
-        raise
-    return url, proc
 
 
 @pytest.fixture(scope="module")
 def proxy(tokenizer, tmp_path_factory) -> Iterator[Proxy]:
     tmp = tmp_path_factory.mktemp("hostile-proxy")
-    tokenizer.save_pretrained(tmp / "tok")
-    up_port = free_port()
-    up_proc = start_process([*HOSTILE, "--port", str(up_port)], log_path=tmp / "upstream.log")
-    upstream = Upstream("127.0.0.1", up_port)
-    try:
-        wait_http(f"{upstream.url}/health", timeout=30, proc=up_proc)
-        url, proc = _start_proxy(tmp, f"{upstream.url}/v1", "--max-upstream-mb", "1")
-        try:
-            yield Proxy(url, proc, upstream, tokenizer, tmp / "proxy.log")
-        finally:
-            stop_process(proc)
-    finally:
-        stop_process(up_proc)
+    with (
+        running_upstream(log_path=tmp / "upstream.log") as upstream,
+        _running_proxy(tmp, tokenizer, f"{upstream.url}/v1", "--max-upstream-mb", "1") as p,
+    ):
+        yield Proxy(p.url, p.proc, upstream, tokenizer, p.log)
 
 
 def _error(r: httpx.Response) -> dict:
@@ -285,28 +263,18 @@ def test_setup_resolves_loopback_names_before_accepting_them(proxy, host):
         assert r.status_code == 403, r.text
         assert _error(r)["param"] == "servers.0.base_url"
         assert "resolve" in _error(r)["message"]
-    restore = {
-        "servers": [
-            {
-                "base_url": f"{proxy.upstream.url}/v1",
-                "server_type": "vllm",
-                "timeout": 20,
-                "health_check": False,
-            }
-        ]
-    }
+    restore = {"servers": [_upstream(f"{proxy.upstream.url}/v1")]}
     assert httpx.post(f"{proxy.url}/setup", json=restore, headers=AUTH).status_code == 200
 
 
 def test_an_ipv6_upstream_serves_sessions(tokenizer, tmp_path):
     """Before: ``http://[::1]:PORT/v1`` passed the policy but every call failed to connect."""
-    tokenizer.save_pretrained(tmp_path / "tok")
     fake_port = free_port()
     fake = start_fake(fake_port, "--host", "::1", "--latency-ms", "1")
     try:
         wait_http(f"http://[::1]:{fake_port}/health", timeout=60, proc=fake)
-        url, proc = _start_proxy(tmp_path, f"http://[::1]:{fake_port}/v1")
-        try:
+        with _running_proxy(tmp_path, tokenizer, f"http://[::1]:{fake_port}/v1") as proxy:
+            url = proxy.url
             sid = httpx.post(f"{url}/sessions/create", json={}, headers=AUTH).json()["uuid"]
             r = httpx.post(
                 f"{url}/{sid}/v1/chat/completions",
@@ -315,8 +283,6 @@ def test_an_ipv6_upstream_serves_sessions(tokenizer, tmp_path):
                 timeout=60,
             )
             assert r.status_code == 200 and r.json()["choices"], r.text
-        finally:
-            stop_process(proc)
     finally:
         stop_process(fake)
 

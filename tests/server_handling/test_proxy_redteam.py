@@ -15,10 +15,8 @@ import pytest
 from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
-from atroposlib.testing.launch import proxy_cmd
-from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import start_process, stop_process, wait_http
-from tests.server_handling.conftest import start_fake
+from atroposlib.testing.proxy import running_proxy
+from tests.server_handling.conftest import fake_servers
 
 KEY = "redteam-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -28,27 +26,17 @@ USER = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def proxy(tokenizer, tmp_path_factory):
     """The proxy, keyed, over one fake vLLM-style server of its own (started alongside)."""
-    tmp = tmp_path_factory.mktemp("redteam-proxy")
-    tokenizer.save_pretrained(tmp / "tok")
-    fake_port, port = free_port(), free_port()
-    config = {"servers": [{"base_url": f"http://127.0.0.1:{fake_port}/v1", "server_type": "vllm"}]}
-    (tmp / "servers.json").write_text(json.dumps(config))
-    args = ["--config", str(tmp / "servers.json")]
-    args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake"]
-    fake = start_fake(fake_port, "--latency-ms", "1")
-    proc = start_process(
-        proxy_cmd(port, *args),
-        log_path=tmp / "proxy.log",
-        env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"http://127.0.0.1:{fake_port}/health", timeout=120, proc=fake)
-        wait_http(f"{url}/health", timeout=120, proc=proc)
-        yield url
-    finally:
-        stop_process(proc)
-        stop_process(fake)
+    with (
+        fake_servers(1, "--latency-ms", "1") as (fake,),
+        running_proxy(
+            tmp_path_factory.mktemp("redteam-proxy"),
+            [{"base_url": fake.base_url, "server_type": "vllm"}],
+            tokenizer=tokenizer,
+            model_name="fake",
+            api_key=KEY,
+        ) as proxy,
+    ):
+        yield proxy.url
 
 
 def _raw(url: str, body: dict, surrogate: bool = False) -> httpx.Response:

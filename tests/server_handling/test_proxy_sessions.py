@@ -5,7 +5,6 @@ process with small limits; and the upstream policy's name resolution."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from types import SimpleNamespace
 
 import httpx
@@ -22,9 +21,7 @@ from atroposlib.envs.server_handling.managed_server_proxy import ProxyState, cre
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.http.openai_protocol import OpenAIError
-from atroposlib.testing.launch import proxy_cmd
-from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import start_process, stop_process, wait_http
+from atroposlib.testing.proxy import running_proxy
 
 USER = [{"role": "user", "content": "Name a color."}]
 
@@ -169,23 +166,18 @@ async def test_evicted_sessions_show_in_health_and_answer_404(tokenizer):
 @pytest.fixture(scope="module")
 def small_proxy(fake_pool, tokenizer, tmp_path_factory):
     """A proxy process with small bounds over a vLLM-style fake."""
-    tmp = tmp_path_factory.mktemp("small-proxy")
-    tokenizer.save_pretrained(tmp / "tok")
-    config = {"servers": [{"base_url": fake_pool[1].base_url, "server_type": "vllm"}]}
-    (tmp / "servers.json").write_text(json.dumps(config))
-    port = free_port()
-    args = ["--config", str(tmp / "servers.json")]
-    args += ["--tokenizer", str(tmp / "tok"), "--max-sessions", "2"]
-    args += ["--max-session-nodes", "3", "--max-stored-tokens", "20000"]
-    proc = start_process(
-        proxy_cmd(port, *args), log_path=tmp / "proxy.log", env={"HF_HUB_OFFLINE": "1"}
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health", timeout=120, proc=proc)
-        yield url
-    finally:
-        stop_process(proc)
+    with running_proxy(
+        tmp_path_factory.mktemp("small-proxy"),
+        [{"base_url": fake_pool[1].base_url, "server_type": "vllm"}],
+        "--max-sessions",
+        "2",
+        "--max-session-nodes",
+        "3",
+        "--max-stored-tokens",
+        "20000",
+        tokenizer=tokenizer,
+    ) as proxy:
+        yield proxy.url
 
 
 def test_a_proxy_process_bounds_sessions_nodes_and_request_size(small_proxy):

@@ -15,11 +15,9 @@ import httpx
 import openai
 import pytest
 
-from atroposlib.testing.launch import proxy_cmd
-from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import start_process, stop_process, wait_http
+from atroposlib.testing.proxy import running_proxy
 from tests.server_handling.conftest import fake_servers
-from tests.server_handling.hostile_upstream import HOSTILE, Upstream
+from tests.server_handling.hostile_upstream import Upstream, running_upstream
 
 KEY = "stream-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -53,40 +51,29 @@ class Proxy:
 @pytest.fixture(scope="module")
 def proxy(tokenizer, tmp_path_factory) -> Iterator[Proxy]:
     tmp: Path = tmp_path_factory.mktemp("stream-proxy")
-    tokenizer.save_pretrained(tmp / "tok")
-    up_port = free_port()
-    up_proc = start_process([*HOSTILE, "--port", str(up_port)], log_path=tmp / "upstream.log")
-    hostile = Upstream("127.0.0.1", up_port)
-    try:
-        wait_http(f"{hostile.url}/health", timeout=30, proc=up_proc)
-        with fake_servers(1, "--latency-ms", "1") as (fake,):
-            servers = [
-                {"base_url": fake.base_url, "server_type": "vllm", "timeout": 20},
-                {
-                    "base_url": f"{hostile.url}/v1",
-                    "server_type": "vllm",
-                    "timeout": 20,
-                    "health_check": False,
-                },
-            ]
-            (tmp / "servers.json").write_text(json.dumps({"servers": servers}))
-            port = free_port()
-            args = ["--config", str(tmp / "servers.json")]
-            args += ["--tokenizer", str(tmp / "tok"), "--model-name", "fake"]
-            args += ["--max-session-nodes", str(MAX_NODES)]
-            proc = start_process(
-                proxy_cmd(port, *args),
-                log_path=tmp / "proxy.log",
-                env={"ATROPOS_API_KEY": KEY, "HF_HUB_OFFLINE": "1"},
-            )
-            url = f"http://127.0.0.1:{port}"
-            try:
-                wait_http(f"{url}/health", timeout=120, proc=proc)
-                yield Proxy(url, fake.base_url, hostile, tokenizer)
-            finally:
-                stop_process(proc)
-    finally:
-        stop_process(up_proc)
+    with (
+        running_upstream(log_path=tmp / "upstream.log") as hostile,
+        fake_servers(1, "--latency-ms", "1") as (fake,),
+    ):
+        servers = [
+            {"base_url": fake.base_url, "server_type": "vllm", "timeout": 20},
+            {
+                "base_url": f"{hostile.url}/v1",
+                "server_type": "vllm",
+                "timeout": 20,
+                "health_check": False,
+            },
+        ]
+        with running_proxy(
+            tmp,
+            servers,
+            "--max-session-nodes",
+            str(MAX_NODES),
+            tokenizer=tokenizer,
+            model_name="fake",
+            api_key=KEY,
+        ) as proxy:
+            yield Proxy(proxy.url, fake.base_url, hostile, tokenizer)
 
 
 def _events(r: httpx.Response) -> list[dict]:

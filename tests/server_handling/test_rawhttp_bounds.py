@@ -23,25 +23,13 @@ from atroposlib.envs.server_handling._rawhttp import (
     _Conn,
 )
 from atroposlib.envs.server_handling._transport import JsonTransport
-from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import start_process, stop_process, wait_http
-from tests.server_handling.hostile_upstream import HOSTILE, Upstream
-
-
-def _start(host: str) -> Iterator[Upstream]:
-    port = free_port()
-    proc = start_process([*HOSTILE, "--host", host, "--port", str(port)])
-    upstream = Upstream(host, port)
-    try:
-        wait_http(f"{upstream.url}/health", timeout=30, proc=proc)
-        yield upstream
-    finally:
-        stop_process(proc)
+from tests.server_handling.hostile_upstream import Upstream, running_upstream
 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[Upstream]:
-    yield from _start("127.0.0.1")
+    with running_upstream() as up:
+        yield up
 
 
 def _feed(pieces: list[bytes], max_answer: int = 1 << 30) -> tuple[int, dict, bytes]:
@@ -194,7 +182,7 @@ def test_an_explicit_port_zero_is_kept():
 
 async def test_an_ipv6_literal_upstream_connects():
     """Before: the host was looked up as the name ``[::1]`` and the call failed."""
-    for upstream in _start("::1"):
+    with running_upstream("::1") as upstream:
         upstream.mode(mode="generate", token_ids=[5, 6])
         transport = JsonTransport(timeout=10)
         answer = await transport.post_json(f"http://[::1]:{upstream.port}/generate", {})
