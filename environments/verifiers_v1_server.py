@@ -14,7 +14,7 @@ atroposlib.envs.server_handling.managed_server_proxy --config servers.json --por
     PYTHONPATH=tests/environments .venv-verifiers/bin/python environments/verifiers_v1_server.py \\
         process --env.taskset_id vf_v1_tasks --env.total_steps 2 --env.group_size 2 \\
         --env.tokenizer_name MODEL_DIR --openai.base_url http://127.0.0.1:9001/v1 \\
-        --openai.model_name MODEL_DIR --server.proxy_url http://127.0.0.1:9100 \\
+        --openai.model_name MODEL_DIR --proxy_url http://127.0.0.1:9100 \\
         --env.data_path_to_save_groups out/verifiers_v1.jsonl
 """
 

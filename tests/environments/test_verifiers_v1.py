@@ -84,21 +84,30 @@ def proxy(serve_model: Dict[str, str], tmp_path_factory) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
+# Runs each argv in one interpreter (starting verifiers costs seconds of CPU); an argv
+# tagged "setup" only runs setup(), whose error is written to setup_error_<i>.txt.
 DRIVER = """
-import asyncio, json, runpy, sys
+import asyncio, json, os, runpy, sys
 from atroposlib.envs.cli import build_env, parse_cli
 VerifiersEnv = runpy.run_path(sys.argv[1])["VerifiersEnv"]
-for argv in json.loads(sys.argv[2]):
+for i, (tag, argv) in enumerate(json.loads(sys.argv[2])):
+    os.environ.pop("ATROPOS_PROXY_URL", None)  # --proxy_url sets it for the process
     env = build_env(VerifiersEnv, parse_cli(VerifiersEnv, argv))
-    asyncio.run(env.process_manager() if argv[0] == "process" else env.run_evaluate())
+    if tag == "setup":
+        try:
+            asyncio.run(env.setup())
+        except Exception as err:
+            open(f"setup_error_{i}.txt", "w").write(f"{type(err).__name__}: {err}")
+    else:
+        asyncio.run(env.process_manager() if tag == "process" else env.run_evaluate())
 """
 
 
 @pytest.fixture(scope="module")
 def runs(serve_model, proxy, tmp_path_factory) -> Path:
     """One environment process (the runnable file's ``VerifiersEnv`` under
-    ``.venv-verifiers``) that runs ``process`` (2 groups of 2 rollouts) and then
-    ``evaluate`` (2 held-out tasks); returns its output directory."""
+    ``.venv-verifiers``) that runs ``process`` (2 groups of 2 rollouts), ``evaluate``
+    (2 held-out tasks) and ``setup`` without a proxy; returns its output directory."""
     python = _verifiers_v1_python()
     tmp = tmp_path_factory.mktemp("vf-runs")
     common = ["--proxy_url", proxy, "--env.taskset_id", "vf_v1_tasks"]
@@ -109,6 +118,10 @@ def runs(serve_model, proxy, tmp_path_factory) -> Path:
     evaluate += [*common, "--env.max_tokens_per_turn", "8", "--env.eval_limit", "2"]
     evaluate += ["--env.eval_taskset_args", '{"offset": 5, "size": 3}']
     evaluate += ["--env.data_dir_to_save_evals", str(tmp / "evals")]
+    no_proxy = process_argv(serve_model, tmp / "never.jsonl") + common[2:]
+    dotted = process_argv(serve_model, tmp / "never.jsonl") + common[:2]
+    dotted += ["--env.taskset_id", "tests.environments.vf_v1_tasks"]
+    runs = [["process", process], ["evaluate", evaluate], ["setup", no_proxy], ["setup", dotted]]
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "tests" / "environments"),
@@ -118,7 +131,7 @@ def runs(serve_model, proxy, tmp_path_factory) -> Path:
     }
     env.pop("ATROPOS_PROXY_URL", None)
     done = subprocess.run(
-        [python, "-c", DRIVER, str(SERVER), json.dumps([process, evaluate])],
+        [python, "-c", DRIVER, str(SERVER), json.dumps(runs)],
         cwd=tmp,
         env=env,
         capture_output=True,
@@ -206,3 +219,16 @@ def test_the_verifiers_lock_pins_verifiers_0_4_and_every_core_dependency_in_rang
         assert name in pins, f"{name} is not in requirements-verifiers.lock"
         assert spec.specifier.contains(pins[name], prereleases=True), (name, pins[name])
     assert pins["openai"] < Version("3")
+
+
+def test_without_the_proxy_setup_says_how_to_start_it(runs):
+    error = (runs / "setup_error_2.txt").read_text()
+    assert error.startswith("RuntimeError: VerifiersEnv talks to the model through"), error
+    assert "managed_server_proxy" in error and "--proxy_url" in error
+
+
+def test_a_dotted_taskset_id_is_refused_with_what_to_do(runs):
+    # verifiers itself would fail with "No module named 'verifiers.v1.tasksets.tests'".
+    error = (runs / "setup_error_3.txt").read_text()
+    assert error.startswith("ValueError: env.taskset_id 'tests.environments.vf_v1_tasks'"), error
+    assert "PYTHONPATH" in error

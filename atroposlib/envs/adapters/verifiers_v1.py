@@ -10,7 +10,7 @@ makes that endpoint a session of our OpenAI proxy
 nodes (only the policy's own turns are trained), and the score of a rollout is the
 reward verifiers computed for it (the sum of its weighted rewards).
 
-It needs the proxy (``--server.proxy_url`` or ``ATROPOS_PROXY_URL``) and verifiers 0.4,
+It needs the proxy (``--proxy_url`` or ``ATROPOS_PROXY_URL``) and verifiers 0.4,
 which cannot share a venv with the rest of atroposlib's extras (it needs ``openai<3``
 and has the distribution name of the ``verifiers`` extra's 0.1.9): ``make
 .venv-verifiers`` builds one from ``requirements-verifiers.lock`` (``pip install
@@ -26,7 +26,7 @@ hub dataset or needs a sandbox still needs the network.
 Example::
 
     python environments/verifiers_v1_server.py process --env.taskset_id my_taskset \\
-        --env.taskset_args '{"split": "train"}' --server.proxy_url http://127.0.0.1:9100 \\
+        --env.taskset_args '{"split": "train"}' --proxy_url http://127.0.0.1:9100 \\
         --openai.base_url http://127.0.0.1:9001/v1
 """
 
@@ -59,7 +59,7 @@ EXTRA_HINT = (
 PROXY_HINT = (
     "VerifiersEnv talks to the model through the managed-server proxy: start it "
     "(python -m atroposlib.envs.server_handling.managed_server_proxy --config servers.json "
-    "--port 9100) and pass --server.proxy_url http://127.0.0.1:9100 (or set ATROPOS_PROXY_URL)"
+    "--port 9100) and pass --proxy_url http://127.0.0.1:9100 (or set ATROPOS_PROXY_URL)"
 )
 
 
