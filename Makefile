@@ -44,7 +44,8 @@ lock:
 
 # verifiers 0.4 (VerifiersEnv, the `verifiers-v1` extra) needs openai<3 and shares its name
 # with the `verifiers` extra's 0.1.9, so it gets a venv of its own from its own lock: the
-# project's core dependencies plus verifiers 0.4 (the tests run its environment there).
+# project's core and dev dependencies (the editable install imports `editables`) plus
+# verifiers 0.4 (the tests run its environment there).
 VF_VENV  := .venv-verifiers
 VF_LOCK  := requirements-verifiers.lock
 VF_STAMP := $(VF_VENV)/.installed-stamp
