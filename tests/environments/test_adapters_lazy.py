@@ -14,7 +14,8 @@ import atroposlib
 import atroposlib.envs.adapters.reasoning_gym
 import atroposlib.envs.adapters.text_games
 import atroposlib.envs.adapters.textarena
-loaded = sorted(m for m in ("reasoning_gym", "textarena") if m in sys.modules)
+import atroposlib.envs.adapters.verifiers_v1
+loaded = sorted(m for m in ("reasoning_gym", "textarena", "verifiers") if m in sys.modules)
 print(",".join(loaded) or "none")
 """
 
