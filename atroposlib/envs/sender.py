@@ -43,7 +43,7 @@ def _backoff(attempt: int, cap: float = 10.0) -> float:
 
 def _token_count(group: Any) -> int:
     try:
-        return sum(len(t) for t in group.get("tokens") or [])
+        return sum(map(len, group.get("tokens") or []))
     except (AttributeError, TypeError):
         return 0
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from itertools import chain
 from numbers import Integral, Real
 from typing import Any, Dict, List
 
@@ -147,6 +148,7 @@ def _scores(value: Any) -> List[float]:
 
 
 _PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
+_LIST_ONLY = frozenset((list,))
 _PLAIN_MAX_DEPTH = 64
 
 
@@ -165,8 +167,12 @@ def is_plain_json(value: Any, _depth: int = 0) -> bool:
         return False
     kind = type(value)
     if kind is list:
-        # Token lists: one pass in C over the item types, no Python call per item.
-        if set(map(type, value)) <= _PLAIN_SCALARS:
+        # Token lists: one pass in C over the item types, no Python call per item; a list
+        # of such lists (a group's tokens or masks) in one pass over all their items.
+        types = set(map(type, value))
+        if types <= _PLAIN_SCALARS:
+            return True
+        if types == _LIST_ONLY and set(map(type, chain.from_iterable(value))) <= _PLAIN_SCALARS:
             return True
         return all(type(v) in _PLAIN_SCALARS or is_plain_json(v, _depth + 1) for v in value)
     if kind is dict:

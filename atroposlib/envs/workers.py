@@ -79,6 +79,8 @@ class WorkerPool:
 
     def park_excess(self, cap: int) -> int:
         """Cancel the newest collecting workers until at most ``cap`` tasks remain."""
+        if len(self.tasks) <= cap:  # the common case, checked before sorting the workers
+            return 0
         parked = 0
         newest_first = sorted(
             self.running, key=lambda k: self.running[k]["start_time"], reverse=True

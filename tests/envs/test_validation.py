@@ -11,7 +11,17 @@ from atroposlib.envs.validation import InvalidGroupError, is_plain_json, normali
 
 @pytest.mark.parametrize(
     "value",
-    [None, 1, 2**80, "é", True, 0.5, [1, [2, {"a": None}]], {"t": {"u": [1.5, "x"]}}],
+    [
+        None,
+        1,
+        2**80,
+        "é",
+        True,
+        0.5,
+        [[1, 2], [3, -100]],
+        [1, [2, {"a": None}]],
+        {"t": {"u": [1.5, "x"]}},
+    ],
 )
 def test_plain_json_accepts_data_json_dumps_encodes_strictly(value):
     assert is_plain_json(value)
@@ -23,6 +33,8 @@ def test_plain_json_accepts_data_json_dumps_encodes_strictly(value):
     [
         float("nan"),
         [1, float("inf")],
+        [[1, 2], [3, float("nan")]],
+        [[1], [(2,)]],
         {"a": {"b": [float("-inf")]}},
         {1: "int key"},
         (1, 2),

@@ -37,8 +37,11 @@ logger = logging.getLogger(__name__)
 _OPENAI_API = "https://api.openai.com/v1"
 
 
+_OMITTED_TYPES = (openai.NotGiven, getattr(openai, "Omit", openai.NotGiven))
+
+
 def _omitted(value: Any) -> bool:
-    return isinstance(value, (openai.NotGiven, getattr(openai, "Omit", openai.NotGiven)))
+    return isinstance(value, _OMITTED_TYPES)
 
 
 def _timeout_seconds(value: Any) -> float | None:
