@@ -158,6 +158,7 @@ def test_process_mode_trains_the_policy_turn_scored_by_the_taskset(serve_model, 
             # Only the policy's reply is trained, and it is the text the taskset scored.
             assert unmasked_runs(masks) == 1
             trained = [t for t, m in zip(tokens, masks, strict=True) if m != -100]
+            assert len(trained) <= 12  # --env.max_tokens_per_turn reached the model
             reply = messages[-1]["content"]
             assert tokenizer.decode(trained, skip_special_tokens=True).strip() == reply.strip()
             assert score == pytest.approx(_expected_score(reply, word))
