@@ -172,6 +172,8 @@ def is_plain_json(value: Any, _depth: int = 0) -> bool:
         types = set(map(type, value))
         if types <= _PLAIN_SCALARS:
             return True
+        if types == _FLOAT_ONLY:  # scores, logprobs
+            return all(map(math.isfinite, value))
         if types == _LIST_ONLY and set(map(type, chain.from_iterable(value))) <= _PLAIN_SCALARS:
             return True
         return all(type(v) in _PLAIN_SCALARS or is_plain_json(v, _depth + 1) for v in value)

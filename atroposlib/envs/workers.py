@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections import deque
 from typing import Any, Awaitable, Callable, Deque, Dict, List, Set, Tuple
 
 logger = logging.getLogger(__name__)
+
+
+def _worker_key() -> str:
+    """A random version-4 UUID in its usual text form (what ``str(uuid.uuid4())`` gives),
+    written straight from 16 random bytes at under half the cost: one is made per rollout."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 class WorkerPool:
@@ -39,7 +46,7 @@ class WorkerPool:
 
     def spawn(self, item: Any, run: Callable[[str], Awaitable[None]], timeouts: int = 0) -> str:
         """Start ``run(uuid)`` as a worker task for ``item``; returns the uuid."""
-        key = str(uuid.uuid4())
+        key = _worker_key()
         task = asyncio.create_task(run(key))
         self.running[key] = {
             "item": item,

@@ -294,3 +294,21 @@ async def test_serving_exempts_startup_objects_from_full_collections_until_it_en
     await asyncio.wait_for(env.runner.serve(), 60)
     assert frozen_while_serving[0] > 0
     assert gc.get_freeze_count() == 0
+
+
+async def test_worker_keys_are_random_version_4_uuids():
+    import uuid
+
+    from atroposlib.envs.workers import WorkerPool
+
+    pool = WorkerPool()
+
+    async def run(key: str) -> None:
+        return None
+
+    keys = {pool.spawn(i, run) for i in range(200)}
+    await pool.wait_all(timeout_s=10)
+    assert len(keys) == 200
+    for key in keys:
+        parsed = uuid.UUID(key)
+        assert str(parsed) == key and parsed.version == 4 and parsed.variant == uuid.RFC_4122

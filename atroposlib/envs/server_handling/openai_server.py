@@ -71,7 +71,7 @@ class OpenAIRequest:
     __slots__ = ("body", "headers", "query", "timeout", "stream")
 
     def __init__(self, kwargs: dict[str, Any]):
-        body = {k: v for k, v in kwargs.items() if not _omitted(v)}
+        body = {k: v for k, v in kwargs.items() if not isinstance(v, _OMITTED_TYPES)}
         extra_headers = body.pop("extra_headers", None)
         query = body.pop("extra_query", None)
         self.timeout = _timeout_seconds(body.pop("timeout", None))
