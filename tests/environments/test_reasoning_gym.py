@@ -199,3 +199,12 @@ def test_cli_takes_tasks_as_weights_and_generator_configs_as_json():
     assert env_cfg.task_configs == {"chain_sum": {"min_terms": 2, "max_terms": 3}}
     item = _rg_worker.generate_item("chain_sum", env_cfg.task_configs["chain_sum"], 0, 10, 0)
     assert 2 <= item["metadata"]["num_terms"] <= 3
+
+
+def test_enum_fields_of_a_task_config_take_their_names():
+    # aiw's task_types wants TaskType members; from --env.task_configs they come as names.
+    cfg = {"task_types": ["siblings"], "task_type_weights": [1.0]}
+    items = [_rg_worker.generate_item("aiw", cfg, 3, 100, i) for i in range(5)]
+    assert {it["metadata"]["task_type"] for it in items} == {"siblings"}
+    with pytest.raises(ValueError, match=r"aiw.task_types: 'sibs' is not one of siblings"):
+        _rg_worker.make_dataset("aiw", {"task_types": ["sibs"], "task_type_weights": [1.0]}, 3, 10)

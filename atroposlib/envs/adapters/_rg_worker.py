@@ -58,9 +58,58 @@ def make_dataset(task: str, config: Dict[str, Any], seed: int, size: int) -> Any
                 )
                 for spec in kwargs.get("datasets") or []
             ]
+        _enum_values(task, kwargs)
         dataset = reasoning_gym.create_dataset(task, seed=seed, size=size, **kwargs)
         _DATASETS[key] = dataset
     return dataset
+
+
+def _enum_values(task: str, kwargs: Dict[str, Any]) -> None:
+    """Turn names into the enum members a task's config wants, in place.
+
+    Configs arrive as JSON (``--env.task_configs``), so an enum-typed field such as
+    ``aiw``'s ``task_types`` comes as ``["siblings"]``; the generator would fail on
+    the plain strings deep inside item generation. The field's default says which
+    enum it takes; an unknown name raises here with the allowed ones.
+    """
+    import dataclasses
+    import enum
+
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        return
+    config_cls = DATASETS[task][1]
+    if not dataclasses.is_dataclass(config_cls):
+        return
+    for f in dataclasses.fields(config_cls):
+        if f.name not in kwargs:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            continue
+        members = default if isinstance(default, (list, tuple)) else [default]
+        kind = next((type(m) for m in members if isinstance(m, enum.Enum)), None)
+        if kind is None:
+            continue
+
+        def member(value: Any, kind: type = kind, name: str = f.name) -> Any:
+            if isinstance(value, kind):
+                return value
+            try:
+                return kind(value)
+            except ValueError:
+                allowed = ", ".join(str(m.value) for m in kind)
+                raise ValueError(f"{task}.{name}: {value!r} is not one of {allowed}") from None
+
+        value = kwargs[f.name]
+        if isinstance(value, (list, tuple)):
+            kwargs[f.name] = [member(v) for v in value]
+        else:
+            kwargs[f.name] = member(value)
 
 
 def generate_item(
