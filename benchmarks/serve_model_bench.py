@@ -5,7 +5,9 @@ port, sends chat completions of exactly ``--new-tokens`` tokens each (``ignore_e
 through the OpenAI client at each concurrency level, then stops it and runs
 transformers ``generate`` with ``cache_implementation="static"`` on the same model,
 device and dtype over the same prompts (one batch of ``concurrency`` rows), and
-prints generated tokens per second for both::
+prints generated tokens per second for both, with the server process's CPU time per
+generated token (user + system, all threads, from ``/proc/PID/stat`` read before and after
+each level's timed rounds)::
 
     python benchmarks/serve_model_bench.py
     python benchmarks/serve_model_bench.py --device cuda --model DIR --concurrency 1 16 64
@@ -95,6 +97,31 @@ def _messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{QUESTION} ({i})"}]
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid``, its reaped children and its live descendants.
+
+    Read from ``/proc`` so the figure covers every thread of the server (torch's pools
+    included); ``None`` where ``/proc`` is not there (not Linux).
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name may hold spaces or parentheses: the fields start after the last ")"
+    fields = stat.rsplit(")", 1)[1].split()
+    total = sum(int(f) for f in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = task.read_text().split()
+        except OSError:
+            continue
+        total += sum(process_cpu_seconds(int(c)) or 0.0 for c in children)
+    return total
+
+
 class Server:
     """``atropos-serve-model`` started from a source tree, on a free port."""
 
@@ -120,7 +147,14 @@ class Server:
             self.proc.kill()
 
 
-async def _http_level(url: str, model: str, concurrency: int, rounds: int, new: int) -> float:
+async def _http_level(
+    url: str, model: str, concurrency: int, rounds: int, new: int, pid: int | None = None
+) -> tuple[float, float | None]:
+    """tokens/s of ``rounds`` batches of ``concurrency`` chats, and the CPU ms per token.
+
+    The CPU figure is ``pid``'s CPU over the timed rounds (the warm-up is left out) divided
+    by the tokens they generated; ``None`` without a ``pid`` or without ``/proc``.
+    """
     async with openai.AsyncOpenAI(
         base_url=url, api_key="bench", timeout=1800, max_retries=0
     ) as client:
@@ -136,13 +170,18 @@ async def _http_level(url: str, model: str, concurrency: int, rounds: int, new: 
             return r.usage.completion_tokens
 
         await asyncio.gather(*(one(i) for i in range(min(concurrency, 4))))  # warm-up
+        cpu0 = process_cpu_seconds(pid) if pid is not None else None
         start = time.perf_counter()
         tokens = 0
         for r in range(rounds):
             tokens += sum(
                 await asyncio.gather(*(one(r * concurrency + i) for i in range(concurrency)))
             )
-        return tokens / (time.perf_counter() - start)
+        rate = tokens / (time.perf_counter() - start)
+        cpu1 = process_cpu_seconds(pid) if pid is not None else None
+        if cpu0 is None or cpu1 is None or not tokens:
+            return rate, None
+        return rate, 1e3 * (cpu1 - cpu0) / tokens
 
 
 def _generate(model, batch, pad_id: int, tokens: int) -> None:  # type: ignore[no-untyped-def]
@@ -229,6 +268,7 @@ def main() -> None:
         f"{args.rounds} rounds per level, {args.repeats} repeat(s)"
     )
     rates: dict[str, dict[int, list[float]]] = {name: {} for name in trees}
+    cpu_ms: dict[str, dict[int, list[float]]] = {name: {} for name in trees}
     servers = {name: Server(root, model, args.device, extra) for name, root in trees.items()}
     try:
         for server in servers.values():
@@ -236,10 +276,19 @@ def main() -> None:
         for level in args.concurrency:
             for _ in range(args.repeats):
                 for name, server in servers.items():
-                    rate = asyncio.run(
-                        _http_level(server.url, model, level, args.rounds, args.new_tokens)
+                    rate, ms = asyncio.run(
+                        _http_level(
+                            server.url,
+                            model,
+                            level,
+                            args.rounds,
+                            args.new_tokens,
+                            pid=server.proc.pid,
+                        )
                     )
                     rates[name].setdefault(level, []).append(rate)
+                    if ms is not None:
+                        cpu_ms[name].setdefault(level, []).append(ms)
     finally:
         for server in servers.values():
             server.close()
@@ -259,11 +308,28 @@ def main() -> None:
             cells.append(f"generate(static cache) {static[level]:8.1f}")
             cells.append(f"ratio {ours / static[level]:.2f}x")
         print(f"concurrency {level:>3}: " + " | ".join(cells) + "  tokens/s")
-    ours = {lv: statistics.median(v) for lv, v in rates["atropos-serve-model"].items()}
+        cpu_cells = []
+        for name in trees:
+            runs = cpu_ms[name].get(level, [])
+            if runs:
+                spread = f" ({min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
+                cpu_cells.append(f"{name} {statistics.median(runs):.3f}{spread}")
+        if cpu_cells:
+            print(
+                f"concurrency {level:>3}: server CPU per generated token: "
+                + " | ".join(cpu_cells)
+                + "  ms"
+            )
+    medians = {name: {lv: statistics.median(v) for lv, v in rates[name].items()} for name in trees}
+    ours = medians["atropos-serve-model"]
     if 1 in ours:
         for level in args.concurrency:
             if level != 1:
-                print(f"speed-up {level} vs 1: {ours[level] / ours[1]:.2f}x")
+                line = f"speed-up {level} vs 1: {ours[level] / ours[1]:.2f}x"
+                if "baseline" in medians:
+                    base = medians["baseline"]
+                    line += f" (baseline {base[level] / base[1]:.2f}x)"
+                print(line)
     if shutil.which("nvidia-smi") and args.device == "cuda":
         subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv"])
 
