@@ -35,10 +35,12 @@ from atroposlib.envs.adapters.reasoning_gym import (
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymEnvConfig", "greedy_eval", "sft_examples"]
 
-# Two-term sums and differences of numbers below 100: short prompts (27 tokens with the
-# tiny model's tokenizer), one exact answer, and a rule a tiny model can pick up.
-DEMO_TASK = "chain_sum"
-DEMO_CONFIG: Dict[str, Any] = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+# "Alice in Wonderland" sibling questions ("Sarah has 5 sisters and she also has 3
+# brothers. How many sisters does Robert's brother have?" -> 6): a short prompt, an
+# answer from 2 to 7, and one rule (the sisters named, plus the girl herself) that a
+# tiny model can find by trial: every group of samples holds right and wrong answers.
+DEMO_TASK = "aiw"
+DEMO_CONFIG: Dict[str, Any] = {"task_types": ["siblings"], "task_type_weights": [1.0]}
 DEMO_TRAIN_SEED = 0  # the env's --env.seed
 DEMO_EVAL_SEED = ReasoningGymEnvConfig.model_fields["eval_seeds"].default[0]
 DEMO_SIZE = ReasoningGymEnvConfig.model_fields["dataset_size"].default

@@ -23,7 +23,7 @@ CONFIG = Path(__file__).resolve().parents[2] / "example_trainer/configs/reasonin
 def test_demo_env_args_select_the_demo_task_without_system_prompt():
     env_args = yaml.safe_load(CONFIG.read_text())["env_args"]
     cfg = parse_cli(ReasoningGymEnv, ["process", *env_args]).env_config
-    assert cfg.tasks in ("chain_sum", ["chain_sum"])
+    assert cfg.tasks in (demo.DEMO_TASK, [demo.DEMO_TASK])
     assert cfg.task_configs == {demo.DEMO_TASK: demo.DEMO_CONFIG}
     assert cfg.system_prompt == "" and cfg.partial_credit is False
     assert cfg.seed == demo.DEMO_TRAIN_SEED and demo.DEMO_EVAL_SEED in cfg.eval_seeds
@@ -52,7 +52,7 @@ def test_warmup_never_shows_an_eval_question():
     held_out = {demo._demo_item(demo.DEMO_EVAL_SEED, i)["question"] for i in range(200)}
     train = [m[-1]["content"] for m, _ in demo.sft_examples(2000, seed=0)]
     assert len(train) == 2000 and not held_out & set(train)
-    # Without the filter, two-term sums do repeat across seeds: the filter is needed.
+    # Without the filter, sibling questions do repeat across seeds: the filter is needed.
     raw = {demo._demo_item(demo.DEMO_TRAIN_SEED, i)["question"] for i in range(2000)}
     assert held_out & raw
 
