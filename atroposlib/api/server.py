@@ -43,6 +43,7 @@ from atroposlib.api.store import MIN_ENV_WEIGHT, RolloutStore
 from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
 from atroposlib.http.security import load_api_key
 from atroposlib.http.server import ServerOptions, build_server
+from atroposlib.utils.gc_tuning import startup_objects_frozen
 
 logger = logging.getLogger(__name__)
 
@@ -181,14 +182,15 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Startup objects are long-lived: keep the cyclic GC from rescanning them on the hot path.
-        gc.freeze()
         # Validating a group allocates a few dozen lists that die with the request; a larger
         # first-generation threshold runs the collector every ~1,000 posts instead of every ~30.
         threshold = gc.get_threshold()
         gc.set_threshold(max(threshold[0], _GC_GEN0_THRESHOLD), *threshold[1:])
         try:
-            yield
+            # Startup objects are long-lived: keep the cyclic GC from rescanning them on the
+            # hot path (and undo it when the app stops, for apps run inside a test process).
+            with startup_objects_frozen():
+                yield
         finally:
             gc.set_threshold(*threshold)
             store.close()

@@ -22,7 +22,6 @@ does; the defaults of those methods hand back to the runner.
 from __future__ import annotations
 
 import asyncio
-import gc
 import inspect
 import logging
 import time
@@ -53,6 +52,7 @@ from atroposlib.envs.serve import (
 from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
 from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
 from atroposlib.envs.workers import WorkerPool
+from atroposlib.utils.gc_tuning import startup_objects_frozen
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,23 +60,6 @@ if TYPE_CHECKING:
     from atroposlib.envs.base import BaseEnv
 
 logger = logging.getLogger(__name__)
-
-
-def _freeze_long_lived() -> bool:
-    """Exempt what exists once serving starts (modules, the env, its tokenizer and data)
-    from the garbage collector's full passes; True when it did so.
-
-    The serve loop's groups live long enough to reach the oldest generation, so full passes
-    come every second or so, and each walked every object of the process: several percent
-    of its CPU. Only reference cycles among the exempted objects wait for
-    :func:`gc.unfreeze` (when serving ends); everything else is freed as before. Nothing is
-    done when another part of the process already froze objects (its choice stands).
-    """
-    if gc.get_freeze_count():
-        return False
-    gc.collect()
-    gc.freeze()
-    return True
 
 
 class EnvRunner:
@@ -508,12 +491,8 @@ class EnvRunner:
             if self.server_watch is not None and self.server_watch.urls:
                 await self.server_watch.check_once()  # start no worker on a server not up yet
             self._serving = True
-            froze = _freeze_long_lived()
-            try:
+            with startup_objects_frozen():
                 await self._serve_loop()
-            finally:
-                if froze:
-                    gc.unfreeze()
         except asyncio.CancelledError:
             if not self._stop_requested:
                 raise
