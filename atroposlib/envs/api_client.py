@@ -3,6 +3,10 @@
 One ``httpx.AsyncClient`` per environment, every call with a timeout, the
 ``Authorization: Bearer $ATROPOS_API_KEY`` header when that variable is set, and
 request bodies gzipped when that makes them smaller (docs/design.md, "Environment lifecycle").
+Requests travel over :class:`~atroposlib.http.httpx_transport.RawHttpTransport` (the keep-alive
+client every call to an inference server uses, at a fraction of ``httpx``'s own transport's
+CPU per call), or over ``httpx``'s transport when the environment's proxy variables route the
+API's URL through a proxy.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import httpx
 import orjson
 
 from atroposlib.envs.validation import is_plain_json
+from atroposlib.http.httpx_transport import RawHttpTransport, proxied
 from atroposlib.utils.io import auth_headers
 
 logger = logging.getLogger(__name__)
 
 GZIP_MIN_BYTES = 1024
 DEFAULT_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 8
 
 
 def _encode_json(payload: Any) -> bytes:
@@ -105,11 +111,15 @@ class RolloutAPIClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        if transport is None and not proxied(self.base_url):
+            transport = RawHttpTransport(max_connections=MAX_CONNECTIONS)
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             transport=transport,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
+            limits=httpx.Limits(
+                max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS
+            ),
         )
 
     async def aclose(self) -> None:

@@ -254,6 +254,7 @@ class EnvRunner:
             env.items_rejected["send_error"] += 1
         finally:
             await env.cleanup()
+            self.pool.release(asyncio.current_task())
 
     async def send(self, payload: Any) -> None:
         """Hand validated groups to the sender (delivered in order, outbox as fallback)."""

@@ -278,7 +278,10 @@ async def test_serving_exempts_startup_objects_from_full_collections_until_it_en
         frozen_while_serving.append(gc.get_freeze_count())
 
     env.runner._serve_loop = serve_loop  # type: ignore[method-assign]
-    gc.unfreeze()  # whatever ran before in this process: serving starts from no freeze
+    # Whatever ran before in this process: finalize coroutines earlier tests abandoned (their
+    # freeze blocks end when they are collected), then start from no freeze.
+    gc.collect()
+    gc.unfreeze()
     await asyncio.wait_for(env.runner.serve(), 60)
     assert frozen_while_serving[0] > 0
     assert gc.get_freeze_count() == 0

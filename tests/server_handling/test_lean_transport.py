@@ -11,11 +11,11 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
-from atroposlib.envs.server_handling._rawhttp import RawHttpClient
 from atroposlib.envs.server_handling._transport import JsonTransport
 from atroposlib.envs.server_handling.errors import is_transport_error
 from atroposlib.envs.server_handling.openai_server import OpenAIRequest, OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.http.client import RawHttpClient
 from atroposlib.testing.launch import fake_server_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process

@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atroposlib.envs.server_handling import _rawhttp
-from atroposlib.envs.server_handling._rawhttp import (
+from atroposlib.envs.server_handling._transport import JsonTransport
+from atroposlib.http import client as _rawhttp
+from atroposlib.http.client import (
     MAX_HEADER_BYTES,
     AnswerTooLarge,
     MalformedAnswer,
@@ -22,7 +23,6 @@ from atroposlib.envs.server_handling._rawhttp import (
     RawHttpClient,
     _Conn,
 )
-from atroposlib.envs.server_handling._transport import JsonTransport
 from tests.server_handling.hostile_upstream import Upstream, running_upstream
 
 

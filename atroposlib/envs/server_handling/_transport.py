@@ -2,7 +2,7 @@
 
 Every call to an inference server (OpenAI-protocol completions, native ``/generate``,
 health probes) goes through :class:`JsonTransport`: ``http`` and ``https`` alike over
-:class:`~atroposlib.envs.server_handling._rawhttp.RawHttpClient` (pooled keep-alive
+:class:`~atroposlib.http.client.RawHttpClient` (pooled keep-alive
 connections on asyncio protocols, tens of microseconds of CPU per call, where a general
 client such as the ``openai`` SDK over httpx spends milliseconds), JSON encoded and decoded
 with ``orjson``, every call bounded by a timeout.
@@ -13,7 +13,7 @@ the server could not be reached → ``ServerConnectionError``, no answer in time
 its status. Redirects are not followed: a 3xx answer raises ``openai.APIStatusError`` too (a
 POST to an inference server that moved is a configuration error, and following it would take
 requests to a host nobody allowed). Answers are bounded by ``max_answer_bytes``
-(:class:`~._rawhttp.AnswerTooLarge` above it).
+(:class:`~atroposlib.http.client.AnswerTooLarge` above it).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from urllib.parse import urlsplit
 import orjson
 from pydantic import BaseModel
 
-from atroposlib.envs.server_handling._rawhttp import (
+from atroposlib.envs.server_handling.errors import mapped_errors, status_error
+from atroposlib.http.client import (
     DEFAULT_MAX_ANSWER_BYTES,
     PeerCheck,
     RawHttpClient,
 )
-from atroposlib.envs.server_handling.errors import mapped_errors, status_error
 
 logger = logging.getLogger(__name__)
 

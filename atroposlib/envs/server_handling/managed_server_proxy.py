@@ -79,11 +79,11 @@ from atroposlib.envs.server_handling._proxy_upstream import (
     proxy_error_for,
     strict_tool_arguments,
 )
-from atroposlib.envs.server_handling._rawhttp import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.envs.server_handling.managed_server import ManagedServer, resolve_tokenizer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
 from atroposlib.http.answers import openai_error_bytes
+from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.http.openai_protocol import (
     ChatMessage,
     OpenAIError,

@@ -1,4 +1,8 @@
-"""A small HTTP/1.1 keep-alive client on asyncio protocols, for JSON calls to inference servers.
+"""A small HTTP/1.1 keep-alive client on asyncio protocols, for JSON calls between our processes.
+
+It carries every call to an inference server (``envs/server_handling/_transport.py``) and
+every call of an environment to the rollout API (:mod:`atroposlib.http.httpx_transport`,
+under ``httpx``).
 
 General clients (httpx, aiohttp) spend hundreds of microseconds of CPU per request on
 features a JSON call to an inference server does not use (cookies, redirects, tracing,
@@ -16,8 +20,8 @@ Chunked framing must carry data (chunks beyond the first :data:`FREE_CHUNKS` ave
 least :data:`MIN_AVERAGE_CHUNK` bytes), so one-byte chunks cannot make decoding the work.
 
 Failures raise ``OSError`` subclasses (``ConnectionError``, :class:`PeerRefused`, TLS and
-name-resolution errors) or ``asyncio.TimeoutError``; the transport above maps them, once, to
-"server unavailable" (:func:`~atroposlib.envs.server_handling.errors.mapped_errors`). An
+name-resolution errors) or ``asyncio.TimeoutError``; each user maps them once (to "server
+unavailable" for inference, to ``httpx`` errors for the rollout API). An
 answer that is too large or malformed raises :class:`AnswerTooLarge` /
 :class:`MalformedAnswer` (the server answered, wrongly).
 A request whose reused keep-alive connection turns out to be closed before any answer
@@ -63,6 +67,10 @@ class AnswerTooLarge(RuntimeError):
 
 class MalformedAnswer(RuntimeError):
     """The server's answer is not valid HTTP/1.1 (bad status line, chunk size, headers)."""
+
+
+class ConnectTimeout(asyncio.TimeoutError):
+    """No connection to the server within the connect timeout (nothing was sent)."""
 
 
 class PeerRefused(PermissionError):
@@ -313,8 +321,13 @@ class RawHttpClient:
         body: bytes,
         timeout: float,
         tls: bool = False,
+        connect_timeout: float | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
-        """Send one request; the answer's status, lower-cased headers and body."""
+        """Send one request; the answer's status, lower-cased headers and body.
+
+        ``timeout`` bounds the whole call; ``connect_timeout``, when given, also bounds
+        opening a connection (:class:`ConnectTimeout` when it runs out).
+        """
         head = [
             f"{method} {target} HTTP/1.1\r\nHost: {_host_header(host, port, tls)}\r\n"
             f"Content-Length: {len(body)}\r\n"
@@ -330,9 +343,16 @@ class RawHttpClient:
             reused = conn is not None
             if conn is None:
                 remaining = deadline - self.loop.time()
+                if connect_timeout is not None:
+                    remaining = min(remaining, connect_timeout)
                 if remaining <= 0:
-                    raise asyncio.TimeoutError(f"no connection to {host}:{port} within {timeout}s")
-                conn = await asyncio.wait_for(self._connect(host, port, tls), remaining)
+                    raise ConnectTimeout(f"no connection to {host}:{port} within {timeout}s")
+                try:
+                    conn = await asyncio.wait_for(self._connect(host, port, tls), remaining)
+                except asyncio.TimeoutError:
+                    raise ConnectTimeout(
+                        f"no connection to {host}:{port} within {remaining:.3g}s"
+                    ) from None
             waiter = conn.send(data)
             timer = self.loop.call_at(deadline, _expire, waiter, timeout)
             try:

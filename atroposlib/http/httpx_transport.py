@@ -1,0 +1,154 @@
+"""``httpx`` over our keep-alive client: the transport of an environment's rollout-API client.
+
+An environment posts scored groups and polls ``/status-env`` hundreds of times a second at
+full speed; under ``httpx``'s own transport (``httpcore``) each call costs several hundred
+microseconds of CPU in connection-pool and protocol bookkeeping. :class:`RawHttpTransport`
+is an ``httpx.AsyncBaseTransport`` that sends each request over
+:class:`~atroposlib.http.client.RawHttpClient` instead, so the client keeps ``httpx``'s
+interface (``Response``, ``raise_for_status``, its exception types) at a fraction of the cost.
+
+What it keeps from ``httpx``'s transport:
+
+* at most ``max_connections`` requests in flight (8 by default); a request that waits
+  longer than the ``pool`` timeout for its turn raises ``httpx.PoolTimeout``;
+* the ``connect`` timeout bounds opening a connection; the largest of the ``read`` and
+  ``write`` timeouts bounds the rest of the call (sending and the whole answer), where
+  ``httpcore`` bounds each read and write;
+* failures as ``httpx`` exceptions, mapped here and nowhere else: no connection (refused,
+  unknown host, TLS failure, an address the peer check refuses) → ``httpx.ConnectError``,
+  none in time → ``httpx.ConnectTimeout``; the connection lost during the call →
+  ``httpx.ReadError``; no answer in time → ``httpx.ReadTimeout``; an answer that is not
+  valid HTTP/1.1 or exceeds ``max_answer_bytes`` → ``httpx.RemoteProtocolError``.
+
+It does not speak to HTTP proxies: a client whose URL the environment's proxy variables
+(``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``) route through a proxy
+uses ``httpx``'s own transport (:func:`proxied`).
+
+Example::
+
+    async with httpx.AsyncClient(transport=RawHttpTransport()) as client:
+        response = await client.get("http://127.0.0.1:8000/status")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from atroposlib.http.client import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    AnswerTooLarge,
+    ConnectTimeout,
+    MalformedAnswer,
+    PeerRefused,
+    RawHttpClient,
+)
+
+__all__ = ["RawHttpTransport", "proxied"]
+
+_NO_DEADLINE_S = 365 * 24 * 3600.0
+_SET_BY_CLIENT = frozenset({"host", "content-length", "transfer-encoding"})
+_CONNECT_FAILURES = (ConnectionRefusedError, socket.gaierror, PeerRefused, ssl.SSLError)
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment's proxy variables send requests to ``url`` through a proxy."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.netloc)
+
+
+def _seconds(value: Any) -> float:
+    return _NO_DEADLINE_S if value is None else float(value)
+
+
+class RawHttpTransport(httpx.AsyncBaseTransport):
+    """Sends ``httpx`` requests over :class:`~atroposlib.http.client.RawHttpClient`.
+
+    One keep-alive client per event loop (created on first use, like ``httpx``'s pool it
+    must not be shared across loops); ``max_answer_bytes`` bounds each answer's body.
+    """
+
+    def __init__(
+        self, max_connections: int = 8, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        self.max_connections = int(max_connections)
+        self.max_answer_bytes = int(max_answer_bytes)
+        self._raw: RawHttpClient | None = None
+        self._slots: asyncio.Semaphore | None = None
+
+    def _client(self) -> tuple[RawHttpClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._raw is None or self._raw.loop is not loop or self._slots is None:
+            self._raw = RawHttpClient(self.max_answer_bytes)
+            self._slots = asyncio.Semaphore(self.max_connections)
+        return self._raw, self._slots
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(
+                f"unsupported URL scheme {url.scheme!r}: expected http or https", request=request
+            )
+        tls = url.scheme == "https"
+        body = await request.aread()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _SET_BY_CLIENT}
+        timeouts = request.extensions.get("timeout", {})
+        call_s = max(_seconds(timeouts.get("read")), _seconds(timeouts.get("write")))
+        connect_s = _seconds(timeouts.get("connect"))
+        raw, slots = self._client()
+        if slots.locked():
+            try:
+                await asyncio.wait_for(slots.acquire(), _seconds(timeouts.get("pool")))
+            except asyncio.TimeoutError:
+                raise httpx.PoolTimeout(
+                    f"all {self.max_connections} connections stayed busy", request=request
+                ) from None
+        else:
+            await slots.acquire()
+        try:
+            status, answer_headers, answer = await raw.request(
+                request.method,
+                url.host,
+                url.port or (443 if tls else 80),
+                url.raw_path.decode("ascii"),
+                headers,
+                body,
+                call_s,
+                tls,
+                connect_timeout=connect_s,
+            )
+        except ConnectTimeout as e:
+            raise httpx.ConnectTimeout(str(e) or "connect timed out", request=request) from e
+        except asyncio.TimeoutError as e:
+            raise httpx.ReadTimeout(str(e) or "no answer in time", request=request) from e
+        except _CONNECT_FAILURES as e:
+            raise httpx.ConnectError(f"{type(e).__name__}: {e}", request=request) from e
+        except OSError as e:
+            raise httpx.ReadError(f"{type(e).__name__}: {e}", request=request) from e
+        except (AnswerTooLarge, MalformedAnswer) as e:
+            raise httpx.RemoteProtocolError(str(e), request=request) from e
+        finally:
+            slots.release()
+        return httpx.Response(
+            status,
+            headers=list(answer_headers.items()),
+            stream=httpx.ByteStream(answer),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def aclose(self) -> None:
+        raw, self._raw = self._raw, None
+        if raw is not None and not raw.loop.is_closed():
+            raw.close()
