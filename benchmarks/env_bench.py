@@ -15,7 +15,8 @@ ratio, and the env process's CPU time per group.
     python benchmarks/env_bench.py --fake-server uvicorn # the fake server under uvicorn
 
 The env's OpenAI-protocol and ``/generate`` requests go through the server layer's one
-HTTP client (``server_handling/_transport.py``).
+HTTP client (``server_handling/_transport.py``), its rollout-API calls through ``httpx`` over
+the same keep-alive client (``atroposlib/http/httpx_transport.py``).
 CPU per group is also printed for the fake inference server and the API, to show
 which process limits the rate on a small machine.
 """

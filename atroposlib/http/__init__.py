@@ -1,4 +1,5 @@
-"""The HTTP layer every server we ship shares (run-api, serve-model, the proxy, view-run).
+"""The HTTP layer every server we ship shares (run-api, serve-model, the proxy, view-run),
+and the HTTP client environments use to reach them.
 
 One module per job:
 
@@ -11,7 +12,10 @@ One module per job:
   stack (guard -> CORS -> auth -> size limit) in front of every server;
 * :mod:`~atroposlib.http.transport`: the write-coalescing, bounded uvicorn protocol;
 * :mod:`~atroposlib.http.headers`: header names our servers and clients agree on;
-* :mod:`~atroposlib.http.openai_protocol`: the OpenAI request models and error envelope.
+* :mod:`~atroposlib.http.openai_protocol`: the OpenAI request models and error envelope;
+* :mod:`~atroposlib.http.client`: the keep-alive HTTP/1.1 client of environments (their
+  inference calls), and :mod:`~atroposlib.http.httpx_transport`, the same client as an
+  ``httpx`` transport (their rollout-API calls).
 
 This package imports nothing from ``atroposlib`` outside it and ``atroposlib.utils``.
 """
