@@ -31,7 +31,7 @@ from fastapi.openapi.utils import (
     validation_error_response_definition,
 )
 from pydantic import TypeAdapter, ValidationError
-from starlette.datastructures import URL, QueryParams
+from starlette.datastructures import URL
 from starlette.responses import RedirectResponse
 
 from atroposlib.api import handlers
@@ -92,25 +92,28 @@ _OPTIONAL_INT = TypeAdapter(int | None)
 _ENV_ID_DESCRIPTION = "The asking env's id."
 
 
-def _query_env_id(scope: Scope) -> int | None:
-    """``env_id`` of ``GET /status-env?env_id=N``; None when the query has none (422 when bad).
-
-    A plain int (the last non-blank value) is taken as it is; anything else is
-    validated as FastAPI validates an ``int | None`` query parameter (the last
-    value, blanks kept), so old answers and their 422 wording stay the same.
-    """
+def _query_value(scope: Scope, name: str) -> str | None:
+    """The last value of ``name`` in the query string (blanks kept, as Starlette's
+    ``QueryParams.get`` gives it); None when the query has none."""
     query = scope.get("query_string", b"")
     if not query:
         return None
-    values = parse_qs(query.decode("latin-1")).get("env_id")
-    if values:
-        try:
-            return int(values[-1])
-        except ValueError:
-            pass
-    value = QueryParams(query).get("env_id")
+    values = parse_qs(query.decode("latin-1"), keep_blank_values=True).get(name)
+    return values[-1] if values else None
+
+
+def _query_env_id(scope: Scope) -> int | None:
+    """``env_id`` of ``GET /status-env?env_id=N``; None when the query has none (422 when bad).
+
+    The last value counts, validated as FastAPI validates an ``int | None`` query
+    parameter, so old answers and their 422 wording stay the same. ASCII digits, the
+    usual case, skip pydantic: ``int`` reads them exactly as it does.
+    """
+    value = _query_value(scope, "env_id")
     if value is None:
         return None
+    if value.isascii() and value.isdigit():
+        return int(value)
     try:
         return _OPTIONAL_INT.validate_python(value)
     except ValidationError as e:
@@ -119,11 +122,7 @@ def _query_env_id(scope: Scope) -> int | None:
 
 def _query_ack(scope: Scope) -> str | None:
     """``ack`` of ``GET /batch?ack=ID`` (an empty value means "none yet"); None when absent."""
-    query = scope.get("query_string", b"")
-    if not query:
-        return None
-    values = parse_qs(query.decode("latin-1"), keep_blank_values=True).get("ack")
-    return values[-1] if values else None
+    return _query_value(scope, "ack")
 
 
 def _scored_data(store: RolloutStore, body: bytes, scope: Scope) -> bytes:
@@ -203,6 +202,22 @@ class HotEndpoint:
         return op
 
 
+def _optional_query(name: str, json_type: str, description: str) -> Dict[str, Any]:
+    """The OpenAPI entry of an optional query parameter (``<type> | None``), as FastAPI
+    writes it."""
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": {
+            "anyOf": [{"type": json_type}, {"type": "null"}],
+            "description": description,
+            "title": name.replace("_", " ").title(),
+        },
+        "description": description,
+    }
+
+
 HOT_ENDPOINTS: Tuple[HotEndpoint, ...] = (
     HotEndpoint(
         "POST",
@@ -230,19 +245,7 @@ HOT_ENDPOINTS: Tuple[HotEndpoint, ...] = (
         "when short.\n\nThe answer carries ``batch_id`` and ``step``; the batch stays "
         'recoverable\nuntil acknowledged (see the API README, "Delivery").',
         _batch,
-        query=(
-            {
-                "name": "ack",
-                "in": "query",
-                "required": False,
-                "schema": {
-                    "anyOf": [{"type": "string"}, {"type": "null"}],
-                    "description": _ACK_DESCRIPTION,
-                    "title": "Ack",
-                },
-                "description": _ACK_DESCRIPTION,
-            },
-        ),
+        query=(_optional_query("ack", "string", _ACK_DESCRIPTION),),
     ),
     HotEndpoint(
         "GET",
@@ -250,19 +253,7 @@ HOT_ENDPOINTS: Tuple[HotEndpoint, ...] = (
         "status_env",
         "An env's throttling signal; ``env_id`` as query parameter or (old clients) JSON body.",
         _status_env,
-        query=(
-            {
-                "name": "env_id",
-                "in": "query",
-                "required": False,
-                "schema": {
-                    "anyOf": [{"type": "integer"}, {"type": "null"}],
-                    "description": _ENV_ID_DESCRIPTION,
-                    "title": "Env Id",
-                },
-                "description": _ENV_ID_DESCRIPTION,
-            },
-        ),
+        query=(_optional_query("env_id", "integer", _ENV_ID_DESCRIPTION),),
     ),
 )
 """The endpoints the hot path answers: each declared here once, handler and schema."""

@@ -731,8 +731,4 @@ class RolloutStore:
         )
         if self.registry.grow_group_size(env_id, signal.group_size):
             self._commit(meta={_META_KEY: self._meta()})
-        answer = signal.answer
-        answer["current_version"] = self.step
-        if self.staleness.max_staleness is not None:
-            answer["max_staleness"] = self.staleness.max_staleness
-        return answer
+        return {**signal.answer, **self._version_status()}
