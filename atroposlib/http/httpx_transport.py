@@ -18,7 +18,9 @@ What it keeps from ``httpx``'s transport:
   unknown host, TLS failure, an address the peer check refuses) → ``httpx.ConnectError``,
   none in time → ``httpx.ConnectTimeout``; the connection lost during the call →
   ``httpx.ReadError``; no answer in time → ``httpx.ReadTimeout``; an answer that is not
-  valid HTTP/1.1 or exceeds ``max_answer_bytes`` → ``httpx.RemoteProtocolError``.
+  valid HTTP/1.1 or exceeds ``max_answer_bytes`` → ``httpx.RemoteProtocolError``;
+* what ``h11`` refuses to send: a method or header name that is not a token, a header value
+  with CR, LF or NUL → ``httpx.LocalProtocolError``, nothing sent.
 
 It does not speak to HTTP proxies: a client whose URL the environment's proxy variables
 (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``) route through a proxy
@@ -33,8 +35,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import socket
-import ssl
+import re
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,7 +47,6 @@ from atroposlib.http.client import (
     AnswerTooLarge,
     ConnectTimeout,
     MalformedAnswer,
-    PeerRefused,
     RawHttpClient,
 )
 
@@ -54,7 +54,28 @@ __all__ = ["RawHttpTransport", "proxied"]
 
 _NO_DEADLINE_S = 365 * 24 * 3600.0
 _SET_BY_CLIENT = frozenset({"host", "content-length", "transfer-encoding"})
-_CONNECT_FAILURES = (ConnectionRefusedError, socket.gaierror, PeerRefused, ssl.SSLError)
+# What h11 (httpx's own transport) refuses to send: a method or header name that is not a
+# token, a header value with CR, LF or NUL (caller's data must not write lines of its own).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
+
+
+class _ConnectFailed(ConnectionError):
+    """No connection could be opened, so nothing was sent (the cause is chained)."""
+
+
+class _RawClient(RawHttpClient):
+    """:class:`RawHttpClient` whose failures to connect say so, whatever the ``OSError``: a
+    name whose every address refuses gives asyncio's combined ``OSError("Multiple
+    exceptions...")``, an unreachable network a bare ``OSError``, neither a read failure."""
+
+    async def _connect(self, host: str, port: int, tls: bool = False) -> Any:
+        try:
+            return await super()._connect(host, port, tls)
+        except asyncio.TimeoutError:
+            raise
+        except OSError as e:  # refused, unreachable, unknown host, TLS, the peer check
+            raise _ConnectFailed(f"{type(e).__name__}: {e}") from e
 
 
 def proxied(url: str) -> bool:
@@ -90,7 +111,7 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
     def _client(self) -> tuple[RawHttpClient, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._raw is None or self._raw.loop is not loop or self._slots is None:
-            self._raw = RawHttpClient(self.max_answer_bytes)
+            self._raw = _RawClient(self.max_answer_bytes)
             self._slots = asyncio.Semaphore(self.max_connections)
         return self._raw, self._slots
 
@@ -103,6 +124,13 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
         tls = url.scheme == "https"
         body = await request.aread()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _SET_BY_CLIENT}
+        if not _TOKEN.fullmatch(request.method):
+            raise httpx.LocalProtocolError(f"illegal method {request.method!r}", request=request)
+        for name, value in headers.items():
+            if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+                raise httpx.LocalProtocolError(
+                    f"illegal header {name!r}: {value!r}", request=request
+                )
         timeouts = request.extensions.get("timeout", {})
         call_s = max(_seconds(timeouts.get("read")), _seconds(timeouts.get("write")))
         connect_s = _seconds(timeouts.get("connect"))
@@ -132,8 +160,8 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(str(e) or "connect timed out", request=request) from e
         except asyncio.TimeoutError as e:
             raise httpx.ReadTimeout(str(e) or "no answer in time", request=request) from e
-        except _CONNECT_FAILURES as e:
-            raise httpx.ConnectError(f"{type(e).__name__}: {e}", request=request) from e
+        except _ConnectFailed as e:
+            raise httpx.ConnectError(str(e), request=request) from e.__cause__
         except OSError as e:
             raise httpx.ReadError(f"{type(e).__name__}: {e}", request=request) from e
         except (AnswerTooLarge, MalformedAnswer) as e:
