@@ -9,6 +9,7 @@ fail and name the command that builds it: CI must never pass without running the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -21,9 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from atroposlib.testing.launch import proxy_cmd
-from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import running_process
+from atroposlib.testing.proxy import running_proxy
 from tests.environments.env_helpers import check_groups, process_argv, unmasked_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,24 +63,15 @@ def _expected_score(reply: str, word: str) -> float:
 @pytest.fixture(scope="module")
 def proxy(serve_model: Dict[str, str], tmp_path_factory) -> Iterator[str]:
     """URL of the managed-server proxy over the tiny model's serve-model."""
-    tmp = tmp_path_factory.mktemp("vf-proxy")
     server = {
         "base_url": serve_model["base_url"],
         "model_name": serve_model["model"],
         "server_type": "vllm",
         "timeout": 120,
     }
-    config = tmp / "servers.json"
-    config.write_text(json.dumps({"servers": [server], "tokenizer": serve_model["model"]}))
-    port = free_port()
-    with running_process(
-        proxy_cmd(port, "--config", str(config)),
-        health_url=f"http://127.0.0.1:{port}/health",
-        timeout=120,
-        log_path=tmp / "proxy.log",
-        env={"HF_HUB_OFFLINE": "1"},
-    ):
-        yield f"http://127.0.0.1:{port}"
+    config = {"servers": [server], "tokenizer": serve_model["model"]}
+    with running_proxy(tmp_path_factory.mktemp("vf-proxy"), config) as running:
+        yield running.url
 
 
 # Runs each argv in one interpreter (starting verifiers costs seconds of CPU); an argv
@@ -116,7 +106,8 @@ def runs(serve_model, proxy, tmp_path_factory) -> Path:
     evaluate = process_argv(serve_model, tmp / "unused.jsonl")
     evaluate[0] = "evaluate"
     evaluate += [*common, "--env.max_tokens_per_turn", "8", "--env.eval_limit", "2"]
-    evaluate += ["--env.eval_taskset_args", '{"offset": 5, "size": 3}']
+    # refuse_event_loop: the eval taskset must be loaded off the event loop.
+    evaluate += ["--env.eval_taskset_args", '{"offset": 5, "size": 3, "refuse_event_loop": true}']
     evaluate += ["--env.data_dir_to_save_evals", str(tmp / "evals")]
     no_proxy = process_argv(serve_model, tmp / "never.jsonl") + common[2:]
     dotted = process_argv(serve_model, tmp / "never.jsonl") + common[:2]
@@ -233,3 +224,53 @@ def test_a_dotted_taskset_id_is_refused_with_what_to_do(runs):
     error = (runs / "setup_error_3.txt").read_text()
     assert error.startswith("ValueError: env.taskset_id 'tests.environments.vf_v1_tasks'"), error
     assert "PYTHONPATH" in error
+
+
+def test_an_infinite_taskset_that_runs_out_says_which_and_when():
+    """An unbounded taskset whose tasks end is named in the error, not turned into
+    "coroutine raised StopIteration"."""
+    from atroposlib.envs.adapters.verifiers_v1 import VerifiersEnv
+
+    config, servers = VerifiersEnv.config_init()
+    env = VerifiersEnv(config.model_copy(update={"taskset_id": "endless"}), servers, testing=True)
+    env._task_stream = iter(["only"])
+    assert asyncio.run(env.get_next_item()) == "only"
+    with pytest.raises(RuntimeError, match=r"taskset 'endless' is declared infinite .* after 1"):
+        asyncio.run(env.get_next_item())
+
+
+PROGRAM_DIR_PROBE = """
+import os, stat, sys, tempfile
+from pathlib import Path
+from atroposlib.envs.adapters import _vf_chat
+path = Path(_vf_chat._program_path())
+info = path.parent.stat()
+print(path.parent == Path(tempfile.gettempdir()), oct(stat.S_IMODE(info.st_mode)), info.st_uid == os.getuid())
+path.parent.chmod(0o755)
+try:
+    _vf_chat._program_path()
+except RuntimeError as err:
+    print("refused:", err)
+"""
+
+
+def test_the_chat_program_is_written_to_a_private_directory(tmp_path):
+    """The program this interpreter runs lives in a 0700 directory of this user's, not in
+    the shared temp dir, where another user could have made (and could change) the file;
+    a directory that others can read or write is refused."""
+    python = _verifiers_v1_python()
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    done = subprocess.run(
+        [python, "-c", PROGRAM_DIR_PROBE],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(shared)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    placed, refused = done.stdout.splitlines()
+    assert placed == "False 0o700 True"
+    assert refused.startswith("refused: ") and "mode 0700" in refused, refused

@@ -1,14 +1,16 @@
 """A tiny verifiers 0.4 taskset for the ``VerifiersEnv`` tests: offline, deterministic.
 
 Each task asks for a short reply; the scorer gives 1.0 to a reply that contains the
-expected word and otherwise the fraction of the reply's characters that are letters
+expected word and otherwise half the fraction of the reply's characters that are letters
 (so the tiny model's near-random text still scores a spread of values, and a group is
-never all ties). Import it as taskset id ``tests.environments.vf_v1_tasks`` with the
-repository root on ``sys.path``; it needs verifiers 0.4 (``.venv-verifiers``).
+never all ties). verifiers imports a taskset as a top-level module: put
+``tests/environments`` on ``PYTHONPATH`` and name taskset id ``vf_v1_tasks``. It needs
+verifiers 0.4 (``.venv-verifiers``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import verifiers.v1 as vf
@@ -18,11 +20,21 @@ __all__ = ["EchoTaskset"]
 WORDS = ["apple", "river", "stone", "cloud", "green", "tiger", "piano", "lemon"]
 
 
+def _event_loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class EchoConfig(vf.TasksetConfig):
-    """How many tasks the taskset yields and which word list offset it starts from."""
+    """How many tasks the taskset yields and which word list offset it starts from;
+    ``refuse_event_loop`` makes loading fail on a thread that runs an event loop."""
 
     size: int = 4
     offset: int = 0
+    refuse_event_loop: bool = False
 
 
 class EchoData(vf.TaskData):
@@ -49,6 +61,8 @@ class EchoTaskset(vf.Taskset[EchoTask, EchoConfig]):
     """``size`` tasks, task i asking for ``WORDS[(offset + i) % len(WORDS)]``."""
 
     def load(self) -> Iterator[EchoTask]:
+        if self.config.refuse_event_loop and _event_loop_running():
+            raise RuntimeError("the taskset was loaded on the event loop's thread")
         for i in range(self.config.size):
             word = WORDS[(self.config.offset + i) % len(WORDS)]
             yield EchoTask(

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from verifiers.v1.harnesses.null import NullHarness
-from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE, launch_chat_program
+from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
 __all__ = ["AtroposChatHarness"]
@@ -38,10 +39,29 @@ def register() -> str:
     return HARNESS_ID
 
 
+def _program_dir() -> Path:
+    """This user's directory for the program under the temp dir, readable by nobody else.
+
+    The shared temp dir lets anyone create a file under a name we choose and change it
+    later; a file we found there with the right content could still be rewritten before
+    this interpreter runs it. A directory of our own, mode 0700, cannot.
+    """
+    uid = os.getuid()
+    path = Path(tempfile.gettempdir()) / f"atropos-vf-chat-{uid}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
+        raise RuntimeError(
+            f"{path} must be a directory owned by this user with mode 0700 (the "
+            f"{HARNESS_ID} harness runs the program it holds); remove it and retry"
+        )
+    return path
+
+
 def _program_path() -> str:
     """The chat program written once per content (a content-addressed file, like uv's)."""
     data = CHAT_PROGRAM_SOURCE.encode()
-    path = Path(tempfile.gettempdir()) / f"atropos-vf-chat-{hashlib.sha256(data).hexdigest()}.py"
+    path = _program_dir() / f"{hashlib.sha256(data).hexdigest()}.py"
     if not path.exists() or path.read_bytes() != data:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(data)
@@ -76,19 +96,6 @@ class AtroposChatHarness(NullHarness):
             )
         _program_path()
 
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kw: Any):
-        system_prompt, prompt = self.resolve_prompt(data)
-        url = kw.get("tool_interception_url")
-        return await launch_chat_program(
-            CHAT_PROGRAM_SOURCE,
-            self.config,
-            ctx,
-            trace,
-            _LocalInterpreter(runtime),
-            endpoint,
-            secret,
-            mcp_urls,
-            system_prompt,
-            prompt,
-            extra_args=[f"--tool-interception-url={url}"] if url else (),
-        )
+    async def launch(self, ctx: Any, trace: Any, runtime: Any, *args: Any, **kwargs: Any) -> Any:
+        """verifiers' ``null`` launch, with ``runtime`` seen through :class:`_LocalInterpreter`."""
+        return await super().launch(ctx, trace, _LocalInterpreter(runtime), *args, **kwargs)

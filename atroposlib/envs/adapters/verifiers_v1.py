@@ -42,8 +42,9 @@ from typing import Any, Dict, Iterator, List, Literal, Tuple
 from pydantic import Field
 
 from atroposlib.envs.adapters._defaults import adapter_config_init
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.eval_helpers import drain_metrics, run_eval_set
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup, _first_model_name
+from atroposlib.envs.eval_helpers import drain_metrics, mean_of, run_eval_set
+from atroposlib.envs.rollout_helpers import scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 logger = logging.getLogger(__name__)
@@ -258,16 +259,17 @@ class VerifiersEnv(BaseEnv):
         if self.tasks is not None:
             return self.tasks[i % len(self.tasks)]
         assert self._task_stream is not None, "call setup() first"
-        return next(self._task_stream)
+        task = next(self._task_stream, None)
+        if task is None:
+            # Raised inside a coroutine, StopIteration would become "coroutine raised
+            # StopIteration", which names neither the taskset nor the cause.
+            raise RuntimeError(
+                f"taskset {self.config.taskset_id!r} is declared infinite (not bounded) "
+                f"but ran out of tasks after {i}"
+            )
+        return task
 
     # ------------------------------------------------------------------ rollouts
-
-    def _model_name(self) -> str:
-        for server in getattr(self.server, "servers", []) or []:
-            name = getattr(getattr(server, "config", None), "model_name", None)
-            if name:
-                return name
-        return "default"
 
     async def rollout(self, task: Any, temperature: float) -> Dict[str, Any]:
         """One verifiers episode of ``task`` in a fresh proxy session: ``{"episode",
@@ -275,7 +277,7 @@ class VerifiersEnv(BaseEnv):
         vf = import_verifiers()
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             ctx = vf.ModelContext(
-                model=self._model_name(),
+                model=_first_model_name(self.server) or "default",
                 client=vf.EvalClientConfig(
                     base_url=managed.get_url(), api_key_var="ATROPOS_API_KEY"
                 ),
@@ -316,7 +318,8 @@ class VerifiersEnv(BaseEnv):
         runs = await asyncio.gather(
             *(self.rollout(item, self.config.temperature) for _ in range(self.config.group_size))
         )
-        group = ScoredDataGroup(tokens=[], masks=[], scores=[], inference_logprobs=[], messages=[])
+        rollouts: List[Dict[str, Any]] = []
+        scores: List[float] = []
         for run in runs:
             episode, nodes = run["episode"], run["nodes"]
             reason = self._failed(episode)
@@ -336,12 +339,16 @@ class VerifiersEnv(BaseEnv):
             node = max(nodes, key=lambda n: len(n.tokens))
             reward = self.episode_reward(episode)
             self.rewards.append(reward)
-            group["tokens"].append(list(node.tokens))
-            group["masks"].append(list(node.masked_tokens))
-            group["inference_logprobs"].append(list(node.logprobs))
-            group["messages"].append(self.episode_messages(episode))
-            group["scores"].append(reward)
-        return (group if group["tokens"] else None), []
+            rollouts.append(
+                {
+                    "tokens": list(node.tokens),
+                    "masks": list(node.masked_tokens),
+                    "logprobs": list(node.logprobs),
+                    "messages": self.episode_messages(episode),
+                }
+            )
+            scores.append(reward)
+        return (scored_group(rollouts, scores) if rollouts else None), []
 
     # ------------------------------------------------------------------ evaluate
 
@@ -376,20 +383,22 @@ class VerifiersEnv(BaseEnv):
             return sample
 
         def per_reward(samples: List[Dict[str, Any]]) -> Dict[str, float]:
-            metrics: Dict[str, float] = {}
-            names = sorted({k for s in samples for k in s if k.startswith("reward/")})
-            for key in names:
-                values = [s[key] for s in samples if s.get(key) is not None]
-                if values:
-                    metrics[f"eval/{key}"] = sum(values) / len(values)
-            metrics["eval/mean_reward"] = (
-                sum(s["score"] for s in samples) / len(samples) if samples else 0.0
-            )
+            # A reward no sample scored (None everywhere) has no mean: left out, not 0.
+            scored = {
+                k
+                for s in samples
+                for k, v in s.items()
+                if k.startswith("reward/") and v is not None
+            }
+            metrics = {f"eval/{key}": mean_of(samples, key) for key in sorted(scored)}
+            metrics["eval/mean_reward"] = mean_of(samples, "score")
             return metrics
 
+        # A taskset may read its data as it loads; evaluate runs beside training rollouts,
+        # whose model calls this event loop relays, so the loading happens off it.
         self.eval_metrics = await run_eval_set(
             self,
-            self.eval_tasks(),
+            await asyncio.to_thread(self.eval_tasks),
             one,
             metric="eval/percent_correct",
             value="correct",
