@@ -274,3 +274,28 @@ def test_the_chat_program_is_written_to_a_private_directory(tmp_path):
     placed, refused = done.stdout.splitlines()
     assert placed == "False 0o700 True"
     assert refused.startswith("refused: ") and "mode 0700" in refused, refused
+
+
+IMPORT_PROBE = """
+import importlib.metadata
+from atroposlib.envs.adapters.verifiers_v1 import import_verifiers
+first = import_verifiers()
+lookups = []
+real = importlib.metadata.version
+importlib.metadata.version = lambda name: lookups.append(name) or real(name)
+print(all(import_verifiers() is first for _ in range(3)), lookups)
+"""
+
+
+def test_import_verifiers_reads_the_metadata_once():
+    """Every rollout calls ``import_verifiers``; after the first success it hands back the
+    module without scanning the installed distributions again."""
+    done = subprocess.run(
+        [_verifiers_v1_python(), "-c", IMPORT_PROBE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "True []"

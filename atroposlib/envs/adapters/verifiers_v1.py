@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections import Counter
@@ -64,11 +65,14 @@ PROXY_HINT = (
 )
 
 
+@functools.cache
 def import_verifiers() -> Any:
     """``verifiers.v1``, or an ImportError that names the extra to install.
 
     The installed version is checked first (from its metadata, without importing it):
-    the 0.1 line has no ``verifiers.v1`` and is slow to import."""
+    the 0.1 line has no ``verifiers.v1`` and is slow to import. The module is kept after
+    the first success: every rollout asks for it, and reading the metadata again scans
+    the installed distributions on the event loop (about a millisecond each time)."""
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.version import Version
