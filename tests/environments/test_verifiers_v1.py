@@ -10,6 +10,7 @@ fail and name the command that builds it: CI must never pass without running the
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -32,8 +33,10 @@ BUILD_HINT = "build it with `make .venv-verifiers` (verifiers 0.4 from requireme
 WORDS = ["apple", "river", "stone", "cloud", "green", "tiger", "piano", "lemon"]
 
 
+@functools.cache
 def _verifiers_v1_python() -> str:
-    """The venv interpreter with verifiers 0.4; skips (fails under CI) without it."""
+    """The venv interpreter with verifiers 0.4; skips (fails under CI) without it. Probed
+    once per session (importing verifiers costs seconds of CPU)."""
     problem = None
     if not VENV_PYTHON.exists():
         problem = f"{VENV_PYTHON} does not exist"
