@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import json
 import os
+import socket
 import threading
 from typing import Any, Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -342,12 +343,17 @@ async def test_an_unreachable_network_is_a_connect_error(monkeypatch):
     assert "unreachable" in str(caught.value)
 
 
-async def test_an_unknown_host_is_a_connect_error():
+async def test_an_unknown_host_is_a_connect_error(monkeypatch):
+    async def no_such_name(host, *args, **kwargs):  # what the resolver says, without asking one
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", no_such_name)
     url = "http://no-such-host.invalid/echo"
     async with _client() as client:
         with pytest.raises(httpx.HTTPError) as caught:
             await client.get(url)
     _expect(httpx.ConnectError, caught, url)
+    assert "gaierror" in str(caught.value)
 
 
 async def test_no_connection_within_the_connect_timeout_is_a_connect_timeout(monkeypatch):
