@@ -539,6 +539,9 @@ async def test_rollout_client_uses_httpx_transport_when_proxied(monkeypatch):
     client = RolloutAPIClient("http://api.internal:8000")
     try:
         assert type(client._client._transport) is httpx.AsyncHTTPTransport
+        routed = client._client._transport_for_url(httpx.URL("http://api.internal:8000/info"))
+        assert routed is not client._client._transport  # the proxy's mount
+        assert type(routed) is httpx.AsyncHTTPTransport
     finally:
         await client.aclose()
 
@@ -553,8 +556,11 @@ async def test_rollout_client_uses_the_raw_transport_otherwise(monkeypatch):
         RolloutAPIClient("http://api.internal:8000", transport=given),
     ]
     try:
-        assert type(clients[0]._client._transport) is RawHttpTransport
-        assert type(clients[1]._client._transport) is RawHttpTransport
+        for client in clients[:2]:
+            assert type(client._client._transport) is RawHttpTransport
+            # ... and it is the one httpx sends the API's requests over (no proxy mount wins).
+            url = httpx.URL(f"{client.base_url}/status-env")
+            assert client._client._transport_for_url(url) is client._client._transport
         assert clients[2]._client._transport is given
     finally:
         for client in clients:
