@@ -31,6 +31,7 @@ from typing import Any, Callable, List, Sequence
 
 from atroposlib.envs.server_handling._transport import JsonTransport
 from atroposlib.envs.server_handling.errors import causes, is_transient, status_code
+from atroposlib.utils.aio import cancel_and_wait
 
 __all__ = [
     "FailureTracker",
@@ -234,8 +235,7 @@ class ServerWatch:
     async def stop(self) -> None:
         """Stop probing."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def check_once(self) -> None:

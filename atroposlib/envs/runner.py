@@ -52,6 +52,7 @@ from atroposlib.envs.serve import (
 from atroposlib.envs.server_handling.policy_version import recording_versions, stamp_group
 from atroposlib.envs.server_handling.sampling_record import recording_sampling, stamp_sampling
 from atroposlib.envs.workers import WorkerPool
+from atroposlib.utils.aio import cancel_and_wait
 from atroposlib.utils.gc_tuning import startup_objects_frozen
 
 if TYPE_CHECKING:
@@ -552,8 +553,7 @@ class EnvRunner:
         await self.pool.wait_all(timeout_s=120)
         for task in (self._status_task, self.eval_task):
             if task is not None and not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await cancel_and_wait(task)  # a poll may swallow one cancellation
         if self.sender is not None:
             await self.sender.close(drain_timeout_s=60)
         if self.api is not None:

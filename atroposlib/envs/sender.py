@@ -30,6 +30,7 @@ from typing import Any, Deque, List
 
 from atroposlib.envs.api_client import PostResult, RolloutAPIClient
 from atroposlib.envs.outbox import Outbox
+from atroposlib.utils.aio import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -289,8 +290,7 @@ class GroupSender:
             await asyncio.sleep(0.05)
         for task in (self._pump, self._flusher):
             if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await cancel_and_wait(task)
         self._pump = self._flusher = None
         while self._queue:
             pending = self._queue.popleft()

@@ -40,6 +40,8 @@ from typing import Any, Callable
 
 import httptools
 
+from atroposlib.utils.aio import within
+
 logger = logging.getLogger(__name__)
 
 MAX_IDLE_PER_HOST = 512
@@ -348,7 +350,7 @@ class RawHttpClient:
                 if remaining <= 0:
                     raise ConnectTimeout(f"no connection to {host}:{port} within {timeout}s")
                 try:
-                    conn = await asyncio.wait_for(self._connect(host, port, tls), remaining)
+                    conn = await within(self._connect(host, port, tls), remaining)
                 except asyncio.TimeoutError:
                     raise ConnectTimeout(
                         f"no connection to {host}:{port} within {remaining:.3g}s"

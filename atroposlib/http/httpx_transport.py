@@ -49,6 +49,7 @@ from atroposlib.http.client import (
     MalformedAnswer,
     RawHttpClient,
 )
+from atroposlib.utils.aio import within
 
 __all__ = ["RawHttpTransport", "proxied"]
 
@@ -137,7 +138,7 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
         raw, slots = self._client()
         if slots.locked():
             try:
-                await asyncio.wait_for(slots.acquire(), _seconds(timeouts.get("pool")))
+                await within(slots.acquire(), _seconds(timeouts.get("pool")))
             except asyncio.TimeoutError:
                 raise httpx.PoolTimeout(
                     f"all {self.max_connections} connections stayed busy", request=request

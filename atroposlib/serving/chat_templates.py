@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.http.openai_protocol import InvalidRequest
+from atroposlib.utils.aio import within
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class ClientTemplateRenderer:
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(job.encode() + b"\n")
                 await proc.stdin.drain()
-                line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)
+                line = await within(proc.stdout.readline(), self.timeout)
                 if not line:
                     raise InvalidRequest(
                         "the chat template exhausted the renderer (it was stopped)",

@@ -74,6 +74,7 @@ from atroposlib.serving.sampling import (
     sample,
 )
 from atroposlib.serving.scheduler import Chunk, Request, Row, plan_prefill
+from atroposlib.utils.aio import within
 from atroposlib.utils.transformers_compat import forward_with_cache, prefer_sdpa
 
 logger = logging.getLogger(__name__)
@@ -439,7 +440,7 @@ class Engine:
             self._wakeup.clear()
             timeout = 0.05 if self._swap is not None else None
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                await within(self._wakeup.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
             return

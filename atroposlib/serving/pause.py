@@ -37,6 +37,7 @@ from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.http.headers import POLICY_VERSION_HEADER
+from atroposlib.utils.aio import within
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class PauseGate:
         )
         if mode == "finish":
             try:
-                await asyncio.wait_for(self._idle.wait(), timeout)
+                await within(self._idle.wait(), timeout)
             except asyncio.TimeoutError:
                 logger.warning(
                     "pause: %d request(s) still in flight after %.1fs", self.in_flight, timeout
@@ -209,7 +210,7 @@ def install_pause_routes(app: FastAPI, gate: PauseGate, get_state: Callable[...,
             engine.hold()
             release = engine.release
             try:  # answer once the step in progress, if any, has ended
-                await asyncio.wait_for(engine.parked.wait(), body.timeout)
+                await within(engine.parked.wait(), body.timeout)
             except asyncio.TimeoutError:
                 logger.warning("pause: the engine did not stop within %.1fs", body.timeout)
         elif engine.held:

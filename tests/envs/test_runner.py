@@ -303,3 +303,32 @@ async def test_worker_keys_are_random_version_4_uuids():
     for key in keys:
         parsed = uuid.UUID(key)
         assert str(parsed) == key and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+async def test_shutdown_ends_a_status_poll_that_swallowed_its_cancellation(tmp_path, monkeypatch):
+    """A poll's library can swallow a cancellation that lands as its call finishes (as
+    ``asyncio.wait_for`` did before Python 3.12); the status loop then went on polling and
+    shutting down waited for it for ever."""
+    from atroposlib.utils import aio
+
+    monkeypatch.setattr(aio, "RECANCEL_S", 0.01)
+    monkeypatch.setenv("ATROPOS_OUTBOX_DIR", str(tmp_path / "outbox"))
+    env = make_env(group_size=2)
+    polls = 0
+
+    async def poll_that_swallows_one_cancel() -> None:
+        nonlocal polls
+        swallowed = False
+        while True:
+            try:
+                polls += 1
+                await asyncio.sleep(0.001)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed = True
+
+    env.runner._status_task = asyncio.create_task(poll_that_swallows_one_cancel())
+    await asyncio.sleep(0.005)
+    await asyncio.wait_for(env.runner._shutdown(), 30)  # hang guard only: the old one never ended
+    assert env.runner._status_task.cancelled() and polls > 1

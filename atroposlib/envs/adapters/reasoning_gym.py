@@ -47,6 +47,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, mean_of, means_by, run_eval_set
 from atroposlib.envs.rollout_helpers import managed_chat_rollouts, scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.utils.aio import within
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class GeneratorPool:
         child = _Child(proc)
         # The first request waits for reasoning-gym's import, which is not the call's time.
         try:
-            await asyncio.wait_for(child.request("ping", ()), timeout=STARTUP_TIMEOUT_S)
+            await within(child.request("ping", ()), STARTUP_TIMEOUT_S)
         except BaseException:
             child.kill()
             raise
@@ -205,9 +206,7 @@ class GeneratorPool:
                 child = None
             if child is None:
                 child = await self._spawn()
-            ok, value = await asyncio.wait_for(
-                child.request(fn.__name__, args), timeout=self.timeout
-            )
+            ok, value = await within(child.request(fn.__name__, args), self.timeout)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as err:
             if child is not None and child in self._children:
                 logger.warning(
@@ -237,7 +236,7 @@ class GeneratorPool:
                 child.proc.stdin.close()
         for child in self._children:
             try:
-                await asyncio.wait_for(child.proc.wait(), timeout=5)
+                await within(child.proc.wait(), 5)
             except asyncio.TimeoutError:
                 child.kill()
                 await child.proc.wait()

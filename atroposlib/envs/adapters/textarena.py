@@ -57,6 +57,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, means_by, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
+from atroposlib.utils.aio import within
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ def server_player(
             **sampling,
         )
         try:
-            out = await asyncio.wait_for(request, timeout)
+            out = await within(request, timeout)
         except asyncio.TimeoutError as err:
             raise EpisodeEnded(
                 "opponent_timeout",

@@ -39,6 +39,7 @@ from atroposlib.envs.server_handling.errors import (
     is_transport_error,
 )
 from atroposlib.envs.server_handling.sampling_record import note_request
+from atroposlib.utils.aio import cancel_and_wait, within
 
 logger = logging.getLogger(__name__)
 
@@ -473,7 +474,7 @@ class APIServer(ABC):
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._healthy_waiters.append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            await within(fut, timeout)
         except asyncio.TimeoutError as e:
             raise ServerUnavailableError(self.name, e) from e
 
@@ -482,12 +483,7 @@ class APIServer(ABC):
         task, self.check_task = self.check_task, None
         if task is None or task.done():
             return
-        # Cancel until it ends: a cancellation that lands just as a probe's connect finishes can
-        # be swallowed by ``asyncio.wait_for`` (Python < 3.12), and awaiting the task once would
-        # then wait for ever while the loop went on probing.
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=CLOSE_RECANCEL_S)
+        await cancel_and_wait(task, CLOSE_RECANCEL_S)  # a probe may swallow one cancellation
         if not task.cancelled() and task.exception() is not None:
             logger.debug("health loop of %s ended with %r", self.name, task.exception())
 
