@@ -102,6 +102,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.max_answer_bytes = max_answer_bytes
         self.waiter: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
+        self.bodiless = False
         self.keep_alive = True
         self.closed = False
         self._reset()
@@ -134,10 +135,15 @@ class _Conn(asyncio.Protocol):
                 waiter.set_exception(ConnectionResetError(f"connection lost mid-answer: {exc}"))
         self._release()
 
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
+    def send(
+        self, data: bytes, bodiless: bool = False
+    ) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
+        """Write a request; the future of its answer. ``bodiless``: the answer has no body
+        whatever its headers declare (the answer to ``HEAD``)."""
         loop = asyncio.get_running_loop()
         self.waiter = loop.create_future()
         self._reset()
+        self.bodiless = bodiless
         assert self.transport is not None
         self.transport.write(data)
         return self.waiter
@@ -174,6 +180,11 @@ class _Conn(asyncio.Protocol):
         self.header_done = True
         self.status = self.parser.get_status_code()
         self.keep_alive = self.parser.should_keep_alive()
+        if self.bodiless:
+            # The parser cannot be told that no body follows: answer now, never reuse.
+            self.keep_alive = False
+            self.on_message_complete()
+            raise _Stop("the answer to HEAD ends with its headers")
         headers = self.headers
         chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         declared = headers.get("content-length")
@@ -355,7 +366,7 @@ class RawHttpClient:
                     raise ConnectTimeout(
                         f"no connection to {host}:{port} within {remaining:.3g}s"
                     ) from None
-            waiter = conn.send(data)
+            waiter = conn.send(data, bodiless=method == "HEAD")
             timer = self.loop.call_at(deadline, _expire, waiter, timeout)
             try:
                 status, resp_headers, resp_body = await waiter

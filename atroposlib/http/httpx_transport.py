@@ -22,7 +22,9 @@ What it keeps from ``httpx``'s transport:
 * what ``h11`` refuses to send: a method or header name that is not a token, a header value
   with CR, LF or NUL → ``httpx.LocalProtocolError``, nothing sent.
 
-It does not speak to HTTP proxies: a client whose URL the environment's proxy variables
+Where it differs: an answer's repeated header keeps its last value only (the rollout API
+sends none twice), and the ``Host`` header is always the URL's. It does not speak to HTTP
+proxies: a client whose URL the environment's proxy variables
 (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``) route through a proxy
 uses ``httpx``'s own transport (:func:`proxied`).
 

@@ -122,6 +122,8 @@ class _Upstream:
                 "body": request["body"].decode("latin-1"),
             }
             return _answer(200, json.dumps(echo).encode(), {"X-Answer": "yes"})
+        if path == "/head":  # what a server answers to HEAD: the GET's headers, no body
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Answer: head\r\n\r\n"
         if path == "/gzip":
             return _answer(200, gzip.compress(b'{"zipped": true}'), {"Content-Encoding": "gzip"})
         if path == "/missing":
@@ -260,6 +262,15 @@ async def test_an_answer_gives_its_status_headers_and_body(upstream: _Upstream):
     assert response.headers["content-length"] == str(len(response.content))
     assert response.json() == {"method": "POST", "target": "/echo", "body": '{"a":1}'}
     assert response.request.url == f"{upstream.url}/echo"
+
+
+async def test_the_answer_to_head_ends_with_its_headers(upstream: _Upstream):
+    async with _client(timeout=5) as client:
+        response = await client.head(f"{upstream.url}/head")
+        after = await client.get(f"{upstream.url}/echo")
+    assert response.status_code == 200 and response.content == b""
+    assert response.headers["content-length"] == "5" and response.headers["x-answer"] == "head"
+    assert after.json()["method"] == "GET"  # the connection after a HEAD is not misread
 
 
 async def test_a_gzip_encoded_answer_is_decoded_by_httpx(upstream: _Upstream):
