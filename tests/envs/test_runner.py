@@ -13,6 +13,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.offline import ProcessFailedError, html_report
 from atroposlib.envs.runner import EnvRunner
 from atroposlib.envs.scheduling import EnvStatus
+from atroposlib.testing.aio import swallow_one_cancellation
 
 from .test_base_hooks import SERVER, group, make_env
 
@@ -314,21 +315,8 @@ async def test_shutdown_ends_a_status_poll_that_swallowed_its_cancellation(tmp_p
     monkeypatch.setattr(aio, "RECANCEL_S", 0.01)
     monkeypatch.setenv("ATROPOS_OUTBOX_DIR", str(tmp_path / "outbox"))
     env = make_env(group_size=2)
-    polls = 0
-
-    async def poll_that_swallows_one_cancel() -> None:
-        nonlocal polls
-        swallowed = False
-        while True:
-            try:
-                polls += 1
-                await asyncio.sleep(0.001)
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed = True
-
-    env.runner._status_task = asyncio.create_task(poll_that_swallows_one_cancel())
+    polls: list[int] = []
+    env.runner._status_task = asyncio.create_task(swallow_one_cancellation(polls))
     await asyncio.sleep(0.005)
     await asyncio.wait_for(env.runner._shutdown(), 30)  # hang guard only: the old one never ended
-    assert env.runner._status_task.cancelled() and polls > 1
+    assert env.runner._status_task.cancelled() and len(polls) > 1

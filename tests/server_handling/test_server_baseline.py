@@ -13,6 +13,7 @@ from atroposlib.envs.server_handling.errors import (
     status_error,
 )
 from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
+from atroposlib.testing.aio import swallow_one_cancellation
 
 URL = "http://127.0.0.1:9/v1/chat/completions"
 
@@ -91,21 +92,8 @@ async def test_close_ends_a_health_loop_that_swallowed_a_cancellation(monkeypatc
 
     monkeypatch.setattr(server_baseline, "CLOSE_RECANCEL_S", 0.01, raising=False)
     server = ScriptedServer([])
-    probes = 0
-
-    async def loop_that_swallows_one_cancel() -> None:
-        nonlocal probes
-        swallowed = False
-        while True:
-            try:
-                probes += 1
-                await asyncio.sleep(0.001)
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed = True  # as wait_for does when the probe's connect just finished
-
-    server.check_task = asyncio.get_running_loop().create_task(loop_that_swallows_one_cancel())
+    probes: list[int] = []
+    server.check_task = asyncio.get_running_loop().create_task(swallow_one_cancellation(probes))
     await asyncio.sleep(0.01)
     await asyncio.wait_for(server.close(), 30)  # hang guard only: the old close never returned
-    assert server.check_task is None and probes > 1
+    assert server.check_task is None and len(probes) > 1

@@ -8,6 +8,7 @@ from typing import Awaitable, Callable
 
 import pytest
 
+from atroposlib.testing.aio import swallow_one_cancellation
 from atroposlib.utils.aio import cancel_and_wait, within
 
 
@@ -55,24 +56,11 @@ async def test_a_cancellation_arriving_as_the_awaited_thing_finishes_is_never_sw
 
 
 async def test_cancel_and_wait_ends_a_task_that_swallows_a_cancellation():
-    ticks = 0
-
-    async def swallows_once() -> None:
-        nonlocal ticks
-        swallowed = False
-        while True:
-            try:
-                ticks += 1
-                await asyncio.sleep(0.001)
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed = True
-
-    task = asyncio.create_task(swallows_once())
+    ticks: list[int] = []
+    task = asyncio.create_task(swallow_one_cancellation(ticks))
     await asyncio.sleep(0.005)
     await asyncio.wait_for(cancel_and_wait(task, recancel_s=0.01), 30)  # hang guard only
-    assert task.cancelled() and ticks > 1
+    assert task.cancelled() and len(ticks) > 1
 
 
 async def test_cancel_and_wait_consumes_an_error_and_accepts_a_finished_task():
