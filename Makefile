@@ -100,7 +100,7 @@ browser:
 	  else echo "chromium not found; the browser test will be skipped"; fi; }
 
 test: install browser $(VF_STAMP)
-	WANDB_MODE=disabled $(PY) -m pytest -q
+	WANDB_MODE=disabled $(PY) -m pytest -q --durations=20
 
 demo: install
 	WANDB_MODE=offline $(VENV)/bin/atropos-grpo-run --config example_trainer/configs/demo_cpu.yaml
