@@ -3,10 +3,10 @@
 One ``httpx.AsyncClient`` per environment, every call with a timeout, the
 ``Authorization: Bearer $ATROPOS_API_KEY`` header when that variable is set, and
 request bodies gzipped when that makes them smaller (docs/design.md, "Environment lifecycle").
-Requests travel over :class:`~atroposlib.http.httpx_transport.RawHttpTransport` (the keep-alive
-client every call to an inference server uses, at a fraction of ``httpx``'s own transport's
-CPU per call), or over ``httpx``'s transport when the environment's proxy variables route the
-API's URL through a proxy.
+Plain ``http`` requests travel over :class:`~atroposlib.http.httpx_transport.RawHttpTransport`
+(the keep-alive client every call to an inference server uses, at a fraction of ``httpx``'s own
+transport's CPU per call); ``https`` (``httpx``'s certificate handling, unchanged) and URLs the
+environment's proxy variables route through a proxy use ``httpx``'s own transport.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class RolloutAPIClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        if transport is None and not proxied(self.base_url):
+        if transport is None and self.base_url.startswith("http://") and not proxied(self.base_url):
             transport = RawHttpTransport(max_connections=MAX_CONNECTIONS)
         self._client = httpx.AsyncClient(
             base_url=self.base_url,

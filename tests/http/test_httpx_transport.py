@@ -557,22 +557,23 @@ async def test_rollout_client_uses_httpx_transport_when_proxied(monkeypatch):
         await client.aclose()
 
 
-async def test_rollout_client_uses_the_raw_transport_otherwise(monkeypatch):
+async def test_rollout_client_uses_the_raw_transport_for_plain_http_otherwise(monkeypatch):
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     given = httpx.MockTransport(lambda request: httpx.Response(200))
     clients = [
         RolloutAPIClient("http://127.0.0.1:8000"),
-        RolloutAPIClient("https://127.0.0.1:8000"),  # no HTTPS_PROXY
         RolloutAPIClient("http://api.internal:8000", transport=given),
+        RolloutAPIClient("https://127.0.0.1:8000"),  # TLS: httpx's certificate handling
     ]
     try:
-        for client in clients[:2]:
-            assert type(client._client._transport) is RawHttpTransport
-            # ... and it is the one httpx sends the API's requests over (no proxy mount wins).
-            url = httpx.URL(f"{client.base_url}/status-env")
-            assert client._client._transport_for_url(url) is client._client._transport
-        assert clients[2]._client._transport is given
+        client = clients[0]
+        assert type(client._client._transport) is RawHttpTransport
+        # ... and it is the one httpx sends the API's requests over (no proxy mount wins).
+        url = httpx.URL(f"{client.base_url}/status-env")
+        assert client._client._transport_for_url(url) is client._client._transport
+        assert clients[1]._client._transport is given
+        assert type(clients[2]._client._transport) is httpx.AsyncHTTPTransport
     finally:
         for client in clients:
             await client.aclose()
