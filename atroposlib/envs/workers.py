@@ -59,12 +59,9 @@ class WorkerPool:
         return key
 
     def _finished(self, task: asyncio.Task) -> None:
-        released = task not in self.tasks
-        self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("rollout worker crashed: %r", task.exception())
-        if self._on_done is not None and not released:
-            self._on_done()
+        self.release(task)  # a no-op when the worker released itself before returning
 
     def release(self, task: asyncio.Task | None) -> None:
         """``task``, a worker, has done its work and only returns now: free its slot at once.
