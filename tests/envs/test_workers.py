@@ -50,7 +50,8 @@ async def test_a_released_worker_leaves_the_pool_before_it_returns_and_is_done_o
     assert len(pool) == 0
 
 
-async def test_a_worker_that_did_not_release_is_done_once_when_it_finishes():
+def _pool_with_waiting_worker() -> tuple[WorkerPool, _Counter, asyncio.Task, asyncio.Event]:
+    """A pool counting ``on_done`` calls, with one worker that returns once the event is set."""
     on_done = _Counter()
     pool = WorkerPool(on_done=on_done)
     finish = asyncio.Event()
@@ -59,7 +60,11 @@ async def test_a_worker_that_did_not_release_is_done_once_when_it_finishes():
         await finish.wait()
 
     key = pool.spawn("item", work)
-    task = pool.running[key]["worker"]
+    return pool, on_done, pool.running[key]["worker"], finish
+
+
+async def test_a_worker_that_did_not_release_is_done_once_when_it_finishes():
+    pool, on_done, task, finish = _pool_with_waiting_worker()
     await asyncio.sleep(0)
     assert len(pool) == 1 and on_done.calls == 0
     finish.set()
@@ -68,15 +73,7 @@ async def test_a_worker_that_did_not_release_is_done_once_when_it_finishes():
 
 
 async def test_releasing_none_an_unknown_task_or_twice_changes_nothing():
-    on_done = _Counter()
-    pool = WorkerPool(on_done=on_done)
-    finish = asyncio.Event()
-
-    async def work(key: str) -> None:
-        await finish.wait()
-
-    key = pool.spawn("item", work)
-    worker = pool.running[key]["worker"]
+    pool, on_done, worker, finish = _pool_with_waiting_worker()
     stranger = asyncio.create_task(asyncio.sleep(0))
     pool.release(None)
     pool.release(stranger)
