@@ -362,7 +362,7 @@ class BaseEnv(ABC):
             return
         task = task_name or f"{self.name or type(self).__name__}_eval"
         if model_name is None:
-            model_name = _first_model_name(self.server)
+            model_name = first_model_name(self.server)
         params = {"max_new_tokens": self.config.max_token_length, **(generation_parameters or {})}
         elapsed = (end_time or time.time()) - (start_time or time.time())
         doc = files.eval_metrics_document(metrics, task, model_name, elapsed, params)
@@ -611,7 +611,9 @@ class BaseEnv(ABC):
         cli.run_cli(cls)
 
 
-def _first_model_name(server: Any) -> str | None:
+def first_model_name(server: Any) -> str | None:
+    """The ``model_name`` of the first of ``server``'s backends that has one (a
+    ``ServerManager`` or anything with ``.servers``); None when none does."""
     for srv in getattr(server, "servers", []) or []:
         config = getattr(srv, "config", None)
         if config is not None and getattr(config, "model_name", None):

@@ -43,7 +43,7 @@ from typing import Any, Dict, Iterator, List, Literal, Tuple
 from pydantic import Field
 
 from atroposlib.envs.adapters._defaults import adapter_config_init
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup, _first_model_name
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup, first_model_name
 from atroposlib.envs.eval_helpers import drain_metrics, mean_of, run_eval_set
 from atroposlib.envs.rollout_helpers import scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -281,7 +281,7 @@ class VerifiersEnv(BaseEnv):
         vf = import_verifiers()
         async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
             ctx = vf.ModelContext(
-                model=_first_model_name(self.server) or "default",
+                model=first_model_name(self.server) or "default",
                 client=vf.EvalClientConfig(
                     base_url=managed.get_url(), api_key_var="ATROPOS_API_KEY"
                 ),
