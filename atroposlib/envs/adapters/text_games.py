@@ -9,6 +9,11 @@ are async functions ``(messages, max_tokens) -> reply``: the policy through
 interrupted after ``step_timeout_s``), ``step_error``, or the reason of an
 :class:`EpisodeEnded` a player raised (an opponent whose server failed).
 
+A :class:`TextGame` runs in a thread, which stops a step that loops in Python but not
+one blocked in C (a sleep, a regex that backtracks while holding the GIL). An
+:class:`AsyncTextGame` is awaited instead, and cancelled at its time limit: one whose
+game runs in a worker process (``game_worker.ProcessGame``) is killed there.
+
 Each player keeps its own conversation: the system prompt, then for every turn its
 observation as a user message and its reply as an assistant message, so the policy's
 turns extend one token sequence and only they are trained.
@@ -24,10 +29,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List
 
+from atroposlib.utils.aio import within
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "Episode",
+    "AsyncTextGame",
     "EpisodeEnded",
     "GameStepTimeout",
     "Player",
@@ -76,6 +84,24 @@ class TextGame(abc.ABC):
         """Release what the game holds."""
 
 
+class AsyncTextGame(abc.ABC):
+    """A text game whose calls are awaited; a cancelled call must leave nothing running
+    (``play_episode`` cancels one at its time limit)."""
+
+    num_players: int = 1
+
+    @abc.abstractmethod
+    async def reset(self, seed: int) -> Turn:
+        """Start a new game from ``seed``; the first turn."""
+
+    @abc.abstractmethod
+    async def step(self, text: str) -> StepResult:
+        """Play the current player's move ``text``."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the game holds."""
+
+
 class EpisodeEnded(Exception):
     """Raised by a player that cannot move (say, its server is down): the episode ends
     with ``reason`` as its ``end_reason`` and the message logged."""
@@ -119,6 +145,17 @@ def run_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
     return box["value"]
 
 
+async def _game_call(game: TextGame | AsyncTextGame, name: str, timeout: float, *args: Any) -> Any:
+    """``game.name(*args)`` within ``timeout`` seconds (:class:`GameStepTimeout` past it)."""
+    method = getattr(game, name)
+    if isinstance(game, AsyncTextGame):
+        try:
+            return await within(method(*args), timeout)
+        except asyncio.TimeoutError as err:
+            raise GameStepTimeout(f"a game step ran past {timeout:g} s") from err
+    return await asyncio.to_thread(run_with_timeout, lambda: method(*args), timeout)
+
+
 @dataclass
 class Episode:
     """One played game: rewards per player, why it ended, each player's conversation."""
@@ -135,7 +172,7 @@ class Episode:
 
 
 async def play_episode(
-    game: TextGame,
+    game: TextGame | AsyncTextGame,
     players: Dict[int, Player],
     seed: int,
     *,
@@ -148,8 +185,8 @@ async def play_episode(
     """Play ``game`` from ``seed`` with ``players[player_id]`` making the moves.
 
     ``budget_left(player)`` (tokens left in that player's sequence) ends the episode
-    before a reply could overflow it. The game's own calls run in a thread with
-    ``step_timeout_s`` each.
+    before a reply could overflow it. The game's own calls get ``step_timeout_s`` each
+    (a :class:`TextGame`'s run in a thread).
     """
     conversations: Dict[int, Messages] = {}
 
@@ -162,9 +199,7 @@ async def play_episode(
 
     turns, rewards, reason = 0, {}, "done"
     try:
-        turn: Turn | None = await asyncio.to_thread(
-            run_with_timeout, lambda: game.reset(seed), step_timeout_s
-        )
+        turn: Turn | None = await _game_call(game, "reset", step_timeout_s, seed)
         while turn is not None:
             if turns >= max_turns:
                 reason = "max_turns"
@@ -177,9 +212,7 @@ async def play_episode(
             reply = await players[turn.player](messages, max_tokens_per_turn)
             messages.append({"role": "assistant", "content": reply})
             turns += 1
-            result: StepResult = await asyncio.to_thread(
-                run_with_timeout, lambda r=reply: game.step(r), step_timeout_s
-            )
+            result: StepResult = await _game_call(game, "step", step_timeout_s, reply)
             if result.done:
                 rewards = dict(result.rewards)
                 break
@@ -201,7 +234,7 @@ async def play_episode(
         )
     finally:
         try:
-            await asyncio.to_thread(run_with_timeout, game.close, step_timeout_s)
+            await _game_call(game, "close", step_timeout_s)
         except Exception as err:  # closing is best effort; the episode is already over
             logger.info("closing a text game failed: %s", err)
     for messages in conversations.values():

@@ -22,10 +22,13 @@ an episode is not trained on (its reward says nothing about the policy) and is c
 any other failed item (counted; ``max_consecutive_failures`` applies); in ``evaluate``
 it counts in ``eval/failed_games``.
 
-TextArena games draw from the process-global ``random``; each episode keeps its own
-``random`` state, swapped in (under a lock) around every call into the game, so
-concurrent episodes do not disturb each other and an episode replays from its seed.
-A step past ``step_timeout_s`` ends the episode (``end_reason: step_timeout``).
+Each game runs in a worker process of its own (:mod:`.game_worker`; finished workers are
+reused), so a game that hangs in C (a sleep, a regex that backtracks holding the GIL)
+never stalls the event loop or the other episodes: a step past ``step_timeout_s`` kills
+its worker and ends the episode (``end_reason: step_timeout``). An episode replays from
+its seed (each game keeps its own ``random`` state, :mod:`.textarena_game`). A game an
+environment file registers with TextArena is sent to the workers with its registration
+(which must name an importable entry point).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import logging
 import math
 import random
 import re
-import threading
 from collections import Counter
 from typing import Any, Callable, Dict, List, Literal, Tuple
 from urllib.parse import urlsplit
@@ -43,16 +45,16 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from atroposlib.envs.adapters._defaults import adapter_config_init
+from atroposlib.envs.adapters.game_worker import GameWorkerPool, ProcessGame
 from atroposlib.envs.adapters.text_games import (
     Episode,
     EpisodeEnded,
     Messages,
     Player,
-    StepResult,
     TextGame,
-    Turn,
     play_episode,
 )
+from atroposlib.envs.adapters.textarena_game import TextArenaGame, textarena_factory
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.eval_helpers import drain_metrics, means_by, run_eval_set
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
@@ -77,63 +79,9 @@ SYSTEM_PROMPT = (
     "in the exact format the game asks for (moves are usually written in square brackets)."
 )
 _OPTION = re.compile(r"\[[^\[\]\n]{1,20}\]")
-_RANDOM_LOCK = threading.Lock()
 
 OPPONENT_FAILURES = ("opponent_error", "opponent_timeout")
 """End reasons of episodes whose opponent server failed (not trained on)."""
-
-
-class TextArenaGame(TextGame):
-    """One TextArena game id behind the :class:`TextGame` interface."""
-
-    def __init__(self, game_id: str, num_players: int):
-        import textarena
-
-        self.game_id = game_id
-        self.num_players = num_players
-        self.env = textarena.make(game_id)
-        self._random_state: Any = None
-
-    def _with_own_random(self, fn: Callable[[], Any]) -> Any:
-        with _RANDOM_LOCK:
-            saved = random.getstate()
-            random.setstate(self._random_state)
-            try:
-                return fn()
-            finally:
-                self._random_state = random.getstate()
-                random.setstate(saved)
-
-    def reset(self, seed: int) -> Turn:
-        self._random_state = random.Random(seed).getstate()
-        self._with_own_random(lambda: self.env.reset(num_players=self.num_players, seed=seed))
-        return self._turn()
-
-    def _turn(self) -> Turn:
-        player, observation = self._with_own_random(self.env.get_observation)
-        return Turn(int(player), observation if isinstance(observation, str) else str(observation))
-
-    def step(self, text: str) -> StepResult:
-        done, _info = self._with_own_random(lambda: self.env.step(text))
-        if not done:
-            return StepResult(self._turn(), False)
-        closed = self._with_own_random(self.env.close)
-        rewards = closed[0] if isinstance(closed, tuple) else closed
-        return StepResult(None, True, _numeric_rewards(rewards, self.game_id))
-
-    def close(self) -> None:
-        """Nothing to release: ``step`` already closed a finished game."""
-
-
-def _numeric_rewards(rewards: Any, game_id: str) -> Dict[int, float]:
-    out: Dict[int, float] = {}
-    for player, value in (rewards or {}).items():
-        try:
-            out[int(player)] = float(value)
-        except (TypeError, ValueError):
-            logger.info("%s: non-numeric reward %r for player %s; 0", game_id, value, player)
-            out[int(player)] = 0.0
-    return out
 
 
 def scripted_player(seed: int) -> Player:
@@ -312,6 +260,7 @@ class TextArenaEnv(BaseEnv):
         self.eval_metrics: Dict[str, float] = {}
         self.opponent_failures = 0
         self.opponent_manager: ServerManager | None = None
+        self._game_workers: GameWorkerPool | None = None
 
     @classmethod
     def config_init(cls) -> Tuple[TextArenaEnvConfig, List[APIServerConfig]]:
@@ -339,7 +288,9 @@ class TextArenaEnv(BaseEnv):
         return self.config.step_timeout_s
 
     async def close_servers(self) -> None:
-        """Close the opponent server's client with the policy's servers."""
+        """Close the opponent server's client with the policy's servers, and stop the game
+        workers."""
+        await self.close_game_workers()
         if self.opponent_manager is not None:
             manager, self.opponent_manager = self.opponent_manager, None
             try:
@@ -439,8 +390,10 @@ class TextArenaEnv(BaseEnv):
     ) -> Episode:
         """One episode of ``item``'s game and seed under this env's limits."""
         cfg = self.config
+        game = ProcessGame(self.game_workers(), self.game_factory(item), cfg.num_players)
+        await game.start()
         return await play_episode(
-            TextArenaGame(item["game_id"], cfg.num_players),
+            game,
             players,
             item["seed"],
             system_prompt=cfg.system_prompt,
@@ -449,6 +402,32 @@ class TextArenaEnv(BaseEnv):
             step_timeout_s=cfg.step_timeout_s,
             budget_left=budget_left,
         )
+
+    def game_factory(self, item: Dict[str, Any]) -> Callable[[], TextGame]:
+        """What builds ``item``'s game in its worker process: a picklable callable
+        returning a :class:`TextGame` (by default ``item["game_id"]``'s TextArena game)."""
+        return textarena_factory(item["game_id"], self.config.num_players)
+
+    def game_workers(self) -> GameWorkerPool:
+        """The worker processes of this event loop's games (a pool left by an earlier
+        event loop is killed)."""
+        loop = asyncio.get_running_loop()
+        if self._game_workers is not None and self._game_workers.loop is not loop:
+            self._game_workers.abandon()
+            self._game_workers = None
+        if self._game_workers is None:
+            self._game_workers = GameWorkerPool()
+        return self._game_workers
+
+    async def close_game_workers(self) -> None:
+        """Stop and reap every game worker process."""
+        pool, self._game_workers = self._game_workers, None
+        if pool is None:
+            return
+        if pool.loop is asyncio.get_running_loop():
+            await pool.close()
+        else:
+            pool.abandon()
 
     async def collect_trajectories(
         self, item: Dict[str, Any]

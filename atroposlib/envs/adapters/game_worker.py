@@ -1,0 +1,324 @@
+"""Text games in worker processes, where a step that hangs can be killed.
+
+A game step is the game's own code: it may loop in Python, sleep in C, or backtrack in
+``re`` while holding the GIL. A thread cannot stop the last two, and while one holds the
+GIL the event loop (every other episode, the status poll) stands still. So each game
+runs in a worker process: :class:`ProcessGame` is an :class:`AsyncTextGame` whose calls
+go to a worker over a pipe; a call that is cancelled (its time limit passed, or its
+episode stopped) kills the worker, and the episode ends without the parent holding any
+lock. :class:`GameWorkerPool` keeps finished workers for the next game (a fresh one
+costs an interpreter start and the game library's import) and replaces killed ones.
+
+The worker is this module run as ``python -m atroposlib.envs.adapters.game_worker``: it
+builds one game at a time from a picklable factory and answers calls on it. It exits
+when its parent's pipe closes, and (on Linux) when its parent dies mid-step.
+
+Frames both ways are a 4-byte big-endian length and a pickle; the worker's stdout is
+reserved for them (a game's ``print`` goes to stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import struct
+import sys
+from typing import Any, BinaryIO, Callable, List
+
+from atroposlib.envs.adapters.text_games import AsyncTextGame, StepResult, TextGame, Turn
+from atroposlib.utils.aio import within
+
+__all__ = [
+    "START_TIMEOUT_S",
+    "GameWorker",
+    "GameWorkerDied",
+    "GameWorkerPool",
+    "ProcessGame",
+]
+
+START_TIMEOUT_S = 120.0
+"""Longest a worker may take to start and build a game (an interpreter start plus the game
+library's import, a few seconds on a loaded machine)."""
+
+CLOSE_TIMEOUT_S = 5.0
+"""Longest a game's ``close`` may take in its worker before the worker is killed."""
+
+_HEADER = struct.Struct(">I")
+
+
+class GameWorkerDied(RuntimeError):
+    """The worker process ended (or was killed) before it answered."""
+
+
+# ------------------------------------------------------------------ parent side
+
+
+class GameWorker:
+    """One worker process and its pipes; one call at a time."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        self.proc = proc
+        self.dead = False
+
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return self.proc.pid
+
+    @classmethod
+    async def spawn(cls) -> GameWorker:
+        """Start a worker; it can import what this process can (``sys.path`` is sent)."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            __name__,
+            str(os.getpid()),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        worker = cls(proc)
+        await worker.call("path", list(sys.path))
+        return worker
+
+    async def call(self, op: str, *args: Any) -> Any:
+        """Run ``op`` in the worker: its answer, or the error it raised. Cancelled or cut
+        off mid-call, the worker is killed (its state is unknown) and stays dead."""
+        if self.dead:
+            raise GameWorkerDied(f"game worker {self.pid} was stopped")
+        data = pickle.dumps((op, args))
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            stdin.write(_HEADER.pack(len(data)) + data)
+            await stdin.drain()
+            (size,) = _HEADER.unpack(await stdout.readexactly(_HEADER.size))
+            status, value = pickle.loads(await stdout.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError) as err:
+            self.kill()
+            raise GameWorkerDied(
+                f"game worker {self.pid} exited while running {op!r} "
+                f"(exit code {self.proc.returncode})"
+            ) from err
+        except BaseException:  # cancelled (a time limit) or an unreadable answer
+            self.kill()
+            raise
+        if status == "err":
+            raise value
+        return value
+
+    def kill(self) -> None:
+        """SIGKILL the worker (no wait: :meth:`GameWorkerPool.close` reaps it)."""
+        if self.dead:
+            return
+        self.dead = True
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+class GameWorkerPool:
+    """Workers of one event loop: an idle one is reused, a killed one is replaced.
+
+    It keeps as many idle workers as were ever busy at once (the environment's peak of
+    concurrent episodes), and :meth:`close` stops and reaps them all.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._idle: List[GameWorker] = []
+        self._all: List[GameWorker] = []
+        self._closed = False
+
+    @property
+    def pids(self) -> List[int]:
+        """Process ids of the workers not yet reaped."""
+        return [w.pid for w in self._all if w.proc.returncode is None]
+
+    async def acquire(self) -> GameWorker:
+        """An idle worker, or a new one."""
+        if self._closed:
+            raise RuntimeError("the game worker pool is closed")
+        self._all = [w for w in self._all if w.proc.returncode is None]
+        while self._idle:
+            worker = self._idle.pop()
+            if not worker.dead and worker.proc.returncode is None:
+                return worker
+        worker = await GameWorker.spawn()
+        self._all.append(worker)
+        return worker
+
+    def release(self, worker: GameWorker) -> None:
+        """Give ``worker`` back: kept for the next game unless it was killed."""
+        if worker.dead or self._closed or worker.proc.returncode is not None:
+            worker.kill()
+            return
+        self._idle.append(worker)
+
+    async def close(self) -> None:
+        """Kill every worker and wait until each is reaped."""
+        self._closed = True
+        self._idle.clear()
+        workers, self._all = self._all, []
+        for worker in workers:
+            worker.kill()
+        await asyncio.gather(*(w.proc.wait() for w in workers), return_exceptions=True)
+
+    def abandon(self) -> None:
+        """Kill every worker without waiting (the pool's event loop is gone)."""
+        self._closed = True
+        for worker in self._all:
+            worker.dead = True
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._all, self._idle = [], []
+
+
+class ProcessGame(AsyncTextGame):
+    """A game built by ``factory`` (picklable, called in the worker) in a pool's worker.
+
+    :meth:`start` takes a worker and builds the game (bounded by ``start_timeout_s``);
+    ``reset``/``step`` are bounded by whoever awaits them (``play_episode``'s step limit),
+    and a cancelled call kills the worker; ``close`` gives a live worker back.
+    """
+
+    def __init__(
+        self,
+        pool: GameWorkerPool,
+        factory: Callable[[], TextGame],
+        num_players: int = 1,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ):
+        self.pool = pool
+        self.factory = factory
+        self.num_players = num_players
+        self.start_timeout_s = start_timeout_s
+        self.worker: GameWorker | None = None
+
+    async def start(self) -> ProcessGame:
+        """Take a worker and build the game in it."""
+        payload = pickle.dumps(self.factory)  # an unpicklable factory fails here, named
+        taken: List[GameWorker] = []
+
+        async def build() -> GameWorker:
+            worker = await self.pool.acquire()
+            taken.append(worker)
+            await worker.call("make", payload)
+            return worker
+
+        try:
+            self.worker = await within(build(), self.start_timeout_s)
+        except BaseException:
+            for worker in taken:
+                self.pool.release(worker)  # kept when the game's constructor raised
+            raise
+        return self
+
+    def _live(self) -> GameWorker:
+        if self.worker is None:
+            raise RuntimeError("ProcessGame: call start() first")
+        return self.worker
+
+    async def reset(self, seed: int) -> Turn:
+        """The game's ``reset(seed)`` in its worker."""
+        return await self._live().call("reset", seed)
+
+    async def step(self, text: str) -> StepResult:
+        """The game's ``step(text)`` in its worker."""
+        return await self._live().call("step", text)
+
+    async def close(self) -> None:
+        """Close the game and give its worker back (a dead or stuck one is dropped)."""
+        worker, self.worker = self.worker, None
+        if worker is None:
+            return
+        if not worker.dead:
+            try:
+                await within(worker.call("drop"), CLOSE_TIMEOUT_S)
+            except Exception:  # a close that fails or hangs costs the worker, nothing else
+                worker.kill()
+                raise
+            finally:
+                self.pool.release(worker)
+        else:
+            self.pool.release(worker)
+
+
+# ------------------------------------------------------------------ worker side
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this process when its parent dies, even mid-step (the pipe's end is
+    seen only between calls)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(0)
+
+
+def _read_frame(stream: BinaryIO) -> bytes | None:
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    body = stream.read(size)
+    return body if len(body) == size else None
+
+
+def _answer(game: Any, op: str, args: tuple) -> tuple[Any, Any]:
+    """Run one call; returns (the game now, the answer)."""
+    if op == "path":
+        sys.path[:0] = [p for p in args[0] if p not in sys.path]
+        return game, None
+    if op == "make":
+        return pickle.loads(args[0])(), None
+    if op == "drop":
+        if game is not None:
+            game.close()
+        return None, None
+    if op in ("reset", "step"):
+        if game is None:
+            raise RuntimeError(f"{op} before a game was made")
+        return game, getattr(game, op)(*args)
+    raise ValueError(f"unknown game worker call {op!r}")
+
+
+def main(argv: List[str] | None = None) -> None:
+    """The worker: answer calls from stdin until it closes."""
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent(int(argv[0]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    frames_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # a game's print() must not corrupt the frames
+    sys.stdout = sys.stderr
+    frames_in = sys.stdin.buffer
+    game: Any = None
+    while True:
+        frame = _read_frame(frames_in)
+        if frame is None:
+            return  # the parent closed the pipe (or died)
+        try:
+            op, args = pickle.loads(frame)
+            game, value = _answer(game, op, args)
+            reply = pickle.dumps(("ok", value))
+        except Exception as err:  # handed to the caller
+            try:
+                reply = pickle.dumps(("err", err))
+            except Exception:  # an error that does not pickle: its text
+                reply = pickle.dumps(("err", RuntimeError(f"{type(err).__name__}: {err}")))
+        frames_out.write(_HEADER.pack(len(reply)) + reply)
+        frames_out.flush()
+
+
+if __name__ == "__main__":
+    main()
