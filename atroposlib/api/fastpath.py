@@ -90,6 +90,8 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 _OPTIONAL_INT = TypeAdapter(int | None)
 _ENV_ID_DESCRIPTION = "The asking env's id."
+_FAST_ENV_ID_DIGITS = 18
+"""Longest ``env_id`` read without pydantic (any 18 digits fit in 64 bits)."""
 
 
 def _query_value(scope: Scope, name: str) -> str | None:
@@ -112,7 +114,9 @@ def _query_env_id(scope: Scope) -> int | None:
     value = _query_value(scope, "env_id")
     if value is None:
         return None
-    if value.isascii() and value.isdigit():
+    # Bounded before ``int``: past 4,300 digits ``int`` raises (Python's max-str-digits
+    # limit), and pydantic answers the 422 (``int_parsing_size``) FastAPI would.
+    if len(value) <= _FAST_ENV_ID_DIGITS and value.isascii() and value.isdigit():
         return int(value)
     try:
         return _OPTIONAL_INT.validate_python(value)

@@ -17,6 +17,10 @@ _NOT_INT = (
     b'{"detail":[{"type":"int_parsing","loc":["query","env_id"],'
     b'"msg":"Input should be a valid integer, unable to parse string as an integer"}]}'
 )
+_TOO_LONG = (
+    b'{"detail":[{"type":"int_parsing_size","loc":["query","env_id"],'
+    b'"msg":"Unable to parse input string as an integer, exceeded maximum size"}]}'
+)
 _MISSING = (
     b'{"detail":[{"type":"missing","loc":["query","env_id"],'
     b'"msg":"env_id is required: GET /status-env?env_id=N"}]}'
@@ -75,6 +79,10 @@ def test_status_env_answers_the_query_and_the_legacy_body_form_alike(
         ("/status-env?env_id=0&env_id=x", None, 422, _NOT_INT),
         ("/status-env?env_id=0&env_id=", None, 422, _NOT_INT),  # a blank last value counts
         ("/status-env?env_id=%E0%A5%A9", None, 422, _NOT_INT),  # a non-ASCII digit is no int
+        # Past Python's 4,300-digit int limit: a 422 naming env_id, never a 500.
+        ("/status-env?env_id=" + "9" * 4301, None, 422, _TOO_LONG),
+        ("/status-env?env_id=" + "1" * 20_000, None, 422, _TOO_LONG),
+        ("/status-env?env_id=" + "9" * 5000, b'{"env_id": 0}', 422, _TOO_LONG),
         ("/status-env?env_id=abc", b'{"env_id": 0}', 422, _NOT_INT),
         (
             "/status-env",
