@@ -1,17 +1,27 @@
-"""``VLLMServer``: vLLM (or ``atropos-serve-model``) with the custom ``/generate`` endpoint.
+"""``VLLMServer``: vLLM's own OpenAI server, or a server with the original's ``/generate``.
 
-Chat and text completions go through the OpenAI-compatible ``/v1`` API; tokens and
-logprobs come from ``POST {root}/generate``::
+Chat and text completions go through the OpenAI-compatible ``/v1`` API. Tokens and logprobs
+come from whichever the server has, found out once per server (:mod:`._vllm_routes`, said
+in the log):
+
+- the original's ``POST {root}/generate`` (``atropos-serve-model``,
+  ``example_trainer.vllm_api_server``)::
 
     {"prompt": {"prompt_token_ids": [...]}, "logprobs": 0, "n": 2, "max_tokens": 64, ...}
     -> {"text": [...], "token_ids": [[...]], "logprobs": [[[{"id": lp}], ...]], "finish_reasons": [...]}
 
+- vLLM's own ``POST /v1/completions`` with a token-id prompt, ``return_token_ids`` and
+  ``logprobs: 0`` (``prompt_logprobs: k`` for :meth:`get_logprobs`).
+
 The weight version of an answer comes from the ``X-Atropos-Policy-Version`` header or the
-body's ``version`` (see :mod:`.policy_version`) and rides on the returned tuple.
+body's ``version`` (see :mod:`.policy_version`); against vLLM's own server, from its
+``GET /weight_info`` read before the request (the oldest weights that can have contributed).
+It rides on the returned tuple.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -20,6 +30,15 @@ from atroposlib.envs.server_handling._common import (
     drop_none,
     generate_sampling_kwargs,
     root_url,
+)
+from atroposlib.envs.server_handling._vllm_routes import (
+    VLLMRoutes,
+    completion_choices,
+    probe_routes,
+    prompt_logprobs_of,
+    read_weight_version,
+    tokens_from_choices,
+    version_body,
 )
 from atroposlib.envs.server_handling.openai_server import (  # noqa: F401 - original import path
     OpenAIServer,
@@ -92,7 +111,26 @@ class VLLMServer(GenerateEndpointMixin, OpenAIServer):
 
     The tokenizer (``tokenizer_name``, or ``model_name`` when that is "none") is loaded
     only when needed: to tokenize a text ``prompt`` and to drop a duplicated leading BOS.
+    Against vLLM's own server (no ``/generate``) the same calls go to ``/v1/completions``.
     """
+
+    _routes: VLLMRoutes | None = None
+    _routes_lock: asyncio.Lock | None = None
+
+    async def routes(self) -> VLLMRoutes:
+        """The routes this server has: probed on first use, then remembered (and logged)."""
+        if self._routes is not None:
+            return self._routes
+        if self._routes_lock is None:
+            self._routes_lock = asyncio.Lock()
+        async with self._routes_lock:
+            if self._routes is None:
+                root = root_url(self.config.base_url)
+                timeout = min(30.0, float(self.config.timeout))
+                found = await probe_routes(self.transport(), root, timeout)
+                logger.info("vLLM-type server %s: %s", root, found.describe())
+                self._routes = found
+        return self._routes
 
     @staticmethod
     def _normalize_topk_entry(token_logprobs_entry: Any) -> tuple[list[int], list[float]]:
@@ -124,7 +162,12 @@ class VLLMServer(GenerateEndpointMixin, OpenAIServer):
                 out.setdefault("max_tokens", value)
         return drop_none(out)
 
+    def _completions_url(self) -> str:
+        return f"{root_url(self.config.base_url)}/v1/completions"
+
     async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> Any:
+        if not (await self.routes()).generate:
+            return await self._tokens_via_completions(kwargs)
         prompt_ids = self._prompt_ids(kwargs)
         body = {
             **self._sampling_kwargs(kwargs),
@@ -141,9 +184,49 @@ class VLLMServer(GenerateEndpointMixin, OpenAIServer):
         finish = list(data.get("finish_reasons") or ["stop"] * len(output_tokens))
         return TokensResult((prompt_ids, output_tokens, output_logprobs, finish), version)
 
+    async def _tokens_via_completions(self, kwargs: dict[str, Any]) -> TokensResult:
+        """Tokens and logprobs from vLLM's ``/v1/completions`` with a token-id prompt."""
+        prompt_ids = self._prompt_ids(kwargs)
+        body = {
+            **self._sampling_kwargs(kwargs),
+            "model": self.config.model_name,
+            "prompt": prompt_ids,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+        body.pop("prompt_logprobs", None)
+        weight_version = None
+        if self._routes is not None and self._routes.weight_info:
+            # Read before generating: an update during the request makes the answer newer, and
+            # a sequence is stamped with the oldest weights that can have produced it.
+            root = root_url(self.config.base_url)
+            weight_version = await read_weight_version(
+                self.transport(), root, min(30.0, float(self.config.timeout))
+            )
+        data, headers = await self.fast_post_json_with_headers(self._completions_url(), body)
+        output_tokens, output_logprobs, finish = tokens_from_choices(completion_choices(data))
+        version = self.resolve_version(version_body(weight_version), headers)
+        return TokensResult((prompt_ids, output_tokens, output_logprobs, finish), version)
+
     async def _get_logprobs_wrapper(self, **kwargs: Any) -> Any:
         top_k = self.pop_top_k(kwargs)
         prompt_ids = self._prompt_ids(kwargs)
+        if not (await self.routes()).generate:
+            body = {
+                "model": self.config.model_name,
+                "prompt": prompt_ids,
+                "prompt_logprobs": top_k,
+                "n": 1,
+                "temperature": 0.0,
+                "max_tokens": 1,
+            }
+            data = await self.fast_post_json(self._completions_url(), body)
+            ids, lps = topk_from_prompt_logprobs(prompt_ids, prompt_logprobs_of(data), top_k)
+            return {
+                "prompt_tokens": prompt_ids,
+                "prompt_topk_token_ids": ids,
+                "prompt_topk_logprobs": lps,
+            }
         body = {
             "prompt": {"prompt_token_ids": prompt_ids},
             "prompt_logprobs": top_k,
