@@ -33,6 +33,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Dict, List, Sequence, Tuple, Type
 
 import numpy as np
+from tqdm.asyncio import tqdm_asyncio
 
 from atroposlib.envs import files
 from atroposlib.utils.display import display_metrics_table
@@ -102,10 +103,12 @@ def evaluate_log(
 class EvalBase(ABC):
     """A standalone evaluation task.
 
-    ``pass_at_n`` / ``pass_at_n_samples``: ``run_item`` may draw ``pass_at_n_samples``
-    samples per item and report ``pass_at_k(samples, correct, pass_at_n)`` (see
-    :meth:`pass_metrics`). Extra keyword arguments become attributes (read by
-    ``setup_data``/``run_item``).
+    ``pass_at_n`` / ``pass_at_n_samples``: ``run_item`` may draw
+    ``max(pass_at_n, pass_at_n_samples)`` samples per item and report
+    ``pass_at_k(samples, correct, pass_at_n)`` (see :meth:`pass_metrics`). Extra keyword
+    arguments become attributes, read by ``setup_data``/``run_item`` and by the run itself:
+    ``eval_dir`` and ``verbose`` (where :func:`evaluate_log` writes and whether it prints the
+    table), ``temperature``, ``top_p`` and ``max_tokens`` (:meth:`get_generation_params`).
     """
 
     def __init__(
@@ -118,21 +121,38 @@ class EvalBase(ABC):
         if pass_at_n < 1:
             raise ValueError("pass_at_n must be >= 1")
         self.pass_at_n = pass_at_n
-        self.pass_at_n_samples = max(pass_at_n, pass_at_n_samples)
+        self.pass_at_n_samples = pass_at_n_samples
         self.max_concurrency = max(1, max_concurrency)
+        #: Items whose ``run_item`` raised in the last run (logged; not in the metrics).
+        self.failed_items = 0
+        #: Every item's samples from the last run, in item order.
+        self.eval_samples: List[Dict[str, Any]] = []
         for key, value in kwargs.items():
             setattr(self, key, value)
         self.data: List[Any] = list(self.setup_data())
 
     @property
     def task_name(self) -> str:
-        """``{ClassName}_eval`` unless the subclass sets ``name``."""
-        name = getattr(self, "name", None)
-        return f"{name or type(self).__name__}_eval"
+        """``{ClassName}@{pass_at_n}``, with ``:{pass_at_n_samples}`` when the two differ: the
+        name printed with the metrics and given to :func:`evaluate_log`."""
+        name = f"{type(self).__name__}@{self.pass_at_n}"
+        if self.pass_at_n != self.pass_at_n_samples:
+            name += f":{self.pass_at_n_samples}"
+        return name
 
     def get_generation_params(self) -> Dict[str, Any]:
-        """Generation parameters reported in ``metrics.json`` (override to add yours)."""
-        return {"n": self.pass_at_n_samples}
+        """The sampling parameters of every request: the instance's ``temperature`` (0.0),
+        ``top_p`` (1.0), ``n = max(pass_at_n, pass_at_n_samples)`` and ``max_tokens`` when it
+        is set (left to the server otherwise). Also reported in ``metrics.json``."""
+        params: Dict[str, Any] = {
+            "temperature": getattr(self, "temperature", 0.0),
+            "n": max(self.pass_at_n_samples, self.pass_at_n),
+            "top_p": getattr(self, "top_p", 1.0),
+        }
+        max_tokens = getattr(self, "max_tokens", None)
+        if max_tokens is not None and max_tokens > 0:  # servers refuse -1
+            params["max_tokens"] = max_tokens
+        return params
 
     def pass_metrics(self, num_samples: int, num_correct: int) -> Dict[str, float]:
         """``{"pass@{k}": ...}`` for this task's ``pass_at_n``."""
@@ -156,39 +176,69 @@ class EvalBase(ABC):
             messages=messages, **self.get_generation_params(), split="eval"
         )
 
-    async def __call__(self, server_manager: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
-        """Run every item (at most ``max_concurrency`` at once) and average each metric.
+    async def __call__(self, server_manager: Any) -> Dict[str, float]:
+        """Run every item concurrently (at most ``max_concurrency`` at once) under a progress
+        bar, average each metric, print ``{task_name} metrics: {...}``, log the results with
+        :func:`evaluate_log` (to the instance's ``eval_dir``) and return the metrics.
 
-        An item whose ``run_item`` raises is logged and counted in ``failed_items``.
+        An item whose ``run_item`` raises is logged and counted in :attr:`failed_items`; the
+        samples are kept in :attr:`eval_samples`.
         """
-        server = server_manager
         sem = asyncio.Semaphore(self.max_concurrency)
 
         async def one(item: Any) -> Tuple[Dict[str, float], List[Dict[str, Any]]] | None:
             async with sem:
                 try:
-                    return await self.run_item(server, item)
+                    return await self.run_item(server_manager, item)
                 except Exception:  # one broken item must not sink the run; logged and counted
                     logger.exception("eval item failed")
                     return None
 
-        results = await asyncio.gather(*(one(item) for item in self.data))
-        sums: Dict[str, float] = {}
-        counts: Dict[str, int] = {}
-        samples: List[Dict[str, Any]] = []
-        failed = 0
-        for result in results:
-            if result is None:
-                failed += 1
-                continue
-            item_metrics, item_samples = result
-            for key, value in item_metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-                counts[key] = counts.get(key, 0) + 1
-            samples.extend(item_samples)
-        metrics = {key: sums[key] / counts[key] for key in sums}
-        metrics["failed_items"] = float(failed)
-        return metrics, samples
+        start = time.time()
+        results = await tqdm_asyncio.gather(*(one(item) for item in self.data))
+        end = time.time()
+        metrics, self.eval_samples, self.failed_items = _aggregate(results)
+        task_name = self.task_name
+        print(f"{task_name} metrics: {metrics}")
+        evaluate_log(
+            metrics,
+            eval_dir=getattr(self, "eval_dir", None),
+            task_name=task_name,
+            model_name=_model_name(server_manager, getattr(self, "model_name", None)),
+            start_time=start,
+            end_time=end,
+            generation_parameters=self.get_generation_params(),
+            samples=self.eval_samples,
+            verbose=getattr(self, "verbose", False),
+        )
+        return metrics
+
+
+def _aggregate(
+    results: Sequence[Tuple[Dict[str, float], List[Dict[str, Any]]] | None],
+) -> Tuple[Dict[str, float], List[Dict[str, Any]], int]:
+    """``(mean of each metric over the items that report it, all samples, failed items)``."""
+    sums: Dict[str, float] = {}
+    counts: Dict[str, int] = {}
+    samples: List[Dict[str, Any]] = []
+    failed = 0
+    for result in results:
+        if result is None:
+            failed += 1
+            continue
+        item_metrics, item_samples = result
+        for key, value in item_metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+            counts[key] = counts.get(key, 0) + 1
+        samples.extend(item_samples)
+    return {key: sums[key] / counts[key] for key in sums}, samples, failed
+
+
+def _model_name(server_manager: Any, default: str | None) -> str | None:
+    """The first server's model name (what the run was evaluated on), else ``default``."""
+    servers = getattr(server_manager, "servers", None) or []
+    config = getattr(servers[0], "config", None) if servers else None
+    return getattr(config, "model_name", None) or default
 
 
 async def run_eval(
@@ -198,22 +248,16 @@ async def run_eval(
     model_name: str | None = None,
     verbose: bool = True,
 ) -> Dict[str, float]:
-    """Run ``eval_obj`` against ``server`` and log the results with :func:`evaluate_log`."""
-    start = time.time()
-    metrics, samples = await eval_obj(server)
-    end = time.time()
-    evaluate_log(
-        metrics,
-        eval_dir=eval_dir,
-        task_name=eval_obj.task_name,
-        model_name=model_name,
-        start_time=start,
-        end_time=end,
-        generation_parameters=eval_obj.get_generation_params(),
-        samples=samples,
-        verbose=verbose,
-    )
-    return metrics
+    """Run ``eval_obj`` against ``server`` (its ``__call__``, which logs the results with
+    :func:`evaluate_log`) with ``eval_dir`` and ``verbose`` set on it; ``model_name`` names
+    the model when the server does not. Returns the metrics (failed items are in
+    ``eval_obj.failed_items``)."""
+    if eval_dir is not None:
+        eval_obj.eval_dir = eval_dir  # type: ignore[attr-defined]
+    eval_obj.verbose = verbose  # type: ignore[attr-defined]
+    if model_name is not None and getattr(eval_obj, "model_name", None) is None:
+        eval_obj.model_name = model_name  # type: ignore[attr-defined]
+    return await eval_obj(server)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -256,8 +300,9 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
 
     Parses ``--server-url`` (default ``http://localhost:8000``) and ``--model-name`` from
     ``argv`` (``sys.argv`` by default), builds a ``ServerManager`` on that server and
-    returns ``await eval_env(server_manager)``. With ``--eval-dir`` the results are also
-    written there by :func:`evaluate_log`.
+    returns ``await eval_env(server_manager)``: the metrics dict, after the printed
+    ``{task_name} metrics: {...}`` line. ``--eval-dir`` sets the eval's ``eval_dir`` (where
+    its ``metrics.json`` and ``samples.jsonl`` go).
     """
     from atroposlib.envs.server_handling.server_baseline import APIServerConfig
     from atroposlib.envs.server_handling.server_manager import ServerManager
@@ -266,25 +311,13 @@ async def eval_runner(eval_env: EvalBase, argv: Sequence[str] | None = None) -> 
     config = APIServerConfig(
         model_name=args.model_name, base_url=args.server_url, api_key=args.api_key
     )
+    if args.eval_dir:
+        eval_env.eval_dir = args.eval_dir  # type: ignore[attr-defined]
     server_manager = ServerManager([config])
-    start = time.time()
     try:
-        result = await eval_env(server_manager)
+        return await eval_env(server_manager)
     finally:
         await server_manager.close()
-    if args.eval_dir and isinstance(result, tuple) and len(result) == 2:
-        metrics, samples = result
-        evaluate_log(
-            metrics,
-            eval_dir=args.eval_dir,
-            task_name=eval_env.task_name,
-            model_name=args.model_name,
-            start_time=start,
-            end_time=time.time(),
-            generation_parameters=eval_env.get_generation_params(),
-            samples=samples,
-        )
-    return result
 
 
 def eval_cli(

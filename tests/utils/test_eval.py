@@ -83,11 +83,11 @@ class _ToyEval(EvalBase):
 
 async def test_eval_base_averages_metrics_and_counts_failed_items(tmp_path):
     toy = _ToyEval(pass_at_n=1, max_concurrency=2)
-    assert toy.task_name == "_ToyEval_eval"
+    assert toy.task_name == "_ToyEval@1"
     metrics = await run_eval(toy, _Echo(), eval_dir=str(tmp_path), model_name="echo", verbose=False)
     assert metrics["accuracy"] == pytest.approx(2 / 3)
     assert metrics["pass@1"] == pytest.approx(2 / 3)
-    assert metrics["failed_items"] == 1.0
+    assert toy.failed_items == 1 and "failed_items" not in metrics
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert written["results"]["all"]["accuracy"] == pytest.approx(2 / 3)
     assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == 3

@@ -1,5 +1,6 @@
 """``eval_runner`` as the original's eval files call it: ``asyncio.run(eval_runner(MyEval()))``
-with ``--server-url``/``--model-name``, run as a script against a real server process."""
+with ``--server-url``/``--model-name``, run as a script against a real server process: the
+metrics line is printed and the metrics dict returned; ``--eval-dir`` gets the files."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ EVAL_FILE = textwrap.dedent(
             ]
 
     if __name__ == "__main__":
-        metrics, samples = asyncio.run(eval_runner(Echo(max_tokens=4)))
-        print(json.dumps({"metrics": metrics, "samples": samples}))
+        echo = Echo(max_tokens=4)
+        metrics = asyncio.run(eval_runner(echo))
+        print(json.dumps({"metrics": metrics, "samples": echo.eval_samples}))
     """
 )
 
@@ -57,8 +59,10 @@ def test_an_eval_file_written_for_the_original_runs(tmp_path):
             timeout=120,
         )
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["metrics"]["answered"] == 1.0 and result["metrics"]["failed_items"] == 0.0
+    *_, printed, last = proc.stdout.strip().splitlines()
+    result = json.loads(last)
+    assert result["metrics"] == {"answered": 1.0}
+    assert printed == "Echo@1 metrics: {'answered': 1.0}"
     assert sorted(s["question"] for s in result["samples"]) == ["2+2", "3+3"]
     record = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert record["config_general"]["model_name"] == "fake"
