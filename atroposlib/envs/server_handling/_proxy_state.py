@@ -81,7 +81,9 @@ class SessionStore:
     """The proxy's sessions, least recently used first, with :class:`SessionLimits`.
 
     Counters (``evicted_idle``, ``refused_sessions``, ``refused_nodes``,
-    ``refused_tokens``) report what the bounds did; ``/health`` shows them.
+    ``refused_tokens``) report what the bounds did, ``abandoned_requests`` and
+    ``withdrawn_nodes`` the requests whose client left before its answer was delivered
+    (their nodes are not kept); ``/health`` shows them.
     """
 
     def __init__(
@@ -96,6 +98,8 @@ class SessionStore:
         self.refused_sessions = 0
         self.refused_nodes = 0
         self.refused_tokens = 0
+        self.abandoned_requests = 0  # the client left before its answer was delivered
+        self.withdrawn_nodes = 0  # nodes of those requests, taken back
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -115,6 +119,8 @@ class SessionStore:
             "requests_refused_nodes": self.refused_nodes,
             "requests_refused_tokens": self.refused_tokens,
             "stored_tokens": self.stored_tokens,
+            "requests_abandoned": self.abandoned_requests,
+            "nodes_withdrawn": self.withdrawn_nodes,
         }
 
     def expire(self) -> int:

@@ -59,6 +59,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atroposlib.envs.server_handling._common import load_tokenizer
+from atroposlib.envs.server_handling._proxy_delivery import (
+    STORED,
+    ClientGone,
+    ClientWatch,
+    RecordingManagedServer,
+    Stored,
+)
 from atroposlib.envs.server_handling._proxy_state import (
     SessionLimits,
     SessionState,
@@ -79,7 +86,7 @@ from atroposlib.envs.server_handling._proxy_upstream import (
     proxy_error_for,
     strict_tool_arguments,
 )
-from atroposlib.envs.server_handling.managed_server import ManagedServer, resolve_tokenizer
+from atroposlib.envs.server_handling.managed_server import resolve_tokenizer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
 from atroposlib.http.answers import openai_error_bytes
@@ -488,7 +495,7 @@ def create_app(
         else:
             tool_parser = state.tool_parser or DEFAULT_TOOL_PARSER
         try:
-            managed = ManagedServer(
+            managed = RecordingManagedServer(
                 UpstreamTap(server),
                 tokenizer,
                 track_tree=body.track_tree,
@@ -538,8 +545,11 @@ def create_app(
         ]
         return {"sessions": out}
 
-    async def _generate(session: SessionState, call: Any, body: Any, raw_size: int) -> Any:
-        """Run one generation of ``session`` within the bounds; nodes are recounted after."""
+    async def _generate(
+        session: SessionState, call: Any, body: Any, raw_size: int, watch: ClientWatch
+    ) -> Any:
+        """Run one generation of ``session`` within the bounds (cancelled when the client
+        disconnects, see ``watch``); nodes are recounted after."""
         max_new = body.max_tokens or body.max_completion_tokens or 0
         try:
             reserved = state.sessions.admit(session, body.n, max_new, raw_size)
@@ -549,24 +559,71 @@ def create_app(
         session.requests += 1
         session.in_flight += 1
         try:
-            return await _run(call)
+            return await watch.run(_run(call))
         finally:
             session.in_flight -= 1
             state.sessions.release(session, body.n, reserved)
 
     async def _generate_counted(
-        session: SessionState, call: Any, body: Any, request: Request, count: bool
+        session: SessionState,
+        call: Any,
+        body: Any,
+        request: Request,
+        count: bool,
+        watch: ClientWatch,
     ) -> tuple[Any, list[int] | None]:
         """:func:`_generate`, and with ``count`` the request's ``[prompt_tokens,
         completion_tokens]`` as the inference server was asked and answered (else None)."""
+        size = request.state.body_size
         if not count:
-            return await _generate(session, call, body, request.state.body_size), None
+            return await _generate(session, call, body, size, watch), None
         usage = [0, 0]
         token = UPSTREAM_USAGE.set(usage)
         try:
-            return await _generate(session, call, body, request.state.body_size), usage
+            return await _generate(session, call, body, size, watch), usage
         finally:
             UPSTREAM_USAGE.reset(token)
+
+    def _undelivered(session: SessionState, stored: Stored, when: str) -> None:
+        """The client left ``when``: take back what its request stored, and count it."""
+        withdrawn = session.managed_server.withdraw(stored) if stored else 0
+        state.sessions.account(session)
+        state.sessions.abandoned_requests += 1
+        state.sessions.withdrawn_nodes += withdrawn
+        logger.info("session %s: %s (%d node(s) not kept)", session.uuid, when, withdrawn)
+
+    async def _answer(
+        session: SessionState,
+        call: Any,
+        body: Any,
+        request: Request,
+        count: bool,
+        build: Any,
+    ) -> Response:
+        """Generate (see :func:`_generate_counted`) and answer ``build(completion,
+        usage)``, keeping the request's nodes only when the answer is delivered: a client
+        that disconnects cancels the generation, and one gone before the answer's end (or
+        an answer that fails after the generation) takes back its nodes."""
+        stored: Stored = []
+        token = STORED.set(stored)
+        watch = ClientWatch(request.receive)
+        try:
+            completion, usage = await _generate_counted(session, call, body, request, count, watch)
+            response = build(completion, usage)
+        except ClientGone:
+            _undelivered(session, stored, "the client left before its answer was ready")
+            return Response(status_code=499)  # nobody reads it
+        except BaseException:
+            watch.stop()
+            if stored:
+                _undelivered(session, stored, "its answer failed after the generation")
+            raise
+        finally:
+            STORED.reset(token)
+        return watch.deliver(
+            response,
+            lambda: _undelivered(session, stored, "the client left before its answer was sent"),
+        )
 
     @app.get("/{session_id}/v1/models")
     async def session_models(session_id: str) -> dict[str, Any]:
@@ -583,14 +640,17 @@ def create_app(
         kwargs = body.upstream_kwargs()
         kwargs["messages"] = body.message_dicts()
         call = session.managed_server.chat_completion(**kwargs)
-        completion, usage = await _generate_counted(session, call, body, request, include_usage)
-        if state.model_name != "unknown":
-            completion.model = state.model_name
-        payload = completion.model_dump(exclude_none=True)
-        strict_tool_arguments(payload)
-        if stream:
-            return sse_answer(chat_chunks(payload, usage))
-        return json_answer(payload)
+
+        def build(completion: Any, usage: list[int] | None) -> Response:
+            if state.model_name != "unknown":
+                completion.model = state.model_name
+            payload = completion.model_dump(exclude_none=True)
+            strict_tool_arguments(payload)
+            if stream:
+                return sse_answer(chat_chunks(payload, usage))
+            return json_answer(payload)
+
+        return await _answer(session, call, body, request, include_usage, build)
 
     @app.post("/{session_id}/v1/chat/completions/render")
     async def render_prompt(session_id: str, request: Request) -> dict[str, Any]:
@@ -611,13 +671,16 @@ def create_app(
         body: CompletionRequest = await _body(request, CompletionRequest, merge_extra_body=True)
         stream, include_usage = stream_options(body.model_extra)
         call = session.managed_server.completion(**passthrough(body))
-        completion, usage = await _generate_counted(session, call, body, request, include_usage)
-        if state.model_name != "unknown":
-            completion.model = state.model_name
-        payload = completion.model_dump(exclude_none=True)
-        if stream:
-            return sse_answer(completion_chunks(payload, usage))
-        return json_answer(payload)
+
+        def build(completion: Any, usage: list[int] | None) -> Response:
+            if state.model_name != "unknown":
+                completion.model = state.model_name
+            payload = completion.model_dump(exclude_none=True)
+            if stream:
+                return sse_answer(completion_chunks(payload, usage))
+            return json_answer(payload)
+
+        return await _answer(session, call, body, request, include_usage, build)
 
     @app.get("/{session_id}/nodes")
     async def get_nodes(session_id: str) -> dict[str, Any]:
