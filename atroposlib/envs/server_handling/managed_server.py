@@ -553,8 +553,8 @@ class ManagedServer:
         fetch = getattr(self.server, "get_logprobs", None)
         if not callable(fetch):
             raise NotImplementedError(
-                f"{type(self.server).__name__} has no get_logprobs, so ManagedServer cannot "
-                "return prompt logprobs through it"
+                f"{type(self.server).__name__} does not implement get_logprobs, so "
+                "ManagedServer cannot return prompt logprobs through it"
             )
         messages = kwargs.pop("messages", None)
         if messages is not None:
@@ -652,7 +652,9 @@ class DummyManagedServer:
         naming the server's type otherwise."""
         fetch = getattr(self.server, "get_logprobs", None)
         if not callable(fetch):
-            raise NotImplementedError(f"{type(self.server).__name__} has no get_logprobs")
+            raise NotImplementedError(
+                f"{type(self.server).__name__} does not implement get_logprobs"
+            )
         messages = kwargs.pop("messages", None)
         if messages is not None:
             kwargs["prompt"] = self._messages_to_text(messages)

@@ -25,6 +25,24 @@ from atroposlib.http.openai_protocol import completion_body
 TokensResponse = tuple[list[int], list[list[int]], list[list[float]], list[str]]
 
 
+class _GetLogprobsOnceSet:
+    """``ServerHarness.get_logprobs``: present only once ``set_logprobs_response`` gave it
+    an answer, so a bare harness is a backend without prompt logprobs (``hasattr`` is
+    false, and ``ManagedServer.get_logprobs`` raises NotImplementedError over it, as
+    test code built for the original expects). A non-data descriptor: a test may still
+    assign its own ``harness.get_logprobs``."""
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        if not obj.__dict__.get("logprobs_map"):
+            raise AttributeError(
+                f"{type(obj).__name__} has no get_logprobs until set_logprobs_response "
+                "gives it an answer"
+            )
+        return APIServer.get_logprobs.__get__(obj, objtype)
+
+
 def _as_list(value: Union[str, Sequence[str]], n: int) -> list[str]:
     if isinstance(value, str):
         return [value] * n
@@ -145,6 +163,8 @@ class ServerHarness(APIServer):
         """Answer a ``get_logprobs`` call for ``prompt``."""
         key = prompt if isinstance(prompt, str) else tuple(int(t) for t in prompt)
         self.logprobs_map[key] = response
+
+    get_logprobs = _GetLogprobsOnceSet()
 
     async def chat_completion(self, *args: Any, **kwargs: Any) -> ChatCompletion:
         """The canned answer for ``messages`` (which may also come as the one positional
