@@ -94,14 +94,14 @@ def test_games_hung_in_c_end_at_the_limit_and_nothing_else_waits():
     sleep, regex, *others = out["played"]
     for reason, turns, seconds, _ in (sleep, regex):
         assert reason == "step_timeout" and turns == text_game_doubles.HANG_ON_MOVE
-        assert LIMIT_S <= seconds < LIMIT_S + 1.5, seconds
+        assert LIMIT_S <= seconds < LIMIT_S + 2.5, seconds
     # The episodes beside them played every turn, exactly as they did alone.
     assert [r[:2] for r in others] == [r[:2] for r in out["warm"][:2]]
     assert [r[3] for r in others] == [r[3] for r in out["warm"][:2]]
     assert [r[3] for r in out["after"][:2]] == [r[3] for r in out["warm"][2:]]
     for reason, turns, _, _ in out["warm"] + out["after"]:
         assert reason == "done" and turns >= 1
-    assert out["max_gap"] < 0.5, out["max_gap"]
+    assert out["max_gap"] < 1.0, out["max_gap"]  # a frozen loop: as long as the hang
     assert len(out["reused"]) == 2, out["reused"]
     left = {p.pid for p in me.children(recursive=True)} - children_before
     assert not left, left
@@ -185,3 +185,48 @@ def test_a_cancelled_episode_kills_its_worker():
         return psutil.pid_exists(pid)
 
     assert not asyncio.run(run())
+
+
+_ORPHAN_SCRIPT = """
+import asyncio, sys
+from atroposlib.envs.adapters.game_worker import GameWorkerPool, ProcessGame
+from tests.environments.text_game_doubles import SleepingGame
+
+async def main():
+    game = await ProcessGame(GameWorkerPool(), SleepingGame).start()
+    await game.reset(0)
+    print(game.worker.pid, flush=True)
+    await game.step("sleeps in C")
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_hung_in_c_dies_with_its_parent():
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        time.sleep(0.2)  # the step is sleeping now
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        for _ in range(100):
+            try:
+                if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"game worker {worker} outlived its parent")
+    finally:
+        parent.kill()
+        parent.wait(10)
