@@ -11,6 +11,10 @@ Endpoints: ``POST /sessions/create``, ``POST /{uuid}/v1/chat/completions``,
 With ``"stream": true`` the chat and text completion routes answer server-sent events in
 OpenAI's chunk format (``include_usage`` honoured), after the same generation, bounds and
 node recording as a plain request; an error is still a JSON error with its status.
+A session keeps only the nodes of answers it delivered: a client that disconnects cancels
+its generation (the upstream request is dropped and its slot freed), and a request whose
+client left before the answer's end has its nodes taken back (``_proxy_delivery``;
+counted in ``/health`` as ``requests_abandoned`` and ``nodes_withdrawn``).
 Errors use OpenAI's format ``{"error": {"message", "type", "param", "code"}}``. Status
 classes: the client's mistake (a bad field, bad template input) is a 400 naming the field;
 the inference server's fault (its 5xx, an answer that is not what the protocol says, too
