@@ -112,11 +112,15 @@ class ClientWatch:
         self._task = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Callable[[], Awaitable[Message]]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.gone.set()
-                return
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.gone.set()
+                    return
+        except Exception as err:  # a connection that cannot be read is one that is gone
+            logger.info("reading a proxy request's connection failed: %s", err)
+            self.gone.set()
 
     async def run(self, work: Awaitable[T]) -> T:
         """``await work``, or cancel it and raise :class:`ClientGone` when the client
