@@ -60,6 +60,22 @@ def encode_body(payload: Any, minimum_size: int = GZIP_MIN_BYTES) -> tuple[bytes
     return raw, headers
 
 
+PREVIEW_BYTES = 200
+"""How much of an answer a :class:`BadAnswer` quotes."""
+
+
+class BadAnswer(ValueError):
+    """The rollout API answered a call with a success status but a body that is not the
+    route's JSON (not JSON at all, or not an object); ``preview`` is its first bytes."""
+
+    def __init__(self, path: str, status: int, body: bytes, why: str) -> None:
+        self.path, self.status, self.preview = path, status, body[:PREVIEW_BYTES]
+        more = "..." if len(body) > PREVIEW_BYTES else ""
+        super().__init__(
+            f"{path} answered {status} with {why} ({len(body)} bytes): {self.preview!r}{more}"
+        )
+
+
 @dataclass(frozen=True)
 class PostResult:
     """Outcome of one POST of scored data.
@@ -92,6 +108,18 @@ def _retry_after(response: httpx.Response) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+def _json_object(path: str, response: httpx.Response) -> Dict[str, Any]:
+    body = response.content
+    try:
+        data = json.loads(body)
+    except ValueError:  # not JSON, or not UTF-8
+        raise BadAnswer(path, response.status_code, body, "a body that is not JSON") from None
+    if not isinstance(data, dict):
+        why = f"a JSON {type(data).__name__} where an object was expected"
+        raise BadAnswer(path, response.status_code, body, why)
+    return data
 
 
 class RolloutAPIClient:
@@ -127,9 +155,10 @@ class RolloutAPIClient:
         await self._client.aclose()
 
     async def _get_json(self, path: str, **params: Any) -> Any:
+        """The JSON object a ``GET`` answers; :class:`BadAnswer` when the body is not one."""
         response = await self._client.get(path, params=params or None, headers=auth_headers())
         response.raise_for_status()
-        return response.json()
+        return _json_object(path, response)
 
     async def wandb_info(self) -> Dict[str, Any]:
         """``GET /wandb_info`` → ``{"group", "project"}``."""
@@ -147,7 +176,7 @@ class RolloutAPIClient:
         """``POST /register-env``; raises on an HTTP error status."""
         response = await self._client.post("/register-env", json=payload, headers=auth_headers())
         response.raise_for_status()
-        return response.json()
+        return _json_object("/register-env", response)
 
     async def disconnect_env(self, env_id: int) -> None:
         """``POST /disconnect-env``; failures are logged, not raised (used on shutdown)."""

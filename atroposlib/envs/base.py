@@ -302,6 +302,7 @@ class BaseEnv(ABC):
         )
         metrics["train/items_sent_to_api"] = self.items_sent_total
         metrics.update(wl.rejected_metrics(self.all_rejections()))
+        metrics.update(self.runner.poll_failures.metrics())
         return metrics
 
     def perf_stats(self, metrics_dict: Dict[str, Any]) -> Dict[str, Any]:

@@ -31,7 +31,8 @@ import httpx
 
 from atroposlib.envs import offline, scheduling
 from atroposlib.envs import wandb_logging as wl
-from atroposlib.envs.api_client import RolloutAPIClient
+from atroposlib.envs.api_client import BadAnswer, RolloutAPIClient
+from atroposlib.envs.background import PollFailures, watch_task
 from atroposlib.envs.config import EvalHandlingEnum
 from atroposlib.envs.health import (
     FailureTracker,
@@ -91,6 +92,7 @@ class EnvRunner:
         self.fatal_error: BaseException | None = None
         self.write_report: Callable[[Path], Awaitable[None]] = offline.html_report
         self._status_task: asyncio.Task | None = None
+        self.poll_failures = PollFailures()
         self._main_task: asyncio.Task | None = None
         self._last_reap = 0.0
         self._stop_requested = False
@@ -311,7 +313,7 @@ class EnvRunner:
                 if info.get("project") is not None:
                     break
                 self._waiting_for_trainer(trainer_notice)
-            except httpx.HTTPError as err:
+            except (httpx.HTTPError, BadAnswer) as err:
                 api_notice("rollout API at %s not reachable yet (%s)", api.base_url, err)
             await asyncio.sleep(1)
         env.wandb_project, env.wandb_group = info["project"], info.get("group")
@@ -337,7 +339,7 @@ class EnvRunner:
                 if err.response.status_code < 500:
                     raise RuntimeError(f"register-env refused: {err.response.text}") from err
                 data = {"status": f"http {err.response.status_code}"}
-            except httpx.HTTPError as err:
+            except (httpx.HTTPError, BadAnswer) as err:
                 failures += 1
                 logger.info("rollout API at %s not reachable yet (%s)", api.base_url, err)
                 await asyncio.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
@@ -380,8 +382,9 @@ class EnvRunner:
         """Poll ``GET /status-env`` once and update the throttling state."""
         env = self.env
         payload = await self._require_api().status_env(env.env_id)  # type: ignore[arg-type]
+        status = scheduling.EnvStatus.from_payload(payload)  # a bad answer changes nothing
         env.status_dict = payload
-        self.status = scheduling.EnvStatus.from_payload(payload)
+        self.status = status
         self.derived_batch_size = scheduling.derived_batch_size(
             env.config.batch_size, self.status, env.config.min_batch_allocation
         )
@@ -404,32 +407,42 @@ class EnvRunner:
 
     async def status_loop(self) -> None:
         """Poll ``/status-env`` (``env.get_status()``) until cancelled; re-register when the
-        API answers 404 (it restarted and forgot this env)."""
+        API answers 404 (it restarted and forgot this env).
+
+        A poll that fails (no answer, an error status, a 2xx whose body is not a status) is
+        logged with the answer's first bytes, counted (:attr:`poll_failures`) and retried
+        with backoff; any other error ends the task, which stops the env
+        (:func:`~atroposlib.envs.background.watch_task`).
+        """
         env = self.env
-        failures = 0
+        failures = self.poll_failures
         while True:
             try:
                 await env.get_status()
-                failures = 0
+                failures.success()
                 self.wake.set()
             except httpx.HTTPStatusError as err:
-                failures += 1
-                if err.response.status_code == 404:
+                code = err.response.status_code
+                loud = failures.failed(f"http_{code}")
+                if code == 404:
                     logger.warning("rollout API forgot env %s; registering again", env.env_id)
                     await env.register_env()
-                else:
-                    logger.warning("status-env failed: %s", err)
+                elif loud:
+                    logger.warning("status-env failed (%d in a row): %s", failures.in_a_row, err)
             except httpx.HTTPError as err:
-                failures += 1
-                if failures in (1, 10) or failures % 100 == 0:
+                if failures.failed("unreachable"):
                     logger.warning(
                         "rollout API at %s not reachable (status-env, %d tries): %s",
                         self._api_url(),
-                        failures,
+                        failures.in_a_row,
                         err,
                     )
-            delay = STATUS_POLL_S if failures == 0 else min(2.0, STATUS_POLL_S * failures)
-            await asyncio.sleep(delay)
+            except (BadAnswer, scheduling.BadStatusAnswer) as err:
+                if failures.failed("bad_answer"):
+                    logger.warning(
+                        "status-env answer unusable (%d in a row): %s", failures.in_a_row, err
+                    )
+            await asyncio.sleep(failures.delay(STATUS_POLL_S))
 
     async def env_step_checks(self) -> None:
         """On a trainer step change: start evals, save checkpoints, log metrics."""
@@ -488,7 +501,10 @@ class EnvRunner:
             outbox.adopt_orphans(outbox_dir.parent, outbox_dir.name.rsplit("-", 1)[0])
             self.sender = GroupSender(self.api, outbox)
             self.sender.start()
+            for task, what in self.sender.tasks():
+                watch_task(task, what, self.stop_with_error)
             self._status_task = asyncio.create_task(self.status_loop(), name="atropos-status-poll")
+            watch_task(self._status_task, "status-poll", self.stop_with_error)
             self.start_server_watch()
             if self.server_watch is not None and self.server_watch.urls:
                 await self.server_watch.check_once()  # start no worker on a server not up yet
@@ -563,6 +579,8 @@ class EnvRunner:
         if env.jsonl_writer is not None:
             env.jsonl_writer.close()
         await bounded(env.close_servers(), "closing the inference servers")
+        if self.poll_failures.by_kind:
+            logger.info("failed status-env polls by kind: %s", dict(self.poll_failures.by_kind))
         rejected = env.all_rejections()
         if rejected:
             logger.info("dropped groups/items by reason: %s", dict(rejected))

@@ -10,6 +10,33 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
+class BadStatusAnswer(ValueError):
+    """A ``/status-env`` answer whose fields are not what the route returns (a failed poll)."""
+
+
+_INT_FIELDS = ("current_step", "queue_size", "self_queue_size", "max_group_size")
+_FLOAT_FIELDS = ("unallocated_fraction", "env_weight")
+
+
+def _field(payload: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
+    value = payload.get(key)
+    if value is None:
+        return default
+    try:
+        if isinstance(value, (bool, list, dict)):
+            raise TypeError(type(value).__name__)
+        number = kind(value)
+        if kind is float and not math.isfinite(number):
+            raise ValueError("not finite")
+    except (TypeError, ValueError, OverflowError):
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise BadStatusAnswer(
+            f"/status-env answer: {key} is {shown}, expected {'an integer' if kind is int else 'a finite number'}"
+        ) from None
+    return number
+
+
 @dataclass(frozen=True)
 class EnvStatus:
     """The fields of ``GET /status-env`` the loop uses (queue sizes in this env's groups)."""
@@ -23,20 +50,21 @@ class EnvStatus:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> EnvStatus:
-        """Build from the JSON answer; missing keys keep their defaults."""
+        """Build from the JSON answer; missing (or null) keys keep their defaults.
 
-        def get(key: str, default: Any) -> Any:
-            value = payload.get(key)
-            return default if value is None else value
-
-        return cls(
-            current_step=int(get("current_step", 0)),
-            queue_size=int(get("queue_size", 0)),
-            self_queue_size=int(get("self_queue_size", 0)),
-            unallocated_fraction=float(get("unallocated_fraction", 1.0)),
-            max_group_size=max(1, int(get("max_group_size", 1))),
-            env_weight=float(get("env_weight", 1.0)),
+        Raises :class:`BadStatusAnswer` naming the field when the answer is not an object
+        or a field is not a number (a bool, a string that is none, NaN, infinity).
+        """
+        if not isinstance(payload, Mapping):
+            raise BadStatusAnswer(
+                f"/status-env answer is a JSON {type(payload).__name__}, expected an object"
+            )
+        values = {key: _field(payload, key, getattr(cls, key), int) for key in _INT_FIELDS}
+        values.update(
+            {key: _field(payload, key, getattr(cls, key), float) for key in _FLOAT_FIELDS}
         )
+        values["max_group_size"] = max(1, values["max_group_size"])
+        return cls(**values)
 
 
 def derived_batch_size(

@@ -26,7 +26,7 @@ import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, List
+from typing import Any, Deque, List, Tuple
 
 from atroposlib.envs.api_client import PostResult, RolloutAPIClient
 from atroposlib.envs.outbox import Outbox
@@ -105,6 +105,11 @@ class GroupSender:
             self._flusher = asyncio.create_task(self._flush_loop(), name="atropos-outbox-flusher")
             if len(self.outbox):
                 self._wake_flusher.set()
+
+    def tasks(self) -> List[Tuple[asyncio.Task, str]]:
+        """The running background tasks with their names (``sender``, ``outbox-flusher``)."""
+        named = ((self._pump, "sender"), (self._flusher, "outbox-flusher"))
+        return [(task, what) for task, what in named if task is not None]
 
     async def send(self, payload: Any, wait: bool = True) -> bool | None:
         """Hand ``payload`` (a group or a list of groups) over for delivery.
@@ -286,7 +291,12 @@ class GroupSender:
         cut off by the timeout is kept too, although the API may have taken it.)
         """
         deadline = time.monotonic() + drain_timeout_s
-        while not self.idle and time.monotonic() < deadline and self._pump is not None:
+        while (
+            not self.idle
+            and time.monotonic() < deadline
+            and self._pump is not None
+            and not self._pump.done()  # a pump that died delivers nothing more
+        ):
             await asyncio.sleep(0.05)
         for task in (self._pump, self._flusher):
             if task is not None:
