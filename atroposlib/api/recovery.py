@@ -190,8 +190,6 @@ def check_database(path: str | Path) -> str | None:
 _SALVAGE_CHUNK = 256
 """Rows read per statement while salvaging; a damaged page costs a re-read of one chunk."""
 _NO_SEQ = -(1 << 63)
-_POINT_SCAN = 1 << 20
-"""Largest seq range looked up one seq at a time where the table and its ledger both fail."""
 
 
 @dataclass
@@ -386,24 +384,8 @@ class _Salvager:
                 return  # one source read to the end and found nothing more
             resume = self._skip_unreadable(last)
             first = max(last + 1, 1)  # the store numbers groups from 1
-            end = resume if resume is not None else first + _POINT_SCAN - 1
-            self.report.unknown.append((first, end))
-            if end - first < _POINT_SCAN:
-                # Rows on intact pages inside the range are still found by their own seq.
-                for seq in range(first, end + 1):
-                    try:
-                        row = self.conn.execute(self.row_at, (seq,)).fetchone()
-                    except sqlite3.Error:
-                        continue
-                    if row is not None:
-                        self._take(row)
-            else:
-                logger.warning(
-                    "--persist-recover: seqs %d-%d are unreadable in both the table and its "
-                    "ledger, too many to look up one by one; rows there are not restored",
-                    first,
-                    end,
-                )
+            # Rows on intact leaves inside the range are read page by page (_salvage).
+            self.report.unknown.append((first, resume if resume is not None else 1 << 62))
             if resume is None:
                 return
             last = resume

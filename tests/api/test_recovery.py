@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import sqlite3
 from pathlib import Path
@@ -143,3 +144,102 @@ def test_recovery_log_names_the_lost_seq_ranges(tmp_path, caplog):
     line = " ".join(r.getMessage() for r in caplog.records if "--persist-recover" in r.getMessage())
     assert f"restored {len(readable)} groups, lost {len(lost)}" in line
     assert f"{lost[0]}-{lost[-1]}" in line and report.lost_ranges() == [(lost[0], lost[-1])]
+
+
+# ------------------------------------------------ damage SQLite's own walk cannot get past
+
+
+def _big_seq_database(tmp_path: Path, n: int = 400) -> tuple[Path, list[int]]:
+    """``n`` groups of ~6 KB (one per leaf page) with seqs above 2^20, as a long run has."""
+    db = tmp_path / "api.db"
+    store = SqlitePersistence(db)
+    seqs = [(1 << 20) + 5 + 7 * i for i in range(n)]
+    rows = [
+        GroupRow(s, 0, 2, False, json.dumps({"tokens": [[s] * 1500] * 2, "n": s}).encode())
+        for s in seqs
+    ]
+    store.commit(insert=rows, meta={"state": {"registered": True, "pending": None}})
+    store.close()
+    return db, seqs
+
+
+def _root(db: Path, name: str) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = ?", (name,)
+        ).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_recovery_reads_every_intact_leaf_below_damaged_interior_pages_past_seq_2_20(tmp_path):
+    db, seqs = _big_seq_database(tmp_path)
+    leaves = _pages(db, "groups")
+    _overwrite(db, [leaves[len(leaves) // 2], leaves[-1]])
+    readable = _readable(db, seqs)  # every row but the two on the damaged leaves
+    assert len(readable) == len(seqs) - 2
+    # Now the table's root (interior) page and the whole ledger too: SQLite reaches no row.
+    _overwrite(db, [_root(db, "groups"), *_pages(db, "groups_ledger")])
+    assert _readable(db, seqs) == set()
+
+    report = recover_database(db)
+
+    assert report.restored == len(readable) and report.registration
+    fresh = SqlitePersistence(db)
+    assert [g.seq for g in fresh.load().groups] == sorted(readable)
+    fresh.close()
+
+
+def test_recovery_of_a_main_file_truncated_to_half_restores_its_readable_half(tmp_path, caplog):
+    db, seqs = _big_seq_database(tmp_path)
+    os.truncate(db, db.stat().st_size // 2)
+    with caplog.at_level(logging.WARNING):
+        report = recover_database(db)
+    # Each group is a leaf and an overflow page written side by side: about half survive,
+    # the ledger (near the file's start) names every one, so the count is exact.
+    assert len(seqs) // 3 < report.restored < len(seqs)
+    assert report.exact and report.restored + len(report.lost) == len(seqs)
+    assert report.registration
+    fresh = SqlitePersistence(db)
+    state = fresh.load()
+    fresh.close()
+    assert state.meta["state"]["registered"] and len(state.groups) == report.restored
+    assert all(json.loads(fresh_body)["n"] == s for s, fresh_body in _bodies(db, state.groups))
+
+
+def _bodies(db: Path, groups) -> list[tuple[int, bytes]]:
+    store = SqlitePersistence(db)
+    try:
+        return [(g.seq, store.body(g.seq)) for g in groups]
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def crashed_200(tmp_path_factory) -> Path:
+    """200 groups posted to a store in a process then killed (its WAL holds them)."""
+    from tests.api.test_hardening import _database
+
+    return _database(tmp_path_factory.mktemp("crashed"), groups=200)
+
+
+def test_recovery_counts_every_group_of_a_damaged_wal(tmp_path, crashed_200):
+    from tests.api.test_hardening import _copy, _damage
+
+    db = _copy(crashed_200, tmp_path / "copy")
+    _damage("garbage mid-WAL", db)
+    report = recover_database(db)
+    # SQLite stops at the damaged frame; the frames after it were committed and are read.
+    assert report.restored + len(report.lost) == 200 and report.exact
+    assert report.restored >= 195
+
+
+def test_recovery_of_a_cut_wal_says_its_count_is_not_exact(tmp_path, crashed_200):
+    from tests.api.test_hardening import _copy, _damage
+
+    db = _copy(crashed_200, tmp_path / "copy")
+    _damage("truncated WAL", db)
+    report = recover_database(db)
+    assert report.wal_frames_lost > 0 and not report.exact
+    assert "WAL frames that are gone" in report.describe()
