@@ -22,9 +22,10 @@ import logging
 from abc import ABC
 from typing import Any, Dict, List, Tuple, Union
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.constants import OPENAI_NAMESPACE
 from atroposlib.envs.server_handling.openai_server import resolve_openai_configs
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.envs.server_handling.server_manager import ServerManager
@@ -35,9 +36,10 @@ from atroposlib.utils.cli import merge_dicts
 logger = logging.getLogger(__name__)
 
 NO_TEACHER_CONFIG = (
-    "no teacher server configuration was provided "
+    "teacher_enabled=True but no teacher server configuration was provided "
     "(pass teacher_server_configs, --teacher.* flags or a teacher: YAML key)"
 )
+CROSS_TOKENIZER = "Cross-tokenizer distillation is not supported"
 
 
 class TeacherDistillationConfig(BaseEnvConfig):
@@ -54,15 +56,24 @@ class TeacherDistillationConfig(BaseEnvConfig):
 
 
 def load_tokenizer(name: str) -> Any:
-    """Load a Hugging Face tokenizer by name or local path."""
+    """Load a Hugging Face tokenizer by name or local path (``transformers.AutoTokenizer``
+    looked up at call time, so tests may patch ``from_pretrained``)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name)
+    return AutoTokenizer.from_pretrained(name, use_fast=True)
 
 
 def _tokenizer_name(config: Any) -> str:
+    """A teacher config's tokenizer: ``tokenizer_name``, or ``model_name`` when that is
+    ``""`` or ``"none"``."""
     name = getattr(config, "tokenizer_name", "none")
     return config.model_name if name in (None, "", "none") else name
+
+
+def _in_namespace(namespace: str, message: str) -> str:
+    """``resolve_openai_configs`` names the ``--openai.*`` flags it was handed; the user
+    wrote ``--<namespace>.*``."""
+    return message.replace(f"--{OPENAI_NAMESPACE}.", f"--{namespace}.")
 
 
 def _flag_values(namespace: str, cli_passed_flags: Dict[str, Any] | None) -> Dict[str, Any]:
@@ -83,8 +94,11 @@ class TeacherDistillationEnv(BaseEnv, ABC):
     Teacher servers come from ``teacher_server_configs``, else from
     :meth:`teacher_config_init`; on the command line (``serve``) from ``--teacher.*`` flags
     and a YAML ``teacher:`` section, resolved as ``--openai.*`` is. The module-level
-    ``ServerManager`` and ``load_tokenizer`` are looked up at call time, so tests can patch
-    them on this module.
+    ``ServerManager``, ``resolve_openai_configs`` and ``load_tokenizer`` (and through it
+    ``transformers.AutoTokenizer.from_pretrained``) are looked up at call time, so tests
+    can patch them; the methods need no state of ``__init__`` beyond ``config``,
+    ``teacher_server`` and ``tokenizer``, so they also run on an instance made with
+    ``object.__new__``.
     """
 
     env_config_cls = TeacherDistillationConfig
@@ -117,24 +131,39 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         """
         namespace = cls.teacher_namespace
         cli_values = _flag_values(namespace, cli_passed_flags)
-        yaml_part = (yaml_config or {}).get(namespace)
+        yaml_part = (yaml_config or {}).get(namespace) or {}
         default = default_teacher_server_configs
-        if default is None and yaml_part is None and not cli_values:
+        if default is None and not yaml_part and not cli_values:
             return None
-        single = default[0] if isinstance(default, list) and len(default) == 1 else default
-        base = single.model_dump() if isinstance(single, ServerBaseline) else {}
-        yaml_single = yaml_part if isinstance(yaml_part, dict) else {}
-        merged = merge_dicts(base, yaml_single, cli_values)
-        flat = {f"{namespace}.{k}": v for k, v in cli_values.items()}
-        resolved = resolve_openai_configs(
-            default if default is not None else APIServerConfig(),
-            merged,
-            yaml_config or {},
-            flat,
-            logger,
-            namespace=namespace,
-        )
-        return resolved
+        effective = APIServerConfig() if default is None else default
+        if (
+            isinstance(effective, ServerBaseline)
+            and not isinstance(effective, APIServerConfig)
+            and (yaml_part or cli_values)
+        ):
+            effective = APIServerConfig(**effective.model_dump())
+        single = effective[0] if isinstance(effective, list) and len(effective) == 1 else effective
+        if isinstance(yaml_part, list) and len(yaml_part) == 1:
+            yaml_part = yaml_part[0]
+        merged: Dict[str, Any] = {}
+        if isinstance(single, APIServerConfig) and isinstance(yaml_part, dict):
+            merged = merge_dicts(single.model_dump(), yaml_part, cli_values)
+        # Handed over as the openai namespace, by keyword, through the module-level name
+        # (looked up at call time, so it can be patched).
+        try:
+            return resolve_openai_configs(
+                default_server_configs=effective,
+                openai_config_dict=merged,
+                yaml_config={OPENAI_NAMESPACE: yaml_part},
+                cli_passed_flags={
+                    f"{OPENAI_NAMESPACE}.{key}": value for key, value in cli_values.items()
+                },
+                logger=logger,
+            )
+        except ValidationError:
+            raise  # the command line names the field in the teacher namespace
+        except ValueError as err:
+            raise ValueError(_in_namespace(namespace, str(err))) from err
 
     @classmethod
     def get_cli_serve_config_cls(cls) -> type:
@@ -159,7 +188,6 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         super().__init__(config, server_configs, slurm=slurm, testing=testing)
         self.teacher_server: Any = None
         self.teacher_tokenizer_name: str | None = None
-        self._teacher_checked = False
         if not getattr(config, "teacher_enabled", False):
             return
         if teacher_server_configs is None:
@@ -168,50 +196,69 @@ class TeacherDistillationEnv(BaseEnv, ABC):
             raise ValueError(NO_TEACHER_CONFIG)
         if isinstance(teacher_server_configs, dict):  # one server's settings, by field
             teacher_server_configs = resolve_openai_configs(
-                APIServerConfig(), teacher_server_configs, {}, {}, logger
+                default_server_configs=APIServerConfig(),
+                openai_config_dict=teacher_server_configs,
+                yaml_config={},
+                cli_passed_flags={},
+                logger=logger,
             )
         if isinstance(teacher_server_configs, APIServerConfig):
             teacher_server_configs = [teacher_server_configs]
         elif isinstance(teacher_server_configs, tuple):
             teacher_server_configs = list(teacher_server_configs)
-        self.teacher_server = ServerManager(teacher_server_configs)
-        first = (
-            teacher_server_configs[0]
+        # The module-level name, looked up now: tests replace it.
+        self.teacher_server = ServerManager(teacher_server_configs, slurm=False, testing=False)
+        configs = (
+            teacher_server_configs
             if isinstance(teacher_server_configs, list)
-            else teacher_server_configs
+            else [teacher_server_configs]
         )
-        self.teacher_tokenizer_name = _tokenizer_name(first)
+        self.teacher_tokenizer_name = _tokenizer_name(configs[0])
+        self._validate_teacher_tokenizer_compatibility(self.teacher_tokenizer_name)
+        # Further teacher servers are sent the same token ids: each must share the vocabulary.
+        for other in dict.fromkeys(_tokenizer_name(c) for c in configs[1:]):
+            if other != self.teacher_tokenizer_name:
+                self._validate_teacher_tokenizer_compatibility(other)
+
+    def _student_tokenizer_name(self) -> str:
+        """The student tokenizer's ``name_or_path`` once it is loaded, else the name it will
+        be loaded from (``config.tokenizer_name``): comparing names loads nothing."""
+        loaded = getattr(self, "_tokenizer", None)
+        if loaded is not None:
+            return getattr(loaded, "name_or_path", None) or ""
+        return getattr(getattr(self, "config", None), "tokenizer_name", None) or ""
 
     def _validate_teacher_tokenizer_compatibility(self, teacher_tokenizer_name: str) -> None:
         """Raise ValueError unless ``teacher_tokenizer_name`` has the student's vocabulary.
 
-        The student's own tokenizer name passes at once; otherwise both vocabularies are
-        compared (ValueError when they differ or the teacher's tokenizer cannot be loaded).
+        A teacher tokenizer named as the student's passes at once; otherwise it is loaded
+        (:func:`load_tokenizer`) and both vocabularies are compared. A mismatch, or a
+        teacher tokenizer that cannot be loaded, is a ValueError starting "Cross-tokenizer
+        distillation is not supported".
         """
-        student_name = self.config.tokenizer_name
+        student_name = self._student_tokenizer_name()
         if teacher_tokenizer_name == student_name:
             return
         try:
             teacher_vocab = load_tokenizer(teacher_tokenizer_name).get_vocab()
         except Exception as err:  # noqa: BLE001 - any load failure is a configuration error
             raise ValueError(
-                f"cannot load the teacher tokenizer {teacher_tokenizer_name!r} to compare it "
-                f"with the student's {student_name!r}: {err}"
+                f"{CROSS_TOKENIZER}, and the teacher tokenizer {teacher_tokenizer_name!r} "
+                f"cannot be loaded to compare it with the student's {student_name!r}: {err}"
             ) from err
         if teacher_vocab != self.tokenizer.get_vocab():
+            student = student_name or type(self.tokenizer).__name__
             raise ValueError(
-                f"teacher tokenizer {teacher_tokenizer_name!r} does not match the student's "
-                f"{student_name!r}; distillation needs the same vocabulary"
+                f"{CROSS_TOKENIZER}: the teacher tokenizer {teacher_tokenizer_name!r} does "
+                f"not match the student's {student!r} (distillation needs the same vocabulary)"
             )
 
     def check_teacher_tokenizer(self) -> None:
-        """Validate every teacher server's tokenizer once (see
-        :meth:`_validate_teacher_tokenizer_compatibility`)."""
-        if self._teacher_checked or self.teacher_server is None:
-            return
-        for server in getattr(self.teacher_server, "servers", []):
+        """Validate every teacher server's tokenizer against the student's again (see
+        :meth:`_validate_teacher_tokenizer_compatibility`), e.g. after a server's config
+        changed; the constructor already checked them."""
+        for server in getattr(getattr(self, "teacher_server", None), "servers", None) or []:
             self._validate_teacher_tokenizer_compatibility(_tokenizer_name(server.config))
-        self._teacher_checked = True
 
     async def _fetch_teacher_for_sequence(
         self, token_ids: List[int], top_k: int
@@ -239,7 +286,12 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         or comes back with another length (a warning is logged; the group is still sent).
         A tokenizer mismatch raises ValueError.
         """
-        if group is None or self.teacher_server is None:
+        config = getattr(self, "config", None)
+        if (
+            group is None
+            or not getattr(config, "teacher_enabled", False)
+            or getattr(self, "teacher_server", None) is None
+        ):
             return group
         try:
             group = normalize_group(group)  # type: ignore[assignment]
@@ -250,7 +302,6 @@ class TeacherDistillationEnv(BaseEnv, ABC):
         top_k = self._group_top_k(group)
         if not group["tokens"] or top_k is None:
             return group
-        self.check_teacher_tokenizer()
         try:
             results = await asyncio.gather(
                 *(self._fetch_teacher_for_sequence(tokens, top_k) for tokens in group["tokens"])
@@ -297,5 +348,6 @@ class TeacherDistillationEnv(BaseEnv, ABC):
     async def close_servers(self) -> None:
         """Also stop the teacher servers' background tasks."""
         await super().close_servers()
-        if self.teacher_server is not None and hasattr(self.teacher_server, "close"):
-            await self.teacher_server.close()
+        teacher = getattr(self, "teacher_server", None)
+        if teacher is not None and hasattr(teacher, "close"):
+            await teacher.close()

@@ -311,13 +311,17 @@ def test_teacher_extension_points_and_patchable_module_names(monkeypatch):
             built.append(configs)
             self.servers = []
 
-    def fake_resolve(default, overrides, yaml_cfg, cli, logger=None):
-        resolved.append(overrides)
-        return [APIServerConfig(**overrides)]
+    def fake_resolve(
+        default_server_configs, openai_config_dict, yaml_config, cli_passed_flags, logger=None
+    ):
+        resolved.append(openai_config_dict)
+        return [APIServerConfig(**openai_config_dict)]
 
     monkeypatch.setattr(tde, "ServerManager", FakeManager)
     monkeypatch.setattr(tde, "resolve_openai_configs", fake_resolve)
-    config = tde.TeacherDistillationConfig(teacher_enabled=True, use_wandb=False)
+    config = tde.TeacherDistillationConfig(
+        teacher_enabled=True, use_wandb=False, tokenizer_name="teacher"
+    )
     env = Distill(config, [SERVER], teacher_server_configs={"model_name": "teacher"})
     assert resolved == [{"model_name": "teacher"}]
     assert built[0][0].model_name == "teacher"

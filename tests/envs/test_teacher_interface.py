@@ -65,13 +65,21 @@ class FakeTeacher:
 
 
 def make(monkeypatch, top_k: int = 2, enabled: bool = True, teacher=None, **fake_kw) -> Env:
-    monkeypatch.setattr(tde, "ServerManager", lambda configs: FakeTeacher(configs, **fake_kw))
+    """An Env whose teacher manager is a FakeTeacher; the tokenizer names the constructor
+    validates are recorded in ``env.checked`` (nothing is loaded)."""
+    monkeypatch.setattr(tde, "ServerManager", lambda configs, **_: FakeTeacher(configs, **fake_kw))
+    checked: list[str] = []
+    monkeypatch.setattr(
+        Env, "_validate_teacher_tokenizer_compatibility", lambda self, name: checked.append(name)
+    )
     config = TeacherDistillationConfig(
         use_wandb=False, teacher_enabled=enabled, teacher_top_k=top_k, tokenizer_name="tok"
     )
     if teacher is None and enabled:
         teacher = APIServerConfig(base_url="http://t/v1", model_name="t", tokenizer_name="tok")
-    return Env(config, [STUDENT], teacher)
+    env = Env(config, [STUDENT], teacher)
+    env.checked = checked
+    return env
 
 
 def group(**extra: Any) -> dict[str, Any]:
@@ -126,23 +134,36 @@ def test_constructor_rules(monkeypatch):
     env = make(monkeypatch, teacher=APIServerConfig(model_name="bare", base_url="http://b/v1"))
     assert isinstance(env.teacher_server.configs, list) and len(env.teacher_server.configs) == 1
     assert env.teacher_tokenizer_name == "bare"  # tokenizer_name "none" falls back
+    assert env.checked == ["bare"]
     named = make(monkeypatch, teacher=[APIServerConfig(model_name="m", tokenizer_name="tk")])
-    assert named.teacher_tokenizer_name == "tk"
+    assert named.teacher_tokenizer_name == "tk" and named.checked == ["tk"]
     empty_name = make(monkeypatch, teacher=[APIServerConfig(model_name="m2", tokenizer_name="")])
     assert empty_name.teacher_tokenizer_name == "m2"
+    several = make(
+        monkeypatch,
+        teacher=[
+            APIServerConfig(model_name=n, tokenizer_name=t)
+            for n, t in zip("abc", "xyx", strict=True)
+        ],
+    )
+    assert several.checked == ["x", "y"]  # every distinct teacher tokenizer, once
     assert make(monkeypatch, enabled=False).teacher_server is None
 
 
 def test_constructor_takes_teacher_config_init(monkeypatch):
-    monkeypatch.setattr(tde, "ServerManager", lambda configs: FakeTeacher(configs))
-    config = TeacherDistillationConfig(use_wandb=False, teacher_enabled=True)
+    monkeypatch.setattr(tde, "ServerManager", lambda configs, **_: FakeTeacher(configs))
+    monkeypatch.setattr(tde, "load_tokenizer", lambda name: pytest.fail(f"loaded {name}"))
+    config = TeacherDistillationConfig(
+        use_wandb=False, teacher_enabled=True, tokenizer_name="teacher-default"
+    )
     env = WithDefaultTeacher(config, [STUDENT])
     assert env.teacher_server.configs[0].model_name == "teacher-default"
 
 
 class Vocab:
-    def __init__(self, vocab: dict[str, int]):
+    def __init__(self, vocab: dict[str, int], name: str = ""):
         self.vocab = vocab
+        self.name_or_path = name
 
     def get_vocab(self) -> dict[str, int]:
         return self.vocab
@@ -150,7 +171,8 @@ class Vocab:
 
 def test_tokenizer_compatibility(monkeypatch):
     env = make(monkeypatch)
-    env.tokenizer = Vocab({"a": 0})
+    env.tokenizer = Vocab({"a": 0}, "tok")
+    validate = TeacherDistillationEnv._validate_teacher_tokenizer_compatibility.__get__(env)
     loads: list[str] = []
 
     def load(name: str) -> Vocab:
@@ -160,13 +182,13 @@ def test_tokenizer_compatibility(monkeypatch):
         return Vocab({"a": 0} if name == "same" else {"b": 0})
 
     monkeypatch.setattr(tde, "load_tokenizer", load)
-    env._validate_teacher_tokenizer_compatibility("tok")  # the student's own name
+    validate("tok")  # the student tokenizer's own name
     assert loads == []
-    env._validate_teacher_tokenizer_compatibility("same")
+    validate("same")
     with pytest.raises(ValueError, match="does not match"):
-        env._validate_teacher_tokenizer_compatibility("other")
-    with pytest.raises(ValueError, match="cannot load"):
-        env._validate_teacher_tokenizer_compatibility("missing")
+        validate("other")
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        validate("missing")
 
 
 async def test_fetch_for_sequence_asks_for_prompt_logprobs(monkeypatch):
