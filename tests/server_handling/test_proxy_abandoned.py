@@ -3,8 +3,8 @@ proxy over a fake inference server whose latency the test sets.
 
 A client that times out and retries (the ``openai`` SDK with a short timeout) leaves no
 node for the attempts it gave up on, plain or streamed; requests whose client left are
-cancelled, so their slots on the proxy's server are free at once and the next request is
-served promptly."""
+cancelled, so their slots on the proxy's server are free at once, ``atropos-serve-model``
+stops their generations, and the next request is served promptly."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ import httpx
 import openai
 import pytest
 
+from atroposlib.testing.launch import serve_model_cmd
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from atroposlib.testing.proxy import running_proxy
 from tests.server_handling.conftest import FakeServer, fake_servers
 
@@ -152,3 +155,48 @@ def test_abandoned_streams_free_their_slots_at_once(slow):
     assert proxy.free_slots() == SLOTS
     proxy.upstream_idle()
     assert len(proxy.nodes(sid)) == 1
+
+
+@pytest.fixture(scope="module")
+def served(tokenizer, tiny_model_dir, tmp_path_factory) -> Iterator[str]:
+    """A proxy over ``atropos-serve-model`` (the tiny model, 8 sequences at once)."""
+    tmp: Path = tmp_path_factory.mktemp("abandon-serve")
+    port = free_port()
+    cmd = serve_model_cmd(tiny_model_dir, port, "--seed", "0", "--max-num-seqs", str(SLOTS))
+    with running_process(
+        cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180, log_path=tmp / "serve.log"
+    ):
+        servers = [
+            {"base_url": f"http://127.0.0.1:{port}/v1", "server_type": "vllm", "timeout": 60}
+        ]
+        with running_proxy(tmp, servers, tokenizer=tokenizer, model_name="tiny", api_key=KEY) as p:
+            yield p.url
+
+
+def test_abandoned_streams_free_the_inference_servers_sequences(served):
+    """Eight streams of long generations, abandoned: the proxy drops their upstream
+    requests, the inference server stops them, and a short request is served at once
+    instead of waiting behind generations nobody reads."""
+    sid = httpx.post(f"{served}/sessions/create", json={}, headers=AUTH, timeout=10).json()["uuid"]
+    url = f"{served}/{sid}/v1/chat/completions"
+    long = {"messages": USER, "max_tokens": 3000, "stream": True, "ignore_eos": True}
+
+    async def abandon() -> None:
+        async with httpx.AsyncClient(headers=AUTH, timeout=0.5) as client:
+
+            async def one() -> None:
+                with pytest.raises(httpx.TimeoutException):
+                    async with client.stream("POST", url, json=long) as r:
+                        async for _ in r.aiter_bytes():
+                            pass
+
+            await asyncio.gather(*(one() for _ in range(SLOTS)))
+
+    asyncio.run(abandon())
+    start = time.perf_counter()
+    r = httpx.post(url, json={"messages": USER, "max_tokens": 4}, headers=AUTH, timeout=120)
+    served_s = time.perf_counter() - start
+    assert r.status_code == 200, r.text
+    assert served_s < 3.0, served_s
+    nodes = httpx.get(f"{served}/{sid}/nodes", headers=AUTH, timeout=10).json()["nodes"]
+    assert len(nodes) == 1
