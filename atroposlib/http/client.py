@@ -19,6 +19,13 @@ read-to-close body is dropped as soon as it passes the bound (:class:`AnswerTooL
 Chunked framing must carry data (chunks beyond the first :data:`FREE_CHUNKS` average at
 least :data:`MIN_AVERAGE_CHUNK` bytes), so one-byte chunks cannot make decoding the work.
 
+Interim answers (``100 Continue``, ``103 Early Hints`` ..., up to :data:`MAX_INTERIM_ANSWERS`
+in a row) are skipped, as RFC 9110 says: the call's answer is the final one. ``101
+Switching Protocols`` is not interim here (this client never asks to switch): it raises
+:class:`MalformedAnswer`. Bodies are returned as sent; :func:`decode_content` undoes a
+``Content-Encoding`` (gzip, deflate) without ever holding more than a given number of
+inflated bytes, so a small compressed answer cannot grow into gigabytes.
+
 Failures raise ``OSError`` subclasses (``ConnectionError``, :class:`PeerRefused`, TLS and
 name-resolution errors) or ``asyncio.TimeoutError``; each user maps them once (to "server
 unavailable" for inference, to ``httpx`` errors for the rollout API). An
@@ -36,6 +43,7 @@ import logging
 import os
 import socket
 import ssl
+import zlib
 from typing import Any, Callable
 
 import httptools
@@ -79,6 +87,9 @@ class PeerRefused(PermissionError):
     """Every address the host name resolves to is refused by the client's peer check."""
 
 
+MAX_INTERIM_ANSWERS = 32
+"""Interim (1xx) answers skipped before one request's final answer; past it the answer is refused."""
+
 MIN_AVERAGE_CHUNK = 16
 """Chunks beyond the first :data:`FREE_CHUNKS` must carry this many data bytes each on
 average, or the answer is refused: no server frames a JSON answer in tinier pieces, and
@@ -119,6 +130,8 @@ class _Conn(asyncio.Protocol):
         self.trailer_bytes = 0
         self.error: BaseException | None = None
         self.got_bytes = False
+        self.interim = False  # the message being parsed is a 1xx interim answer
+        self.interims = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -177,8 +190,24 @@ class _Conn(asyncio.Protocol):
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                self._stop(
+                    MalformedAnswer("the server answered 101 Switching Protocols to plain HTTP/1.1")
+                )
+            # An interim answer (100 Continue, 103 Early Hints): skipped, the final one
+            # follows. Counted, so a server cannot keep the call busy with them for ever.
+            self.interims += 1
+            if self.interims > MAX_INTERIM_ANSWERS:
+                self._stop(
+                    MalformedAnswer(f"more than {MAX_INTERIM_ANSWERS} interim (1xx) answers")
+                )
+            self.interim = True
+            self.headers = {}
+            return
         self.header_done = True
-        self.status = self.parser.get_status_code()
+        self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         if self.bodiless:
             # The parser cannot be told that no body follows: answer now, never reuse.
@@ -191,7 +220,7 @@ class _Conn(asyncio.Protocol):
         if not chunked and declared is not None:
             if declared.isascii() and declared.isdigit() and int(declared) > self.max_answer_bytes:
                 self._stop(self._too_large(int(declared)))
-        elif not chunked and self.status not in (204, 304) and not 100 <= self.status < 200:
+        elif not chunked and self.status not in (204, 304):
             self.read_to_close = True  # the body ends when the server closes
             self.keep_alive = False
 
@@ -212,6 +241,9 @@ class _Conn(asyncio.Protocol):
         self.body += data
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result((self.status, self.headers, bytes(self.body)))
@@ -243,6 +275,65 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
         else:
             self._release()
+
+
+DECODED_ENCODINGS = ("gzip", "x-gzip", "deflate", "identity")
+"""The ``Content-Encoding`` values :func:`decode_content` undoes."""
+
+ACCEPT_ENCODING = "gzip, deflate"
+"""What a client that answers through :func:`decode_content` may accept."""
+
+
+def decode_content(headers: dict[str, str], body: bytes, limit: int) -> bytes:
+    """``body`` with its ``Content-Encoding`` (lower-cased ``headers``) undone, never larger
+    than ``limit`` bytes.
+
+    Codings are undone last first (``gzip``/``x-gzip``, ``deflate`` with or without its zlib
+    wrapper, ``identity``). Inflating stops as soon as the output would pass ``limit``:
+    :class:`AnswerTooLarge` names the limit, and memory holds at most ``limit`` bytes of
+    output, however far the data would inflate. Broken data or another coding raises
+    :class:`MalformedAnswer`.
+    """
+    codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]
+    for coding in reversed([c for c in codings if c]):
+        if coding == "identity":
+            continue
+        if coding in ("gzip", "x-gzip"):
+            body = _inflate(body, 16 + zlib.MAX_WBITS, limit, coding)
+        elif coding == "deflate":
+            try:  # RFC 9110's deflate is zlib-wrapped; some servers send it raw
+                body = _inflate(body, zlib.MAX_WBITS, limit, coding)
+            except MalformedAnswer:
+                body = _inflate(body, -zlib.MAX_WBITS, limit, coding)
+        else:
+            raise MalformedAnswer(
+                f"unsupported Content-Encoding {coding!r} (this client decodes "
+                f"{', '.join(DECODED_ENCODINGS)})"
+            )
+    return body
+
+
+def _inflate(data: bytes, wbits: int, limit: int, coding: str) -> bytes:
+    """Inflate ``data`` (every member of a multi-member gzip), at most ``limit`` bytes."""
+    out = bytearray()
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            # max_length bounds the output of this call: one byte past the limit is enough
+            # to know, and the rest of the input is never inflated.
+            out += inflater.decompress(data, limit - len(out) + 1)
+        except zlib.error as e:
+            raise MalformedAnswer(f"the server's {coding} answer is not valid: {e}") from None
+        if len(out) > limit:
+            raise AnswerTooLarge(
+                f"the server's {coding} answer inflates past the limit of "
+                f"{limit / (1024 * 1024):g} MB ({limit} bytes); {len(data)} bytes compressed"
+            )
+        if not inflater.eof:
+            raise MalformedAnswer(f"the server's {coding} answer is truncated")
+        data = inflater.unused_data
+        if wbits < 16 or not data:  # only gzip has members
+            return bytes(out)
 
 
 def _new_parser(conn: _Conn) -> Any:

@@ -18,11 +18,13 @@ What it keeps from ``httpx``'s transport:
   unknown host, TLS failure, an address the peer check refuses) → ``httpx.ConnectError``,
   none in time → ``httpx.ConnectTimeout``; the connection lost during the call →
   ``httpx.ReadError``; no answer in time → ``httpx.ReadTimeout``; an answer that is not
-  valid HTTP/1.1 or exceeds ``max_answer_bytes`` → ``httpx.RemoteProtocolError``;
+  valid HTTP/1.1 or exceeds ``max_answer_bytes`` (sent, or once its ``Content-Encoding`` is
+  undone: :func:`~atroposlib.http.client.decode_content`) → ``httpx.RemoteProtocolError``;
 * what ``h11`` refuses to send: a method or header name that is not a token, a header value
   with CR, LF or NUL → ``httpx.LocalProtocolError``, nothing sent.
 
-Where it differs: an answer's repeated header keeps its last value only (the rollout API
+Where it differs: it decodes gzip and deflate answers itself, within ``max_answer_bytes``
+(``httpx``'s decoders inflate without a bound), and offers only those; an answer's repeated header keeps its last value only (the rollout API
 sends none twice), and the ``Host`` header is always the URL's. It does not speak to HTTP
 proxies: a client whose URL the environment's proxy variables
 (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, less ``NO_PROXY``) route through a proxy
@@ -45,11 +47,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from atroposlib.http.client import (
+    ACCEPT_ENCODING,
+    DECODED_ENCODINGS,
     DEFAULT_MAX_ANSWER_BYTES,
     AnswerTooLarge,
     ConnectTimeout,
     MalformedAnswer,
     RawHttpClient,
+    decode_content,
 )
 from atroposlib.utils.aio import within
 
@@ -88,6 +93,13 @@ def proxied(url: str) -> bool:
     if not (proxies.get(parts.scheme) or proxies.get("all")):
         return False
     return not urllib.request.proxy_bypass(parts.netloc)
+
+
+def _acceptable(accept_encoding: str) -> str:
+    """``accept_encoding`` less the codings :func:`decode_content` does not undo."""
+    offered = [c.strip() for c in accept_encoding.split(",")]
+    kept = [c for c in offered if c.split(";")[0].strip().lower() in DECODED_ENCODINGS]
+    return ", ".join(kept) or ACCEPT_ENCODING
 
 
 def _seconds(value: Any) -> float:
@@ -134,6 +146,8 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
                 raise httpx.LocalProtocolError(
                     f"illegal header {name!r}: {value!r}", request=request
                 )
+        if "accept-encoding" in headers:  # httpx offers what it decodes (br, zstd): we decode
+            headers["accept-encoding"] = _acceptable(headers["accept-encoding"])
         timeouts = request.extensions.get("timeout", {})
         call_s = max(_seconds(timeouts.get("read")), _seconds(timeouts.get("write")))
         connect_s = _seconds(timeouts.get("connect"))
@@ -159,6 +173,10 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
                 tls,
                 connect_timeout=connect_s,
             )
+            if "content-encoding" in answer_headers:
+                answer = decode_content(answer_headers, answer, self.max_answer_bytes)
+                del answer_headers["content-encoding"]
+                answer_headers["content-length"] = str(len(answer))
         except ConnectTimeout as e:
             raise httpx.ConnectTimeout(str(e) or "connect timed out", request=request) from e
         except asyncio.TimeoutError as e:
