@@ -75,7 +75,12 @@ class TrainingConfig(BaseModel):
     )
     lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
     training_steps: int = Field(
-        10, ge=1, description="Number of optimizer steps (one API batch each)."
+        10,
+        ge=1,
+        description=(
+            "Number of API batches to train on; each takes --ppo-epochs x --mini-batches "
+            "optimizer steps (one by default)."
+        ),
     )
     batch_size: int = Field(
         2, ge=1, description="Micro-batch size (sequences per forward/backward)."
@@ -100,6 +105,50 @@ class TrainingConfig(BaseModel):
         0.0,
         ge=0,
         description="Weight of a KL penalty towards a frozen copy of the starting policy (0 = off, as in the original).",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description=(
+            "KL estimator with x = ref_logp - logp clamped to +-20: k1 -x | k2 x^2/2 | "
+            "k3 exp(x)-x-1 clamped to +-10 (verl's low_var_kl)."
+        ),
+    )
+    kl_in_reward: bool = Field(
+        False,
+        description=(
+            "Put the KL in the reward instead of the loss (verl use_kl_in_reward): each "
+            "sequence's score loses --kl-coef x its summed KL before the advantages are computed."
+        ),
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description=(
+            "token: one ratio per token (PPO/GRPO) | sequence: GSPO's ratio, exp of the mean "
+            "log-ratio of the sequence, shared by its tokens."
+        ),
+    )
+    tis_mode: Literal["clip-zone-zero", "truncate"] = Field(
+        "clip-zone-zero",
+        description=(
+            "--off-policy-correction tis: clip-zone-zero (tokens in PPO's clip zone get no "
+            "gradient) | truncate (TRL/verl: every token's loss times min(ratio to the sampler, "
+            "--off-policy-clip), PPO's clip against the trainer's own old policy)."
+        ),
+    )
+    fp32_lm_head: bool = Field(
+        False,
+        description="Compute the LM head (the logits) in float32 under mixed precision.",
+    )
+    overlong_penalty_len: int = Field(
+        0,
+        ge=0,
+        description=(
+            "DAPO soft overlong penalty: a sequence with more than --seq-len minus this many "
+            "trained tokens loses up to --overlong-penalty-factor, linearly (0 = off)."
+        ),
+    )
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0, description="The overlong penalty at --seq-len trained tokens."
     )
     off_policy_correction: Literal["none", "tis", "icepop"] = Field(
         "none",
@@ -379,6 +428,23 @@ class TrainingConfig(BaseModel):
             raise ValueError(
                 f"off_policy_clip_low ({self.off_policy_clip_low}) must not exceed "
                 f"off_policy_clip ({self.off_policy_clip})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_loss_options(self) -> TrainingConfig:
+        if self.importance_sampling_level == "sequence" and (
+            self.off_policy_correction == "icepop"
+            or (self.off_policy_correction == "tis" and self.tis_mode != "truncate")
+        ):
+            raise ValueError(
+                "importance_sampling_level sequence works with off_policy_correction none, or "
+                "tis with tis_mode truncate"
+            )
+        if self.overlong_penalty_len >= self.seq_len:
+            raise ValueError(
+                f"overlong_penalty_len ({self.overlong_penalty_len}) must be below seq_len "
+                f"({self.seq_len})"
             )
         return self
 

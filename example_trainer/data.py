@@ -69,6 +69,9 @@ class Sample:
     cut: bool = False
     truncated: bool = False
     short_logprobs: bool = False
+    group: int = -1  # index of its group in the batch (for rewards shaped after fetching)
+    index: int = -1  # index of the sequence in the batch
+    from_score: bool = True  # its advantage comes from the group's scores
 
     @property
     def num_label_tokens(self) -> int:
@@ -177,19 +180,50 @@ def _override(index: int, overrides: Sequence[Mapping[str, Any] | None] | None, 
     return None
 
 
+def check_masks(tokens: Sequence[Sequence[int]], masks: Sequence[Sequence[int]]) -> None:
+    """Raise :class:`GroupError` naming the first position whose mask is neither −100 nor
+    its token: masks become the labels, so such a group would train on wrong labels."""
+    for i, (toks, mask) in enumerate(zip(tokens, masks, strict=False)):
+        for p, (t, m) in enumerate(zip(toks, mask, strict=False)):
+            if m != IGNORE_INDEX and m != t:
+                raise GroupError(
+                    f"masks[{i}][{p}] is {m!r} but tokens[{i}][{p}] is {t!r}: a mask entry must "
+                    "be -100 or the token itself"
+                )
+
+
+def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
+    """DAPO's soft overlong punishment (as verl's ``overlong_buffer``): 0 up to
+    ``max_len − buffer_len`` trained tokens, then falling linearly to ``−factor`` at
+    ``max_len`` (and below it past ``max_len``): ``min(0, −(length − (max_len −
+    buffer_len)) / buffer_len · factor)``.
+
+    Example::
+
+        overlong_penalty(90, max_len=100, buffer_len=20, factor=1.0)  # -0.5
+    """
+    exceed = length - (max_len - buffer_len)
+    return min(0.0, -exceed / buffer_len * factor)
+
+
 def group_to_samples(
     group: Mapping[str, Any],
     max_len: int | None = None,
     scale_rewards: ScaleRewards = "group",
     batch_std: float | None = None,
     mask_truncated: bool = False,
+    overlong: tuple[int, int, float] | None = None,
 ) -> List[Sample]:
     """Shift one scored group into per-sequence :class:`Sample` records.
 
     ``max_len`` cuts longer sequences to that many inputs (flagged ``cut``);
     ``mask_truncated`` drops the labels of cut sequences and of those whose
-    ``overrides[i]["finish_reason"]`` is ``"length"``. Raises :class:`GroupError`
-    (a ``ValueError``) naming the field when the group is inconsistent.
+    ``overrides[i]["finish_reason"]`` is ``"length"``. ``overlong`` =
+    ``(max_len, buffer_len, factor)`` adds :func:`overlong_penalty` of each sequence's
+    trained-token count (its response length) to its score before the advantages are
+    computed. Raises :class:`GroupError` (a ``ValueError``) naming the field when the
+    group is inconsistent, including a mask entry that is not its token (see
+    :func:`check_masks`).
     """
     tokens: List[List[int]] = group["tokens"]
     masks: List[List[int]] = group["masks"]
@@ -205,6 +239,12 @@ def group_to_samples(
     bad = [i for i, x in enumerate(scores) if not _finite(x)]
     if bad:
         raise GroupError(f"scores[{bad[0]}] is {scores[bad[0]]!r}, not a finite number")
+    check_masks(tokens, masks)
+    if overlong is not None:
+        scores = [
+            float(s) + overlong_penalty(sum(1 for m in mask if m != IGNORE_INDEX), *overlong)
+            for s, mask in zip(scores, masks, strict=False)
+        ]
     seq_adv = group_advantages(scores, scale_rewards, batch_std)
     samples: List[Sample] = []
     for i, (toks, mask) in enumerate(zip(tokens, masks, strict=False)):
@@ -213,6 +253,7 @@ def group_to_samples(
         if len(toks) < 2:
             continue  # nothing to predict
         n = len(toks) - 1
+        from_score = False
         if _override(i, overrides, "set_advantage_to_zero"):
             adv = [0.0] * n
         elif token_adv is not None and i < len(token_adv) and token_adv[i] is not None:
@@ -222,6 +263,7 @@ def group_to_samples(
             adv += [0.0] * (n - len(adv))
         else:
             adv = [seq_adv[i]] * n
+            from_score = True
         labels = list(mask[1:])
         inference, short = _shift(inf_lp, i, n, labels)
         ref, _ = _shift(ref_lp, i, n, labels)
@@ -245,6 +287,7 @@ def group_to_samples(
                 cut=cut,
                 truncated=truncated,
                 short_logprobs=short,
+                from_score=from_score,
             )
         )
     return samples

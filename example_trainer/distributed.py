@@ -9,12 +9,14 @@ layer's own compute. One strategy also means one code path for checkpoints.
 
 Who does what:
 
-- rank 0 alone talks to ``run-api``: it fetches ``/batch``, splits it across the
-  ranks (:func:`split_groups`: whole groups, balanced token budgets) and scatters
-  the shares;
+- rank 0 alone talks to ``run-api``: it fetches ``/batch``, turns it into
+  sequences, cuts them into the optimizer steps' mini-batches (the same cut as one
+  process makes), splits each mini-batch across the ranks (:func:`balance`: balanced
+  token budgets) and scatters the shares;
 - every rank runs forward/backward on its share; ranks with fewer micro-batches run
-  empty ones so that FSDP's collectives line up; the loss is normalised by the
-  token count of the whole batch, so the gradient equals the one-process gradient;
+  empty ones, with the same forwards (policy, reference) in the same order as a real
+  one, so that FSDP's collectives line up; the loss is normalised by the token count
+  of the whole mini-batch, so the gradient equals the one-process gradient;
 - rank 0 saves checkpoints (full state dicts gathered from the shards, so a
   checkpoint resumes at any world size) and drives the weight sync.
 
@@ -61,8 +63,13 @@ def split_groups(batch: Sequence[Mapping[str, Any]], world_size: int) -> List[Li
 
         split_groups(batch, 2)  # -> [[0, 3], [1, 2]]
     """
-    sizes = [sum(len(t) for t in g.get("tokens", [])) for g in batch]
-    order = sorted(range(len(batch)), key=lambda i: (-sizes[i], i))
+    return balance([sum(len(t) for t in g.get("tokens", [])) for g in batch], world_size)
+
+
+def balance(sizes: Sequence[int], world_size: int) -> List[List[int]]:
+    """Indices of ``sizes`` per rank, greedy longest-first onto the least-loaded rank;
+    deterministic, each index on exactly one rank, each rank's indices sorted."""
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
     loads = [0] * world_size
     shares: List[List[int]] = [[] for _ in range(world_size)]
     for i in order:

@@ -45,6 +45,7 @@ from typing import Any, Dict, Mapping, Sequence
 import torch
 
 MODES = ("none", "tis", "icepop")
+TIS_MODES = ("clip-zone-zero", "truncate")
 
 MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to this before exponentiating: a token the sampler found
@@ -59,10 +60,13 @@ class CorrectionConfig:
     mode: str = "none"
     clip: float = 2.0
     clip_low: float = 0.5
+    tis_mode: str = "clip-zone-zero"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"off-policy correction {self.mode!r} is not one of {MODES}")
+        if self.tis_mode not in TIS_MODES:
+            raise ValueError(f"tis_mode {self.tis_mode!r} is not one of {TIS_MODES}")
         if self.clip <= 0 or self.clip_low < 0 or self.clip_low > self.clip:
             raise ValueError("need 0 <= off_policy_clip_low <= off_policy_clip and clip > 0")
 
@@ -70,6 +74,39 @@ class CorrectionConfig:
     def active(self) -> bool:
         """Whether a correction is applied at all."""
         return self.mode != "none"
+
+    @property
+    def truncate(self) -> bool:
+        """``tis`` in TRL's and verl's form (``--tis-mode truncate``)."""
+        return self.mode == "tis" and self.tis_mode == "truncate"
+
+
+def truncated_weights(
+    old_logprobs: torch.Tensor,
+    inference_logprobs: torch.Tensor,
+    present: torch.Tensor,
+    clip: float,
+    trainer_logprobs: torch.Tensor,
+) -> tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """``--tis-mode truncate`` (TRL's ``vllm_importance_sampling_correction``, verl's
+    ``rollout_is`` in truncate mode): each token's loss is multiplied by the constant
+    ``w = min(exp(old − b), C)``, ``old`` the trainer's log-prob before the batch's first
+    update and ``b`` the sampler's; PPO's clipped ratio is then taken against ``old``, so
+    a token in the clip zone keeps the weighted gradient ``min(r, C)·A·∇p`` instead of 0.
+    ``w`` is 1 on tokens without a sampler log-prob (``present`` false). Returns ``w``
+    and the statistics of :func:`corrected_surrogate` (ratios of the current policy
+    ``trainer_logprobs`` to the sampler)."""
+    mask = present.to(old_logprobs.dtype)
+    gap = ((old_logprobs - inference_logprobs.to(old_logprobs.dtype)) * mask).clamp(
+        -MAX_LOG_RATIO, MAX_LOG_RATIO
+    )
+    raw = torch.exp(gap).detach()
+    weights = torch.where(present, raw.clamp(max=clip), torch.ones_like(raw))
+    log_ratio = ((trainer_logprobs - inference_logprobs.to(trainer_logprobs.dtype)) * mask).clamp(
+        -MAX_LOG_RATIO, MAX_LOG_RATIO
+    )
+    changed = (raw > clip).to(mask.dtype) * mask
+    return weights, _mismatch_stats(log_ratio.detach(), mask, changed)
 
 
 def corrected_surrogate(

@@ -156,3 +156,23 @@ def policy_for(config: Any) -> PrecisionPolicy:
         config.device,
         dtype_explicit="dtype" in config.model_fields_set,
     )
+
+
+def fp32_lm_head(model: torch.nn.Module) -> bool:
+    """Make ``model``'s output projection (the LM head) compute in float32 whatever the
+    autocast dtype: its inputs and weight are cast to float32 and autocast is off inside
+    it. The logits then carry float32's precision into the log-probs and the ratio to
+    the sampler. Returns False (and changes nothing) when the model has no output
+    embeddings."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        logger.warning("--fp32-lm-head: the model has no linear output projection; left as is")
+        return False
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if head.bias is None else head.bias.float()
+            return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+
+    head.forward = forward  # type: ignore[method-assign]
+    return True

@@ -27,36 +27,34 @@ import math
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
 
 import torch
 
 from . import api, supervision
+from .batching import (  # noqa: F401  (split_mini_batches: re-exported)
+    MiniBatchInfo,
+    PreparedBatch,
+    prepare_batch,
+    split_mini_batches,
+)
 from .checkpointing import find_latest_checkpoint, load_trainer_state, save_checkpoint
 from .config import TrainingConfig
-from .data import (
-    IGNORE_INDEX,
-    GroupError,
-    MicroBatch,
-    Sample,
-    batch_score_std,
-    collate,
-    group_to_samples,
-    summarize_batch,
-)
+from .data import IGNORE_INDEX, MicroBatch, Sample, collate
 from .distributed import (
     full_model_state_dict,
     full_optimizer_state_dict,
     init_distributed,
     load_optimizer_state_dict,
     shard_model,
-    split_groups,
 )
+from .kl import kl_penalty
+from .loss_config import LossConfig
 from .model import build_optimizer, build_scheduler, load_model, param_groups, setup_model
-from .off_policy import CorrectionConfig, policy_version_summary, staleness_metrics
-from .precision import LOST_UPDATE_WARNING, policy_for
+from .off_policy import staleness_metrics
+from .precision import LOST_UPDATE_WARNING, fp32_lm_head, policy_for
+from .reward_shaping import apply_kl_in_reward
 from .training import compute_grpo_loss, token_logprobs
 from .weight_sync import WeightSync, make_weight_sync
 
@@ -154,111 +152,8 @@ class Progress:
             self._progress.stop()
 
 
-@dataclass
-class PreparedBatch:
-    """An API batch turned into per-rank samples, with the counts every rank needs."""
-
-    shares: List[List[Sample]]
-    label_tokens: int
-    input_tokens: int
-    n_micro: int
-    summary: Dict[str, float] = field(default_factory=dict)
-    fetch_time: float = 0.0
-    batch_id: str | None = None
-    minis: List[MiniBatchInfo] = field(default_factory=list)
-
-
-@dataclass
-class MiniBatchInfo:
-    """One optimizer step's part of a batch, counted over every rank."""
-
-    label_tokens: int
-    num_sequences: int
-    n_micro: int
-
-
 class TrainingDivergedError(RuntimeError):
     """Too many optimizer steps in a row had a gradient that is not finite."""
-
-
-def split_mini_batches(share: Sequence[Sample], n: int) -> List[List[Sample]]:
-    """``share`` in ``n`` contiguous parts whose sizes differ by at most one."""
-    size = len(share)
-    return [list(share[size * k // n : size * (k + 1) // n]) for k in range(n)]
-
-
-def prepare_batch(
-    batch: Sequence[Dict[str, Any]],
-    world_size: int,
-    micro_size: int,
-    seq_len: int | None = None,
-    scale_rewards: str = "group",
-    mask_truncated: bool = False,
-    mini_batches: int = 1,
-) -> PreparedBatch:
-    """Shift a batch into samples and split it across ranks (whole groups per rank).
-
-    Sequences are cut to ``seq_len`` inputs before anything is counted. A group that
-    cannot be trained on (:class:`~example_trainer.data.GroupError`: a negative
-    temperature, inconsistent lengths) is skipped, logged naming it, and counted in
-    ``train/rejected_groups``.
-    """
-    batch_std = batch_score_std(batch) if scale_rewards == "batch" else None
-    shares: List[List[Sample]] = []
-    rejected = 0
-    for idx in split_groups(batch, world_size):
-        share: List[Sample] = []
-        for i in idx:
-            try:
-                share.extend(
-                    group_to_samples(batch[i], seq_len, scale_rewards, batch_std, mask_truncated)  # type: ignore[arg-type]
-                )
-            except GroupError as exc:
-                rejected += 1
-                logger.error(
-                    "group %d of the batch (env_id %s) skipped: %s", i, batch[i].get("env_id"), exc
-                )
-        shares.append(share)
-    all_samples = [s for share in shares for s in share]
-    if not all_samples:
-        raise ValueError(
-            "batch has no trainable sequences"
-            + (f" ({rejected} groups rejected, see the log)" if rejected else "")
-        )
-    parts = [split_mini_batches(share, mini_batches) for share in shares]
-    minis = [
-        MiniBatchInfo(
-            label_tokens=sum(s.num_label_tokens for p in parts for s in p[k]),
-            num_sequences=sum(len(p[k]) for p in parts),
-            n_micro=max(-(-len(p[k]) // micro_size) for p in parts),
-        )
-        for k in range(mini_batches)
-    ]
-    cut = sum(s.cut for s in all_samples)
-    short = sum(s.short_logprobs for s in all_samples)
-    if cut:
-        logger.warning("%d sequences longer than --seq-len %s were cut to it", cut, seq_len)
-    if short:
-        logger.warning(
-            "%d sequences have inference_logprobs shorter than their tokens; the tokens past "
-            "the row are trained without a sampler log-prob (ratio 1)",
-            short,
-        )
-    return PreparedBatch(
-        shares=shares,
-        label_tokens=sum(s.num_label_tokens for s in all_samples),
-        input_tokens=sum(len(s.input_ids) for s in all_samples),
-        n_micro=max(-(-len(share) // micro_size) for share in shares),
-        summary={
-            **{f"train/{k}": v for k, v in summarize_batch(batch).items()},
-            **policy_version_summary(batch),
-            "train/cut_sequences": float(cut),
-            "train/truncated_sequences": float(sum(s.truncated for s in all_samples)),
-            "train/short_inference_logprobs": float(short),
-            "train/rejected_groups": float(rejected),
-        },
-        minis=minis,
-    )
 
 
 class GRPOTrainer:
@@ -287,9 +182,12 @@ class GRPOTrainer:
         self.model, self.tokenizer = setup_model(
             load_config, str(resume_dir) if resume_dir else None
         )
+        self.loss_config = LossConfig.from_training(config)
+        if config.fp32_lm_head:
+            fp32_lm_head(self.model)
         self.ref_model = (
             self._make_reference(load_config, resumed=resume_dir is not None)
-            if config.kl_coef > 0
+            if self.loss_config.needs_reference
             else None
         )
         if self.ctx.enabled:
@@ -322,6 +220,7 @@ class GRPOTrainer:
         self._apply_optimizer_settings()
         if state.scheduler is not None:
             self.scheduler.load_state_dict(state.scheduler)
+            self._apply_lr(state.step)
         if state.rng is not None:
             torch.set_rng_state(state.rng)
         extra = state.extra or {}
@@ -355,6 +254,29 @@ class GRPOTrainer:
                 group["betas"] = (cfg.adam_beta1, cfg.adam_beta2)
                 group["eps"] = cfg.adam_eps
 
+    def _apply_lr(self, step: int) -> None:
+        """After loading a checkpoint, the schedule continues with this run's ``--lr`` as
+        its peak rate (the checkpoint's is replaced, and a change is logged in one line)."""
+        new = self.config.lr
+        saved = self.scheduler.base_lrs[0] if self.scheduler.base_lrs else new
+        if not math.isclose(saved, new, rel_tol=1e-12):
+            logger.warning(
+                "--lr %g differs from the checkpoint's %g: the schedule continues from step %d "
+                "with peak rate %g",
+                new,
+                saved,
+                step,
+                new,
+            )
+        self.scheduler.base_lrs = [new for _ in self.optimizer.param_groups]
+        last = self.scheduler.last_epoch
+        for group, factor in zip(
+            self.optimizer.param_groups, self.scheduler.lr_lambdas, strict=True
+        ):
+            group["initial_lr"] = new
+            group["lr"] = new * factor(last)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
     def seed_batch_client(self) -> None:
         """Tell the API client which batch the restored weights last trained on, so a batch
         the API serves again after a crash is acknowledged and skipped, not trained twice."""
@@ -362,7 +284,8 @@ class GRPOTrainer:
             api.batch_client(self.config.atropos_url).last_batch_id = self.trained_batch_id
 
     def _make_reference(self, load_config: TrainingConfig, resumed: bool) -> torch.nn.Module:
-        """A frozen copy of the policy the run started from (the KL anchor).
+        """A frozen copy of the policy the run started from (the KL anchor), its weights
+        in the compute dtype of ``--precision``.
 
         After ``--resume`` the loaded model holds the checkpoint's trained weights (or
         adapter), so the reference is loaded again from ``model_name`` instead.
@@ -371,6 +294,12 @@ class GRPOTrainer:
             ref = load_model(load_config.model_name, load_config)
         else:
             ref = copy.deepcopy(self.model)
+        # No gradient and no optimizer: the weights only need the precision the forward
+        # computes in (bf16 under bf16-mixed, half the fp32 master copy's memory).
+        dtype = self.policy.compute_dtype or self.policy.param_dtype
+        ref.to(dtype)
+        if self.config.fp32_lm_head:
+            fp32_lm_head(ref)
         ref.eval()
         for p in ref.parameters():
             p.requires_grad_(False)
@@ -421,13 +350,8 @@ class GRPOTrainer:
         tokens without a sampler log-prob.
         """
         cfg = self.config
-        dev = self.config.device
         if item is None:
-            ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=dev)
-            logits = self._forward_logits(self.model, ids, torch.ones_like(ids))
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    self._forward_logits(self.ref_model, ids, torch.ones_like(ids))
+            logits = self._padding_forwards(grad=True)
             self._backward(logits.sum() * 0.0)
             return None
         mb, unit_temperature = item
@@ -436,44 +360,39 @@ class GRPOTrainer:
         labels = self._to_device(mb.labels)
         temps = None if unit_temperature else self._to_device(mb.temperatures)
         ref_lp = None
-        if self.ref_model is not None:
+        if self.ref_model is not None:  # before the policy, as in _padding_forwards
             ref_lp = self._reference_logprobs(mb, input_ids, attention_mask, labels, temps)
-        inference = self._to_device(mb.inference_logprobs)
-        inference_mask = self._to_device(mb.inference_mask)
-        if old_logprobs is not None:
-            if inference is None:
-                inference = old_logprobs
-            else:
-                inference = torch.where(inference_mask, inference, old_logprobs)
-            inference_mask = torch.ones_like(labels, dtype=torch.bool)
         logits = self._forward_logits(self.model, input_ids, attention_mask)
         out = compute_grpo_loss(
             logits,
             labels,
             self._to_device(mb.advantages),
             temps,
-            inference,
-            clip_eps=cfg.clip_eps,
+            self._to_device(mb.inference_logprobs),
+            inference_mask=self._to_device(mb.inference_mask),
+            old_logprobs=old_logprobs,
             ref_logprobs=ref_lp,
-            kl_coef=cfg.kl_coef,
             normalizer=max(info.label_tokens, 1),
-            off_policy=CorrectionConfig(
-                cfg.off_policy_correction, cfg.off_policy_clip, cfg.off_policy_clip_low
-            ),
-            inference_mask=inference_mask,
-            clip_eps_high=cfg.clip_eps_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            loss_type=cfg.loss_type,
             num_sequences=max(info.num_sequences, 1),
             max_tokens=cfg.seq_len,
-            entropy_coef=cfg.entropy_coef,
-            log_entropy=cfg.log_entropy,
+            **self.loss_config.loss_kwargs(),
         )
         # FSDP averages gradients over the ranks; the loss is already normalised by the
         # whole batch's tokens, so scale it back up to get the one-process gradient.
         self._backward(out.loss * self.ctx.world_size)
         out.metrics["train/loss"] = out.loss.detach()
         return out.metrics
+
+    def _padding_forwards(self, grad: bool) -> torch.Tensor:
+        """An empty micro-batch: the same forwards as a real one (reference, then policy),
+        so that the sharded models' collectives stay in step with the other ranks.
+        Returns the policy's logits."""
+        ids, attention = self._padding_ids()
+        if self.ref_model is not None:
+            with torch.no_grad():
+                self._forward_logits(self.ref_model, ids, attention)
+        with torch.set_grad_enabled(grad):
+            return self._forward_logits(self.model, ids, attention)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -548,30 +467,58 @@ class GRPOTrainer:
                 "batch (scores, advantages, inference_logprobs) or lower --lr."
             )
 
-    def _old_logprobs(
-        self, minis: List[tuple[int, List[Sample]]], prepared: PreparedBatch
+    def _pre_pass(
+        self, minis: List[tuple[int, List[Sample]]], prepared: PreparedBatch, want_old: bool
     ) -> Dict[tuple[int, int], torch.Tensor]:
-        """The policy's log-probs of every micro-batch before the batch's first update,
-        keyed by (mini-batch, micro-batch)."""
+        """Before the batch's first update: the policy's log-probs of every micro-batch
+        (keyed by (mini-batch, micro-batch), when ``want_old``) and, with
+        ``--kl-in-reward``, each sequence's summed KL to the reference, which
+        :func:`~example_trainer.reward_shaping.apply_kl_in_reward` takes from its score."""
         old: Dict[tuple[int, int], torch.Tensor] = {}
-        dev = self.config.device
+        kl_in_reward = self.loss_config.kl_in_reward and self.ref_model is not None
+        kl_sums = torch.zeros(len(prepared.scores), dtype=torch.float64)
         with torch.no_grad():
             for k, part in minis:
                 for j, item in enumerate(self._micro_batches(part, prepared.minis[k].n_micro)):
-                    if item is None:  # keeps the sharded model's collectives in step
-                        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=dev)
-                        self._forward_logits(self.model, ids, torch.ones_like(ids))
+                    if item is None:
+                        if kl_in_reward:
+                            self._padding_forwards(grad=False)
+                        else:  # only the policy runs for a real micro-batch either
+                            self._forward_logits(self.model, *self._padding_ids())
                         continue
                     mb, unit_temperature = item
                     labels = self._to_device(mb.labels)
-                    logits = self._forward_logits(
-                        self.model,
-                        self._to_device(mb.input_ids),
-                        self._to_device(mb.attention_mask),
-                    )
+                    ids = self._to_device(mb.input_ids)
+                    attention = self._to_device(mb.attention_mask)
                     temps = None if unit_temperature else self._to_device(mb.temperatures)
-                    old[(k, j)] = token_logprobs(logits, labels, temps)
+                    ref_lp = None
+                    if kl_in_reward:
+                        ref_lp = self._reference_logprobs(mb, ids, attention, labels, temps)
+                    logp = token_logprobs(
+                        self._forward_logits(self.model, ids, attention), labels, temps
+                    )
+                    if want_old:
+                        old[(k, j)] = logp
+                    if ref_lp is not None:
+                        kl = kl_penalty(logp, ref_lp, self.loss_config.kl_estimator)
+                        kl = (kl * (labels != IGNORE_INDEX)).sum(-1).double().cpu()
+                        start = j * self.config.batch_size
+                        for row, sample in enumerate(part[start : start + len(kl)]):
+                            kl_sums[sample.index] = kl[row]
+        if kl_in_reward:
+            self.ctx.all_reduce(kl_sums)
+            apply_kl_in_reward(
+                [s for _, part in minis for s in part],
+                prepared,
+                kl_sums.tolist(),
+                self.loss_config.kl_coef,
+                self.config.scale_rewards,
+            )
         return old
+
+    def _padding_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.config.device)
+        return ids, torch.ones_like(ids)
 
     def step_on(self, share: List[Sample], prepared: PreparedBatch) -> Dict[str, float]:
         """Forward/backward over this rank's share and its optimizer steps (one by default;
@@ -586,7 +533,7 @@ class GRPOTrainer:
         n_mean, n_sum = len(_MEAN_KEYS), len(_SUM_KEYS)
         acc = torch.zeros(n_mean + n_sum + n_mean, device=dev)
         peak = torch.zeros(len(_MAX_KEYS), device=dev)
-        parts = split_mini_batches(share, max(len(prepared.minis), 1))
+        parts = prepared.rank_minis(share, self.ctx.rank)
         minis = [
             (k, part)
             for k, part in enumerate(parts)
@@ -595,7 +542,10 @@ class GRPOTrainer:
         schedule = [(k, part) for _ in range(cfg.ppo_epochs) for k, part in minis]
         # Reused samples need the pre-update policy as the ratio's reference: after the
         # first update the current policy no longer is.
-        old = self._old_logprobs(minis, prepared) if len(schedule) > 1 else {}
+        want_old = len(schedule) > 1
+        old = {}
+        if want_old or (self.loss_config.kl_in_reward and self.ref_model is not None):
+            old = self._pre_pass(minis, prepared, want_old)
         total = max(prepared.label_tokens, 1) * cfg.ppo_epochs
         raw: Dict[str, float] = {}
         for u, (k, part) in enumerate(schedule):
@@ -627,11 +577,13 @@ class GRPOTrainer:
             else:
                 finite = math.isfinite(float(grad_norm))
             self._apply_update(finite)
+        lr = float(self.scheduler.get_last_lr()[0])
         with warnings.catch_warnings():
             # After a refused first step torch warns that the optimizer has not stepped yet;
             # the schedule follows the trainer's steps on purpose.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             self.scheduler.step()
+        raw["train/lr"] = lr  # the rate this batch's updates used, not the next one
         raw["train/skipped_steps"] = float(self.skipped_steps)
         return raw
 
@@ -643,7 +595,6 @@ class GRPOTrainer:
         step_time = time.perf_counter() - t0
         agg.update(
             {
-                "train/lr": self.scheduler.get_last_lr()[0],
                 "train/step_time": step_time,
                 "train/tokens_per_second": prepared.input_tokens / max(step_time, 1e-9),
                 "train/input_tokens": float(prepared.input_tokens),
@@ -672,6 +623,11 @@ class GRPOTrainer:
             scale_rewards=cfg.scale_rewards,
             mask_truncated=cfg.mask_truncated,
             mini_batches=cfg.mini_batches,
+            overlong=(
+                (cfg.seq_len, cfg.overlong_penalty_len, cfg.overlong_penalty_factor)
+                if cfg.overlong_penalty_len > 0
+                else None
+            ),
         )
 
     def _train_prepared(self, prepared: PreparedBatch | None) -> Dict[str, float]:

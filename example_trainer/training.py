@@ -40,10 +40,18 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE_INDEX
-from .off_policy import MAX_LOG_RATIO, CorrectionConfig, corrected_surrogate
+from .kl import KLEstimator, kl_penalty
+from .off_policy import (
+    MAX_LOG_RATIO,
+    CorrectionConfig,
+    corrected_surrogate,
+    truncated_weights,
+)
 
 LossType = Literal["token-mean", "grpo", "dr_grpo", "seq-mean-token-sum"]
 LOSS_TYPES = ("token-mean", "grpo", "dr_grpo", "seq-mean-token-sum")
+MAX_SEQ_LOG_RATIO = 10.0
+"""GSPO's per-token log-ratio is capped at this (verl's value)."""
 
 
 @dataclass
@@ -128,6 +136,7 @@ def grpo_loss(
     off_policy: CorrectionConfig | None = None,
     *,
     inference_mask: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
     clip_eps_high: float | None = None,
     clip_ratio_c: float | None = None,
     loss_type: LossType = "token-mean",
@@ -135,21 +144,34 @@ def grpo_loss(
     max_tokens: int | None = None,
     entropy_coef: float = 0.0,
     log_entropy: bool = False,
+    kl_estimator: KLEstimator = "k3",
+    importance_sampling_level: str = "token",
 ) -> LossOutput:
     """GRPO loss for one micro-batch. See the module docstring for the formula.
 
     ``advantages`` is per token ``[B, T]`` (or per sequence ``[B]``, broadcast).
     ``inference_mask`` (bool ``[B, T]``) marks the tokens that have a sampler log-prob
     (default: those whose value is a log-prob, see :func:`sampler_mask`).
+    ``old_logprobs`` are the trainer's own log-probs before the batch's first update
+    (when a batch is trained on in several optimizer steps): the ratio's reference for
+    tokens without a sampler log-prob, and ``--tis-mode truncate``'s PPO reference;
+    default: the current policy's, detached. Metrics that compare with the sampler
+    (``grpo/has_inference_logprobs``, ``alignment/*``, ``off_policy/*``) use only the
+    sampler's log-probs.
     ``off_policy`` (``tis`` or ``icepop``, see :mod:`.off_policy`): with inference
     log-probs, the surrogate's ratio to the sampler is truncated (``tis``) or its
     out-of-band tokens masked (``icepop``); without, it changes nothing.
     ``normalizer``/``num_sequences`` are the optimizer step's label tokens and
     sequences (default: this micro-batch's); ``max_tokens`` is ``dr_grpo``'s constant
-    (default: the padded length).
+    (default: the padded length). ``kl_estimator`` picks the KL term (:mod:`.kl`);
+    ``importance_sampling_level="sequence"`` is GSPO's ratio (see the module docstring).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
+    if importance_sampling_level not in ("token", "sequence"):
+        raise ValueError(
+            f"importance_sampling_level {importance_sampling_level!r} is not token or sequence"
+        )
     valid = labels != IGNORE_INDEX
     mask = valid.float()
     if advantages.dim() == 1:
@@ -159,36 +181,62 @@ def grpo_loss(
     low = clip_eps
     high = clip_eps if clip_eps_high is None else clip_eps_high
     has_old = inference_logprobs is not None
+    trainer_old = logp.detach() if old_logprobs is None else old_logprobs.to(logp.dtype)
     if has_old:
         present = sampler_mask(inference_logprobs) if inference_mask is None else inference_mask
         present = present.to(torch.bool) & valid
-        old_logp = torch.where(present, inference_logprobs.to(logp.dtype), logp.detach())
+        sampler_lp = torch.where(present, inference_logprobs.to(logp.dtype), trainer_old)
     else:
         present = torch.zeros_like(valid)
-        old_logp = logp.detach()
+        sampler_lp = trainer_old
+    correction = off_policy if (has_old and off_policy is not None and off_policy.active) else None
     is_stats = None
-    if has_old and off_policy is not None and off_policy.active:
-        sampled = present.to(mask.dtype)
-        surrogate, ratio, is_stats = corrected_surrogate(
-            logp, old_logp, advantages, sampled, low, off_policy, clip_eps_high=high
+    weights = None
+    reference = sampler_lp
+    if correction is not None and correction.truncate:
+        weights, is_stats = truncated_weights(
+            trainer_old, sampler_lp, present, correction.clip, logp.detach()
         )
-        # A token without a sampler log-prob is on-policy: value A, gradient A·∇logp.
-        on_policy = torch.exp(logp - logp.detach()) * advantages
-        surrogate = torch.where(present, surrogate, on_policy)
-        ratio = torch.where(present, ratio, torch.ones_like(ratio))
+        reference = trainer_old
+    if importance_sampling_level == "sequence":
+        if correction is not None and not correction.truncate:
+            raise ValueError(
+                "importance_sampling_level 'sequence' works with off_policy_correction none "
+                "or tis with tis_mode truncate"
+            )
+        seq_len = mask.sum(-1).clamp(min=1.0)
+        seq_log_ratio = ((logp - reference) * mask).sum(-1) / seq_len
+        # GSPO-token: value s_i = exp(mean log-ratio), gradient s_i·∇logp_t per token.
+        log_ratio = (logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)) * mask
+        ratio = torch.exp(log_ratio.clamp(max=MAX_SEQ_LOG_RATIO))
     else:
-        ratio = torch.exp(((logp - old_logp) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
-        surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - low, 1.0 + high) * advantages)
+        ratio = torch.exp(((logp - reference) * mask).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1.0 - low, 1.0 + high) * advantages)
+    if weights is not None:
+        surrogate = surrogate * weights
+    elif correction is not None:
+        corrected, sampler_ratio, is_stats = corrected_surrogate(
+            logp,
+            sampler_lp,
+            advantages,
+            present.to(mask.dtype),
+            low,
+            correction,
+            clip_eps_high=high,
+        )
+        # Tokens without a sampler log-prob keep the plain surrogate against the trainer.
+        surrogate = torch.where(present, corrected, surrogate)
+        ratio = torch.where(present, sampler_ratio, ratio)
     if clip_ratio_c is not None:
         surrogate = torch.where(
             advantages < 0, torch.maximum(surrogate, clip_ratio_c * advantages), surrogate
         )
     per_token = -surrogate
     kl = None
-    if kl_coef > 0 and ref_logprobs is not None:
-        delta = (ref_logprobs.to(logp.dtype) - logp) * mask
-        kl = torch.exp(delta) - delta - 1.0
-        per_token = per_token + kl_coef * kl
+    if ref_logprobs is not None:
+        kl = kl_penalty(logp, ref_logprobs, kl_estimator) * mask
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl
     entropy = None
     if entropy_coef != 0:
         entropy = token_entropy(logits, temperatures)
@@ -231,11 +279,11 @@ def grpo_loss(
             metrics["train/entropy"] = (entropy.detach() * mask).sum() / tok
         if has_old:
             n_old = sampled.sum().clamp(min=1.0)
-            diff = (logp - old_logp) * sampled
+            diff = (logp - sampler_lp) * sampled
             metrics.update(
                 {
-                    "logprobs/inference_mean": (old_logp * sampled).sum() / n_old,
-                    "logprobs/inference_std": _masked_std(old_logp, sampled),
+                    "logprobs/inference_mean": (sampler_lp * sampled).sum() / n_old,
+                    "logprobs/inference_std": _masked_std(sampler_lp, sampled),
                     "alignment/diff_mean": diff.sum() / n_old,
                     "alignment/diff_abs_mean": diff.abs().sum() / n_old,
                     "alignment/diff_max": diff.abs().amax() if diff.numel() else tok * 0,
@@ -277,63 +325,50 @@ def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(n >= 2, var.sqrt(), torch.zeros_like(var))
 
 
-_UNSET: Any = object()
+_MODEL_FORM = (
+    "tokens",
+    "labels",
+    "advantages",
+    "temperatures",
+    "gradient_accumulation_steps",
+    "inference_logprobs",
+    "clip_eps",
+)
 
 
-def compute_grpo_loss(
-    model: Any,
-    tokens: Any = _UNSET,
-    labels: Any = _UNSET,
-    advantages: Any = _UNSET,
-    temperatures: Any = _UNSET,
-    gradient_accumulation_steps: Any = _UNSET,
-    inference_logprobs: Any = _UNSET,
-    clip_eps: Any = _UNSET,
-    **kwargs: Any,
-) -> Any:
+def compute_grpo_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
     """The GRPO loss, in either form.
 
     The original's: ``compute_grpo_loss(model, tokens, labels, advantages, temperatures,
     gradient_accumulation_steps, inference_logprobs=None, clip_eps=0.2)`` runs the model and
     returns ``(loss / gradient_accumulation_steps, metrics)``
     (:func:`example_trainer.original.model_grpo_loss`). Given logits (a tensor) first, it is
-    :func:`grpo_loss` with its own arguments in the same positions and returns a
-    :class:`LossOutput`.
+    :func:`grpo_loss`, with its arguments by position or by their names (``labels``,
+    ``advantages``, ``temperatures``, ...), and returns a :class:`LossOutput`.
     """
     if isinstance(model, torch.Tensor):
-        positional = [model, tokens, labels, advantages, temperatures, gradient_accumulation_steps]
-        while positional and positional[-1] is _UNSET:
-            positional.pop()
-        named = {
-            k: v
-            for k, v in (("inference_logprobs", inference_logprobs), ("clip_eps", clip_eps))
-            if v is not _UNSET
-        }
-        return grpo_loss(*positional, **named, **kwargs)
+        return grpo_loss(model, *args, **kwargs)
     from .original import model_grpo_loss
 
-    missing = [
-        name
-        for name, value in (
-            ("tokens", tokens),
-            ("labels", labels),
-            ("advantages", advantages),
-            ("temperatures", temperatures),
-            ("gradient_accumulation_steps", gradient_accumulation_steps),
+    if len(args) > len(_MODEL_FORM):
+        raise TypeError(
+            f"compute_grpo_loss(model, ...) takes at most {len(_MODEL_FORM)} more arguments"
         )
-        if value is _UNSET
-    ]
+    values: Dict[str, Any] = dict(zip(_MODEL_FORM, args, strict=False))
+    for name, value in kwargs.items():
+        if name not in _MODEL_FORM:
+            raise TypeError(f"compute_grpo_loss(model, ...) got an unexpected argument {name!r}")
+        if name in values:
+            raise TypeError(f"compute_grpo_loss(model, ...) got {name!r} twice")
+        values[name] = value
+    missing = [name for name in _MODEL_FORM[:5] if name not in values]
     if missing:
         raise TypeError(f"compute_grpo_loss(model, ...) needs {', '.join(missing)}")
     return model_grpo_loss(
         model,
-        tokens,
-        labels,
-        advantages,
-        temperatures,
-        gradient_accumulation_steps,
-        None if inference_logprobs is _UNSET else inference_logprobs,
-        0.2 if clip_eps is _UNSET else clip_eps,
+        *(values[name] for name in _MODEL_FORM[:5]),
+        values.get("inference_logprobs"),
+        values.get("clip_eps", 0.2),
     )
 
 

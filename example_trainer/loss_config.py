@@ -1,0 +1,94 @@
+"""What the loss is asked to do: one object built from the trainer's flags.
+
+:class:`LossConfig` gathers every loss option (clip ranges, KL, importance-sampling level,
+off-policy correction, aggregation, entropy); the trainer builds it once from its
+:class:`~example_trainer.config.TrainingConfig` and hands :meth:`LossConfig.loss_kwargs`
+to :func:`~example_trainer.training.grpo_loss` for every micro-batch. A new loss term adds
+its fields here and its keyword to ``grpo_loss``; nothing else in the loop changes.
+
+Example::
+
+    loss_cfg = LossConfig.from_training(config)
+    out = grpo_loss(logits, labels, adv, **loss_cfg.loss_kwargs(), normalizer=n)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+from .kl import KL_ESTIMATORS
+from .off_policy import CorrectionConfig
+
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss options of one run (see ``atropos-grpo --help`` for each)."""
+
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    clip_ratio_c: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False
+    importance_sampling_level: str = "token"
+    off_policy: CorrectionConfig = field(default_factory=CorrectionConfig)
+    loss_type: str = "token-mean"
+    entropy_coef: float = 0.0
+    log_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
+        if self.importance_sampling_level not in IS_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level {self.importance_sampling_level!r} is not one of {IS_LEVELS}"
+            )
+
+    @classmethod
+    def from_training(cls, cfg: Any) -> LossConfig:
+        """The loss options of a :class:`~example_trainer.config.TrainingConfig`."""
+        return cls(
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            kl_coef=cfg.kl_coef,
+            kl_estimator=cfg.kl_estimator,
+            kl_in_reward=cfg.kl_in_reward,
+            importance_sampling_level=cfg.importance_sampling_level,
+            off_policy=CorrectionConfig(
+                cfg.off_policy_correction,
+                cfg.off_policy_clip,
+                cfg.off_policy_clip_low,
+                cfg.tis_mode,
+            ),
+            loss_type=cfg.loss_type,
+            entropy_coef=cfg.entropy_coef,
+            log_entropy=cfg.log_entropy,
+        )
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a reference policy's log-probs are needed (a KL term, in the loss or
+        in the reward)."""
+        return self.kl_coef > 0
+
+    def loss_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments of :func:`~example_trainer.training.grpo_loss` for these
+        options (the per-step counts are added by the caller). With ``kl_in_reward`` the
+        KL is already in the advantages, so the loss gets no KL term (it still logs
+        ``train/kl``)."""
+        return {
+            "clip_eps": self.clip_eps,
+            "clip_eps_high": self.clip_eps_high,
+            "clip_ratio_c": self.clip_ratio_c,
+            "kl_coef": 0.0 if self.kl_in_reward else self.kl_coef,
+            "kl_estimator": self.kl_estimator,
+            "importance_sampling_level": self.importance_sampling_level,
+            "off_policy": self.off_policy,
+            "loss_type": self.loss_type,
+            "entropy_coef": self.entropy_coef,
+            "log_entropy": self.log_entropy,
+        }
