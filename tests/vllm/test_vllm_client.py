@@ -148,3 +148,17 @@ async def test_teacher_topk_comes_from_vllm(vllm_server):
     own = rescore(vllm_server, seqs[0])
     best = [pos[0] for pos in g["distill_logprobs"][0]]
     assert all(b >= o - 1e-5 for b, o in zip(best[1:], own[1:], strict=True))
+
+
+async def test_chat_and_completion_use_vllms_openai_routes(vllm_server):
+    """What evaluation code calls: ``chat_completion`` and ``completion`` with ``n``."""
+    server = VLLMServer(config(vllm_server))
+    try:
+        chat = await server.chat_completion(
+            messages=[{"role": "user", "content": "2+2="}], n=2, max_tokens=3
+        )
+        text = await server.completion(prompt="Once upon", max_tokens=3, temperature=0.0)
+    finally:
+        await server.close()
+    assert len(chat.choices) == 2 and all(c.finish_reason for c in chat.choices)
+    assert len(text.choices) == 1 and text.choices[0].finish_reason in ("length", "stop")

@@ -1,6 +1,6 @@
 """Environments written for the original, run against vLLM's own server with
-``--openai.server_type vllm``: groups with aligned tokens, masks and logprobs (``process``),
-the evaluation path, and the OpenAI proxy over ManagedServer sessions (streaming included)."""
+``--openai.server_type vllm``: groups with aligned tokens, masks and logprobs (``process``,
+and ``serve`` with run-api and a trainer), the evaluation path, and the OpenAI proxy over ManagedServer sessions (streaming included)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from atroposlib.envs.cli import build_env, parse_cli
+from atroposlib.testing.launch import run_api_cmd
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import running_process
 from atroposlib.testing.proxy import running_proxy
+from atroposlib.testing.trainer import register_trainer
 from environments.arithmetic_server import ArithmeticEnv
 from environments.blackjack_server import BlackjackEnv
 from tests.environments.env_helpers import check_groups, process_argv, unmasked_runs
@@ -135,3 +140,75 @@ def test_proxy_plain_and_streamed_chat_over_vllm(vllm_server, tmp_path):
         again = rescore(vllm_server, tokens)[start:]
         recorded = plain_node["logprobs"][start:]
         assert max(abs(a - b) for a, b in zip(recorded, again, strict=True)) <= 1e-3
+
+
+async def _serve_until_batch(env: ArithmeticEnv, api: str, polls: int) -> list:
+    """Run the env's serve loop and poll ``/batch`` like a trainer until a batch arrives."""
+    serving = asyncio.create_task(env.env_manager())
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            for _ in range(polls):
+                if serving.done():
+                    pytest.fail(f"the serve loop ended early: {serving.exception()!r}")
+                batch = (await client.get(f"{api}/batch")).json().get("batch")
+                if batch:
+                    return batch
+                await asyncio.sleep(0.5)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    pytest.fail(f"no batch after {polls} polls")
+
+
+def test_arithmetic_serve_mode_batches_carry_vllms_weight_version(
+    vllm_server, tmp_path, monkeypatch
+):
+    """``serve`` against run-api and a trainer: the groups reach a batch, aligned, with the
+    policy version vLLM names (``/update_weight_version``, as a weight sync sets it)."""
+    monkeypatch.setenv("ATROPOS_OUTBOX_DIR", str(tmp_path / "outbox"))
+    api_port = free_port()
+    api = f"http://127.0.0.1:{api_port}"
+    argv = [
+        "serve",
+        "--env.rollout_server_url",
+        api,
+        "--env.group_size",
+        "2",
+        "--env.use_wandb",
+        "false",
+        "--env.steps_per_eval",
+        "0",
+        "--env.ensure_scores_are_not_same",
+        "false",
+        "--env.tokenizer_name",
+        vllm_server.model_name,
+        "--openai.base_url",
+        vllm_server.base_url,
+        "--openai.model_name",
+        vllm_server.model_name,
+        "--openai.server_type",
+        "vllm",
+        "--openai.timeout",
+        "120",
+    ]
+    before = httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"]
+    httpx.post(f"{vllm_server.url}/update_weight_version", json={"new_version": "3"})
+    try:
+        log = tmp_path / "api.log"
+        with running_process(
+            run_api_cmd(api_port), health_url=f"{api}/health", timeout=120, log_path=log
+        ):
+            register_trainer(api, batch_size=4, num_steps=10, first_batch=False, timeout=30)
+            env = build_env(ArithmeticEnv, parse_cli(ArithmeticEnv, argv))
+            batch = asyncio.run(_serve_until_batch(env, api, polls=600))
+    finally:
+        httpx.post(f"{vllm_server.url}/update_weight_version", json={"new_version": before})
+    assert sum(len(g["tokens"]) for g in batch) == 4
+    for group in batch:
+        assert group["policy_version"] == [3, 3]
+        for tokens, masks, logprobs in zip(
+            group["tokens"], group["masks"], group["inference_logprobs"], strict=True
+        ):
+            assert len(tokens) == len(masks) == len(logprobs)
+            assert any(m != -100 for m in masks)
+            assert all(m == -100 or m == t for t, m in zip(tokens, masks, strict=True))
