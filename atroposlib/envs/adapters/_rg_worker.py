@@ -195,4 +195,9 @@ def serve(stdin: Any = None, stdout: Any = None) -> None:
 _FUNCTIONS = {f.__name__: f for f in (task_names, generate_item, score_answers, ping)}
 
 if __name__ == "__main__":
+    # A scorer in a loop never reads the closed stdin: without this, a parent killed (even
+    # with -9) would leave the child spinning; its own children go with it.
+    from atroposlib.utils.parent_death import descendants_die_with_parent
+
+    descendants_die_with_parent()
     serve()

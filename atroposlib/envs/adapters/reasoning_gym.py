@@ -48,6 +48,7 @@ from atroposlib.envs.eval_helpers import drain_metrics, mean_of, means_by, run_e
 from atroposlib.envs.rollout_helpers import managed_chat_rollouts, scored_group
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.utils.aio import within
+from atroposlib.utils.parent_death import parent_pid_env
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ class GeneratorPool:
         self._children: List[_Child] = []
 
     async def _spawn(self) -> _Child:
-        env = dict(os.environ, PYTHONHASHSEED=str(self.hash_seed))
+        # The child ends with this process, however it ends (_rg_worker arms the signal).
+        env = dict(os.environ, PYTHONHASHSEED=str(self.hash_seed), **parent_pid_env())
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
