@@ -248,7 +248,7 @@ from pathlib import Path
 from atroposlib.envs.adapters import _vf_chat
 path = Path(_vf_chat._program_path())
 info = path.parent.stat()
-print(path.parent == Path(tempfile.gettempdir()), oct(stat.S_IMODE(info.st_mode)), info.st_uid == os.getuid())
+print(Path(tempfile.gettempdir()) in path.parents, oct(stat.S_IMODE(info.st_mode)), info.st_uid == os.getuid())
 path.parent.chmod(0o755)
 try:
     _vf_chat._program_path()

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from verifiers.v1.harnesses.null import NullHarness
 from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+from atroposlib.envs.adapters._private_dir import PrivateDirError, check_private, private_dir
 
 __all__ = ["AtroposChatHarness"]
 
@@ -39,23 +39,26 @@ def register() -> str:
     return HARNESS_ID
 
 
-def _program_dir() -> Path:
-    """This user's directory for the program under the temp dir, readable by nobody else.
+_PROGRAM_DIR: Path | None = None
 
-    The shared temp dir lets anyone create a file under a name we choose and change it
-    later; a file we found there with the right content could still be rewritten before
-    this interpreter runs it. A directory of our own, mode 0700, cannot.
+
+def _program_dir() -> Path:
+    """This process's directory for the program, readable by nobody else.
+
+    A name in the shared temp dir can be taken or swapped by another user between a check
+    and the run; a fresh ``mkdtemp`` directory under one only this user can write
+    (:func:`~atroposlib.envs.adapters._private_dir.private_dir`, checked by file
+    descriptor) cannot.
     """
-    uid = os.getuid()
-    path = Path(tempfile.gettempdir()) / f"atropos-vf-chat-{uid}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    info = path.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
-        raise RuntimeError(
-            f"{path} must be a directory owned by this user with mode 0700 (the "
-            f"{HARNESS_ID} harness runs the program it holds); remove it and retry"
-        )
-    return path
+    global _PROGRAM_DIR
+    try:
+        if _PROGRAM_DIR is None:
+            _PROGRAM_DIR = private_dir(f"{HARNESS_ID}-")
+        else:
+            check_private(_PROGRAM_DIR)  # again before each use: it must still be ours alone
+    except PrivateDirError as e:
+        raise RuntimeError(f"the {HARNESS_ID} harness needs a private directory: {e}") from e
+    return _PROGRAM_DIR
 
 
 def _program_path() -> str:
