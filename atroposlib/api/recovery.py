@@ -419,8 +419,11 @@ def _salvage(path: Path) -> tuple[dict[str, Any], list[tuple], RecoveryReport]:
     a damaged one. A group either read finds intact is restored; every other
     seq either read saw (a row, a ledger entry) is counted as lost.
     """
-    # The WAL index as the server left it: SQLite rebuilds it on open.
-    frames = _shm_frames(Path(f"{path}-shm"))
+    # The WAL index as the server left it: SQLite rebuilds it on open (stopping at a
+    # damaged frame), so it is read first and put back after, for a later retry to see.
+    shm = Path(f"{path}-shm")
+    left = shm.read_bytes() if shm.is_file() else None
+    frames = _shm_frames(shm) if left is not None else None
     meta: dict[str, Any] = {}
     rows: list[tuple] = []
     report = RecoveryReport()
@@ -443,6 +446,9 @@ def _salvage(path: Path) -> tuple[dict[str, Any], list[tuple], RecoveryReport]:
     except sqlite3.Error as e:
         logger.warning("SQLite cannot open %s (%s)", path, e)
         report.unknown.append((1, 1 << 62))
+    finally:
+        if left is not None and shm.is_file() and shm.read_bytes() != left:
+            shm.write_bytes(left)
     scan = scan_pages(path, frames[0] if frames is not None else None)
     have = {row[0] for row in rows}
     for seq, (env_id, size, buffered, body, crc) in sorted(scan.groups.items()):

@@ -1,0 +1,130 @@
+"""``run-api --persist`` on a full disk, a torn main file, a second server, and a recovery
+that cannot write: real run-api processes throughout.
+
+The full-disk tests mount a small tmpfs (root only); they are skipped, with mount's
+reason, where mounting is not permitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atroposlib.testing.persist_soak import run_rounds, small_disk
+from atroposlib.testing.ports import free_port
+from atroposlib.testing.processes import PYTHON
+from tests.api.conftest import start_api
+from tests.api.test_hardening import _copy, _damage, _database
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    try:
+        with small_disk(tmp_path / "disk", 8) as mounted:
+            yield mounted
+    except OSError as e:
+        pytest.skip(f"needs a small tmpfs: {e}")
+
+
+def _run_api(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "atroposlib.cli.run_api", "--port", str(free_port()), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _fill(directory: Path) -> Path:
+    """Write a ballast file until the filesystem refuses a byte more."""
+    ballast = directory / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for chunk in (65536, 4096, 1):
+            try:
+                while os.write(fd, b"\0" * chunk):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return ballast
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.iterdir())
+        if p.name != "ballast"
+    }
+
+
+def test_disk_full_kill_9_and_sigterm_then_restart_keep_every_acknowledged_group(disk):
+    """One soak round: posts until 503 "disk is full", kill -9, a restart on the still-full
+    disk (stopped by SIGTERM, whose checkpoint meets the full disk too), space freed, the
+    queue drained; then kill -9 while posting. A main file the full disk left mid-page was
+    refused at the restart before."""
+    counts = run_rounds(disk, rounds=1, log=lambda line: None)
+    assert counts.disk_full == 1 and counts.full_restarts == 1
+    assert counts.acknowledged > 20 and counts.lost == []
+    assert counts.restored == counts.acknowledged
+
+
+def test_a_main_file_ending_mid_page_with_its_pages_in_the_wal_starts(tmp_path):
+    """What a checkpoint stopped by a full disk leaves: the main file grown by part of a page,
+    every committed page still in the WAL."""
+    db = _copy(_database(tmp_path, groups=40), tmp_path / "copy")
+    with db.open("ab") as f:
+        f.write(b"\0" * 6000)
+    ctx, url = start_api(tmp_path, "--persist", str(db))
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/status").json()["queue_size"] == 40
+
+
+def test_a_second_run_api_on_the_same_database_exits_2_naming_the_first(tmp_path):
+    db = tmp_path / "api.db"
+    ctx, url = start_api(tmp_path, "--persist", str(db))
+    with ctx as first:
+        second = _run_api("--persist", str(db))
+        out = second.stdout + second.stderr
+        assert second.returncode == 2, out
+        assert f"pid {first.pid}" in out and str(db) in out and "Traceback" not in out
+        with httpx.Client(base_url=url, timeout=10) as c:
+            assert c.get("/status").status_code == 200  # the first is untouched
+    # Once the first has stopped, the database is free again.
+    ctx, url = start_api(tmp_path, "--persist", str(db))
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/status").status_code == 200
+
+
+def test_recovery_on_a_full_disk_moves_nothing_and_says_what_to_free(tmp_path, disk):
+    damaged = _copy(_database(tmp_path, groups=40), disk / "db")
+    _damage("garbage mid-WAL", damaged)
+    ballast = _fill(disk)
+    before = _snapshot(damaged.parent)
+
+    run = _run_api("--persist", str(damaged), "--persist-recover")
+
+    out = run.stdout + run.stderr
+    assert run.returncode == 2 and "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if "Free at least" in line]
+    assert len(lines) == 1 and "nothing was moved or deleted" in lines[0]
+    assert str(damaged.parent) in lines[0]
+    after = _snapshot(damaged.parent)
+    assert {k: v for k, v in after.items() if not k.endswith(".lock")} == {
+        k: v for k, v in before.items() if not k.endswith(".lock")
+    }
+
+    ballast.unlink()  # space freed: the same command now recovers every group
+    ctx, url = start_api(tmp_path, "--persist", str(damaged), "--persist-recover")
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/status").json()["queue_size"] == 40
+    kept = sorted(p.name for p in damaged.parent.glob("api.db.damaged-*"))
+    assert kept and any(not name.endswith(("-wal", "-shm")) for name in kept)
+    log = "".join(p.read_text() for p in tmp_path.glob("api-*.log"))
+    assert "restored 40 groups, lost 0" in log or "restored 39 groups, lost 1" in log
