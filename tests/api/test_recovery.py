@@ -243,3 +243,27 @@ def test_recovery_of_a_cut_wal_says_its_count_is_not_exact(tmp_path, crashed_200
     report = recover_database(db)
     assert report.wal_frames_lost > 0 and not report.exact
     assert "WAL frames that are gone" in report.describe()
+
+
+def test_a_recovery_interrupted_between_its_renames_is_finished_by_the_next_start(tmp_path):
+    from atroposlib.api.recovery import _write_replacement, open_persistence
+
+    db, seqs = _database(tmp_path)
+    _overwrite(db, _pick(_pages(db, "groups"), "middle"))
+    readable = _readable(db, seqs)
+    before = db.read_bytes()
+    # The new database is written and synced, then the process dies before any rename.
+    from atroposlib.api.recovery import _salvage
+
+    meta, rows, _ = _salvage(db)
+    _write_replacement(db, meta, rows)
+    assert db.read_bytes() == before and Path(f"{db}.recovered").exists()
+
+    store = open_persistence(db)  # no --persist-recover needed: the result is complete
+    try:
+        assert [g.seq for g in store.load().groups] == sorted(readable)
+    finally:
+        store.close()
+    kept = list(tmp_path.glob("api.db.damaged-*"))
+    assert [p.read_bytes() for p in kept if p.name.endswith(tuple("0123456789"))] == [before]
+    assert not Path(f"{db}.recovered").exists()
