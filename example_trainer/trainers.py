@@ -81,6 +81,19 @@ _MEAN_KEYS = (
     "train/entropy",
     "grpo/dual_clipped_fraction",
 )
+_SAMPLER_KEYS = frozenset(
+    {
+        "logprobs/inference_mean",
+        "logprobs/inference_std",
+        "alignment/diff_mean",
+        "alignment/diff_abs_mean",
+        "off_policy/mean_ratio",
+        "off_policy/clip_fraction",
+        "off_policy/mismatch_kl",
+    }
+)
+"""Statistics over the tokens with a sampler log-prob: weighted by those tokens' count, so a
+micro-batch without sampler log-probs does not dilute them."""
 _SUM_KEYS = ("train/num_tokens", "train/loss")
 _MAX_KEYS = ("alignment/diff_max", "train/grad_norm")
 
@@ -559,8 +572,14 @@ class GRPOTrainer:
                 if metrics is None:
                     continue
                 weight = metrics["train/num_tokens"] / total
+                sampled = metrics["grpo/sampler_tokens"]
                 for m, key in enumerate(_MEAN_KEYS):
-                    if key in metrics:
+                    if key not in metrics:
+                        continue
+                    if key in _SAMPLER_KEYS:  # a mean over the tokens that have a sampler log-prob
+                        acc[m] += metrics[key] * sampled
+                        acc[n_mean + n_sum + m] += sampled
+                    else:
                         acc[m] += metrics[key] * weight
                         acc[n_mean + n_sum + m] += 1.0
                 acc[n_mean] += metrics["train/num_tokens"] / cfg.ppo_epochs
@@ -815,8 +834,9 @@ def _read_back(acc: torch.Tensor, peak: torch.Tensor, grad_norm: torch.Tensor) -
     n_mean, n_sum = len(_MEAN_KEYS), len(_SUM_KEYS)
     out: Dict[str, float] = {}
     for m, key in enumerate(_MEAN_KEYS):
-        if values[n_mean + n_sum + m] > 0:
-            out[key] = values[m]
+        count = values[n_mean + n_sum + m]
+        if count > 0:
+            out[key] = values[m] / count if key in _SAMPLER_KEYS else values[m]
     for m, key in enumerate(_SUM_KEYS):
         out[key] = values[n_mean + m]
     if "alignment/diff_mean" in out:

@@ -271,6 +271,7 @@ def grpo_loss(
             "logprobs/training_std": _masked_std(logp, mask),
             "train/num_tokens": n_tokens,
             "grpo/has_inference_logprobs": sampled.sum() / tok,
+            "grpo/sampler_tokens": sampled.sum(),
         }
         if clip_ratio_c is not None:
             dual = ((advantages < 0) & (r > clip_ratio_c)).to(mask.dtype) * mask

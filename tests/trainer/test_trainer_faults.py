@@ -195,3 +195,20 @@ def test_the_kl_reference_is_kept_in_the_compute_dtype(
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
     m = trainer.train_on_batch(make_batch(tiny_tokenizer, seed=2))
     assert m["train/kl"] == pytest.approx(0.0, abs=1e-3)  # the same policy, in its dtype
+
+
+def test_sampler_statistics_do_not_depend_on_micro_batches_without_sampler_logprobs(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    # group 1 has sampler log-probs, group 2 none: at micro-batch 4 they are apart, at 8 together
+    batch = make_batch(tiny_tokenizer, n_groups=1, group_size=4, seed=3, with_logprobs=True)
+    batch += make_batch(tiny_tokenizer, n_groups=1, group_size=4, seed=4)
+    runs = [
+        GRPOTrainer(
+            _config(tiny_model_dir, tmp_path / str(micro), batch_size=micro, lr=1e-12,
+                    off_policy_correction="tis")
+        ).train_on_batch(batch)
+        for micro in (8, 4)
+    ]  # fmt: skip
+    for key in ("alignment/diff_mean", "logprobs/inference_mean", "off_policy/mismatch_kl"):
+        assert runs[1][key] == pytest.approx(runs[0][key], rel=1e-5), key
