@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 GZIP_MIN_BYTES = 1024
 DEFAULT_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = 8
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""Largest answer read from run-api, once inflated: its answers to an env are a few hundred
+bytes, so a bound far below the inference transport's keeps a bad answer cheap."""
 
 
 def _encode_json(payload: Any) -> bytes:
@@ -140,7 +143,9 @@ class RolloutAPIClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         if transport is None and self.base_url.startswith("http://") and not proxied(self.base_url):
-            transport = RawHttpTransport(max_connections=MAX_CONNECTIONS)
+            transport = RawHttpTransport(
+                max_connections=MAX_CONNECTIONS, max_answer_bytes=MAX_ANSWER_BYTES
+            )
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             transport=transport,

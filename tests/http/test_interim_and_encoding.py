@@ -60,8 +60,8 @@ class RawServer:
                 self.requests.append(request)
                 writer.write(self.script(request))
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client left, or the test's loop is closing
         finally:
             writer.close()
 
@@ -248,9 +248,8 @@ async def test_a_gzip_bomb_fails_fast_naming_the_limit_with_bounded_memory(bomb)
 async def test_the_rollout_api_client_refuses_a_gzip_bomb_status_answer(bomb):
     async with RawServer(lambda _: _encoded(bomb, "gzip")) as s:
         client = RolloutAPIClient(f"http://127.0.0.1:{s.port}")
-        client._client._transport.max_answer_bytes = 4 << 20  # noqa: SLF001 - test bound
         try:
-            with pytest.raises(httpx.RemoteProtocolError, match="inflates past the limit"):
+            with pytest.raises(httpx.RemoteProtocolError, match="limit of 16 MB"):
                 await client.status_env(0)
         finally:
             await client.aclose()
