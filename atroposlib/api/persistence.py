@@ -168,7 +168,10 @@ class PersistLock:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(f"{path}.lock")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot create the lock file {self.path} of --persist: {e}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -184,11 +187,11 @@ class PersistLock:
                 f"cannot lock the --persist database {path} ({self.path}): {e}"
             ) from e
         self._fd: int | None = fd
-        # Best effort: the pid is only for the message of a refused process (a full disk may
-        # refuse these bytes; the lock holds all the same).
+        # The pid, for the message of a refused process, written over the same 16 bytes each
+        # time: a full disk has no block for a new one (the lock holds all the same).
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.pwrite(fd, f"{os.getpid()}".ljust(15).encode() + b"\n", 0)
+            os.ftruncate(fd, 16)
         except OSError:
             pass
 
