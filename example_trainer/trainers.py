@@ -489,7 +489,8 @@ class GRPOTrainer:
         :func:`~example_trainer.reward_shaping.apply_kl_in_reward` takes from its score."""
         old: Dict[tuple[int, int], torch.Tensor] = {}
         kl_in_reward = self.loss_config.kl_in_reward and self.ref_model is not None
-        kl_sums = torch.zeros(len(prepared.scores), dtype=torch.float64)
+        # On the training device: NCCL reduces only device tensors.
+        kl_sums = torch.zeros(len(prepared.scores), dtype=torch.float64, device=self.config.device)
         with torch.no_grad():
             for k, part in minis:
                 for j, item in enumerate(self._micro_batches(part, prepared.minis[k].n_micro)):
@@ -514,7 +515,7 @@ class GRPOTrainer:
                         old[(k, j)] = logp
                     if ref_lp is not None:
                         kl = kl_penalty(logp, ref_lp, self.loss_config.kl_estimator)
-                        kl = (kl * (labels != IGNORE_INDEX)).sum(-1).double().cpu()
+                        kl = (kl * (labels != IGNORE_INDEX)).sum(-1).double()
                         start = j * self.config.batch_size
                         for row, sample in enumerate(part[start : start + len(kl)]):
                             kl_sums[sample.index] = kl[row]

@@ -40,7 +40,9 @@ TRAINER_ARGS = [
 ]
 
 
-def _write_config(tmp_path: Path, steps: int, with_eval: bool, trainer_procs: int = 1) -> Path:
+def _write_config(
+    tmp_path: Path, steps: int, with_eval: bool, trainer_procs: int = 1, extra_args=()
+) -> Path:
     cfg = {
         "trainer_procs": trainer_procs,
         "run_dir": str(tmp_path / "run"),
@@ -56,7 +58,7 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool, trainer_procs: in
             "2",
         ],
         "trainer": {"training_steps": steps},
-        "trainer_args": TRAINER_ARGS,
+        "trainer_args": [*TRAINER_ARGS, *extra_args],
         "startup_timeout": 120,
         "cpu_threads": 1,
         "max_wall_time": 240,
@@ -69,8 +71,11 @@ def _write_config(tmp_path: Path, steps: int, with_eval: bool, trainer_procs: in
 
 
 def test_one_command_run_trains_syncs_weights_and_writes_summary(tmp_path):
-    """With two trainer processes (torchrun, FSDP2 on gloo): rank 0 syncs and logs."""
-    config = _write_config(tmp_path, steps=3, with_eval=True, trainer_procs=2)
+    """With two trainer processes (torchrun, FSDP2 on gloo) and a KL reference: rank 0 syncs
+    and logs. Micro-batches of 4 (API batches of 16): the ranks' micro-batch counts may
+    differ, which aborted KL runs before."""
+    kl = ["--kl-coef", "0.05", "--batch-size", "4", "--gradient-accumulation-steps", "4"]
+    config = _write_config(tmp_path, steps=3, with_eval=True, trainer_procs=2, extra_args=kl)
     proc = subprocess.run(
         [sys.executable, "-m", "example_trainer.run", "--config", str(config)],
         cwd=ROOT,
@@ -88,6 +93,7 @@ def test_one_command_run_trains_syncs_weights_and_writes_summary(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["train/loss"]) for r in rows)
+    assert all(math.isfinite(r["train/kl"]) for r in rows)
     # Every step pushed weights over HTTP and the server's version advanced each time.
     versions = [r["train/weights_version"] for r in rows]
     assert versions == sorted(versions) and len(set(versions)) == 3
