@@ -34,11 +34,37 @@ class InferenceServerError(RuntimeError):
     """The inference server could not be started, reached or stopped in time."""
 
 
+VLLM_SERVE_ENV: dict[str, str] = {
+    # vLLM's RL routes (/pause, /resume, /collective_rpc, /update_weight_version, /weight_info):
+    # how http_reload puts new weights in place and names their version.
+    "VLLM_SERVER_DEV_MODE": "1",
+    # /v1/load_lora_adapter at run time (lora_only).
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+"""Environment of a vLLM server the trainer or ``atropos-grpo-run`` starts (on top of theirs)."""
+
+
+def vllm_python() -> str | None:
+    """The interpreter that runs vLLM: ``ATROPOS_VLLM_PYTHON``, else ``.venv-vllm/bin/python``
+    (in the working directory or next to this package) when present, else this interpreter
+    when it has vLLM; None when there is none."""
+    override = os.environ.get("ATROPOS_VLLM_PYTHON")
+    if override:
+        return override
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        venv = root / ".venv-vllm" / "bin" / "python"
+        if venv.exists():
+            return str(venv)
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
 def resolve_backend(backend: str) -> str:
-    """``auto`` → ``vllm`` when vLLM is importable, else ``serve_model``."""
+    """``auto`` → ``vllm`` when a vLLM interpreter is found, else ``serve_model``."""
     if backend != "auto":
         return backend
-    return "vllm" if importlib.util.find_spec("vllm") is not None else "serve_model"
+    return "vllm" if vllm_python() is not None else "serve_model"
 
 
 def server_command(
@@ -60,8 +86,13 @@ def server_command(
     backend = resolve_backend(backend)
     dtype = None if dtype in (None, "auto") else dtype
     if backend == "vllm":
+        python = vllm_python()
+        if python is None:
+            raise InferenceServerError(
+                "no vLLM found: build .venv-vllm (make .venv-vllm) or set ATROPOS_VLLM_PYTHON"
+            )
         cmd = [
-            sys.executable,
+            python,
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
@@ -184,6 +215,8 @@ class InferenceProcess:
             max_model_len=self.max_model_len,
         )
         env = dict(os.environ)
+        if self.backend == "vllm":
+            env.update(VLLM_SERVE_ENV)
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL

@@ -13,9 +13,14 @@ failure raises :class:`WeightSyncError` with the reason, it never hangs.
   STEP}`` to ``atropos-serve-model`` (no restart); checks the returned ``version``. With
   ``sync_mode="pause"`` the server is paused first (``POST /pause``: in-flight requests
   finish, new ones wait) and resumed after the update, even when it fails.
+  Against vLLM's own server (found at ``start``: it answers ``GET /weight_info``), always
+  paused: the weights are reloaded in place through its RL routes and named by the step
+  (:mod:`.vllm_weights`); a failed load puts the previous weights back before resuming.
 - ``lora_only``: save the adapter and ``POST /lora/load`` (vLLM's custom server);
   a server without that endpoint (404) gets the merged weights via
-  ``/update_weights`` instead.
+  ``/update_weights`` instead. Against vLLM's own server the adapter is loaded under
+  :data:`VLLM_ADAPTER_NAME` through ``/v1/load_lora_adapter`` at start (untrained) and
+  replaced in place at each sync (environments request that name as their model).
 - ``lora_restart``: merge the adapter and restart the server on the merged model.
 """
 
@@ -35,8 +40,18 @@ from atroposlib.serving.weights_version import write_weights_version
 from .checkpointing import save_model_dir
 from .config import TrainingConfig
 from .vllm_manager import InferenceProcess, InferenceServerError
+from .vllm_weights import (
+    VLLMWeightClient,
+    VLLMWeightError,
+    is_vllm_server,
+    write_tied_lm_head,
+)
 
 logger = logging.getLogger(__name__)
+
+
+VLLM_ADAPTER_NAME = "policy-lora"
+"""The name ``lora_only`` loads the trained adapter under in vLLM's own server."""
 
 
 class WeightSyncError(RuntimeError):
@@ -84,10 +99,13 @@ class HttpReloadSync(WeightSync):
         self.live_root = self.root / "live_weights"
         self._previous: Path | None = None
         self.last_version: int | None = None
+        self.vllm: VLLMWeightClient | None = None
+        """Set at ``start`` when the server is vLLM's own (its RL routes instead of ours)."""
 
     def start(self) -> None:
+        timeout = min(10.0, self.config.sync_timeout)
         try:
-            resp = httpx.get(f"{self.url}/health", timeout=min(10.0, self.config.sync_timeout))
+            resp = httpx.get(f"{self.url}/health", timeout=timeout)
         except httpx.HTTPError as exc:
             raise WeightSyncError(
                 f"http_reload: inference server {self.url} not reachable: {exc}"
@@ -95,9 +113,22 @@ class HttpReloadSync(WeightSync):
         if resp.status_code != 200:
             raise WeightSyncError(f"http_reload: {self.url}/health answered {resp.status_code}")
         try:
-            served = resp.json().get("version")
-        except (ValueError, AttributeError):
-            served = None
+            health = resp.json()
+        except ValueError:
+            health = None
+        # atropos-serve-model's /health is a JSON object; vLLM's is an empty 200, and its dev
+        # routes answer GET /weight_info.
+        if not isinstance(health, dict) and is_vllm_server(self.url, timeout=timeout):
+            base = Path(self.config.model_name)
+            self.vllm = VLLMWeightClient(
+                self.url, self.config.sync_timeout, base if base.is_dir() else None
+            )
+            logger.info(
+                "%s: vLLM's own server; weights reload in place via /collective_rpc",
+                self.config.weight_bridge_mode,
+            )
+            return
+        served = health.get("version") if isinstance(health, dict) else None
         self.last_version = served if isinstance(served, int) else self.last_version
 
     def _post(self, path: Path, step: int | None = None) -> dict:
@@ -145,6 +176,8 @@ class HttpReloadSync(WeightSync):
         return resp.json()
 
     def sync(self, step: int, state_dict: dict | None = None) -> float:
+        if self.vllm is not None:
+            return self._sync_vllm(self.vllm, step, state_dict)
         if self.config.sync_mode != "pause":
             return self._sync(step, state_dict)
         t0 = time.perf_counter()
@@ -158,6 +191,26 @@ class HttpReloadSync(WeightSync):
             self._sync(step, state_dict)
         finally:
             self._control("/resume", {})
+        return time.perf_counter() - t0
+
+    def _sync_vllm(self, vllm: VLLMWeightClient, step: int, state_dict: dict | None) -> float:
+        """Save, then pause → reload in place → version ``step`` → resume (vLLM's own server)."""
+        t0 = time.perf_counter()
+        target = self.live_root / f"step_{step}"
+        save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
+        write_tied_lm_head(target)  # vLLM's in-place reload leaves a tied head stale otherwise
+        try:
+            vllm.reload(target, step)
+        except VLLMWeightError as exc:
+            raise WeightSyncError(
+                f"http_reload: vLLM did not take the weights of step {step} "
+                f"(it still serves the previous ones): {exc}"
+            ) from exc
+        self.last_version = step
+        if self._previous is not None and self._previous != target:
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self._previous = target
+        self.syncs += 1
         return time.perf_counter() - t0
 
     def _sync(self, step: int, state_dict: dict | None = None) -> float:
@@ -229,10 +282,41 @@ class RestartSync(WeightSync):
 
 
 class LoraOnlySync(HttpReloadSync):
-    """Hot-swap the adapter through ``POST /lora/load``; merged ``/update_weights`` fallback."""
+    """Hot-swap the adapter through ``POST /lora/load``; merged ``/update_weights`` fallback.
+    Against vLLM's own server: its ``/v1/load_lora_adapter``, in place under one name."""
+
+    def start(self) -> None:
+        super().start()
+        if self.vllm is not None:
+            # The untrained adapter (LoRA's B starts at zero: the base model's outputs), so the
+            # name the environments request exists before the first sync.
+            self._load_vllm_adapter(self.vllm, 0, replace=False)
+
+    def _load_vllm_adapter(self, vllm: VLLMWeightClient, step: int, replace: bool) -> None:
+        adapter = self.root / f"adapter_step_{step}"
+        save_model_dir(self.model, None, adapter)
+        try:
+            vllm.pause()
+            try:
+                vllm.load_lora(VLLM_ADAPTER_NAME, adapter, replace=replace)
+                vllm.set_version(step)
+            finally:
+                vllm.resume()
+        except VLLMWeightError as exc:
+            raise WeightSyncError(
+                f"lora_only: vLLM did not take the adapter of step {step}: {exc}"
+            ) from exc
+        if self._previous is not None and self._previous != adapter:
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self._previous = adapter
 
     def sync(self, step: int, state_dict: dict | None = None) -> float:
         t0 = time.perf_counter()
+        if self.vllm is not None:
+            self._load_vllm_adapter(self.vllm, step, replace=True)
+            self.last_version = step
+            self.syncs += 1
+            return time.perf_counter() - t0
         adapter = self.root / f"adapter_step_{step}"
         save_model_dir(self.model, None, adapter)
         try:
