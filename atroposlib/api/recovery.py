@@ -28,7 +28,7 @@ from typing import Any
 
 from atroposlib.api.compression import crc32
 from atroposlib.api.errors import StorageError
-from atroposlib.api.pages import scan_pages
+from atroposlib.api.pages import PageScan, scan_pages
 from atroposlib.api.persistence import GroupRow, PersistLock, SqlitePersistence
 
 logger = logging.getLogger(__name__)
@@ -449,7 +449,12 @@ def _salvage(path: Path) -> tuple[dict[str, Any], list[tuple], RecoveryReport]:
     finally:
         if left is not None and shm.is_file() and shm.read_bytes() != left:
             shm.write_bytes(left)
-    scan = scan_pages(path, frames[0] if frames is not None else None)
+    try:
+        scan = scan_pages(path, frames[0] if frames is not None else None)
+    except (OSError, ValueError, IndexError, OverflowError, struct.error) as e:
+        # The page-by-page read is the second opinion: its failure costs only what it adds.
+        logger.warning("the page-by-page read of %s stopped (%s)", path, e)
+        scan = PageScan()
     have = {row[0] for row in rows}
     for seq, (env_id, size, buffered, body, crc) in sorted(scan.groups.items()):
         row = (seq, env_id, size, buffered, body, crc)
