@@ -126,14 +126,12 @@ class ClientWatch:
         """``await work``, or cancel it and raise :class:`ClientGone` when the client
         disconnects first."""
         task = asyncio.ensure_future(work)
-        gone = asyncio.ensure_future(self.gone.wait())
         try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            # The watch task ends only when the client is gone (or stop() was called).
+            await asyncio.wait({task, self._task}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # this request itself was cancelled: so is its generation
             await cancel_and_wait(task)
             raise
-        finally:
-            gone.cancel()
         if not task.done():
             await cancel_and_wait(task)
             raise ClientGone("the client disconnected before the answer was ready")
