@@ -441,6 +441,8 @@ class TrainingConfig(BaseModel):
                 "importance_sampling_level sequence works with off_policy_correction none, or "
                 "tis with tis_mode truncate"
             )
+        if self.kl_in_reward and self.kl_coef <= 0:
+            raise ValueError("kl_in_reward needs kl_coef > 0 (the weight of the KL in the reward)")
         if self.overlong_penalty_len >= self.seq_len:
             raise ValueError(
                 f"overlong_penalty_len ({self.overlong_penalty_len}) must be below seq_len "

@@ -252,3 +252,22 @@ def test_kl_in_reward_trains_as_if_the_scores_were_shaped(tiny_model_dir, tiny_t
     assert with_kl["train/grad_norm"] == pytest.approx(by_hand["train/grad_norm"], rel=1e-5)
     assert with_kl["train/loss"] == pytest.approx(by_hand["train/loss"], rel=1e-5, abs=1e-7)
     assert with_kl["train/kl"] > 0  # logged, not in the loss
+
+
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        ({"kl_in_reward": True}, "kl_coef"),
+        ({"importance_sampling_level": "sequence", "off_policy_correction": "icepop"}, "sequence"),
+        ({"importance_sampling_level": "sequence", "off_policy_correction": "tis"}, "tis_mode"),
+        ({"overlong_penalty_len": 64, "seq_len": 64}, "overlong_penalty_len"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+    ],
+)
+def test_impossible_loss_option_combinations_are_refused_naming_the_field(fields, named):
+    from pydantic import ValidationError
+
+    from example_trainer.config import TrainingConfig
+
+    with pytest.raises(ValidationError, match=named):
+        TrainingConfig(model_name="m", device="cpu", **fields)
