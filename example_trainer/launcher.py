@@ -27,7 +27,7 @@ from .processes import ProcessGroup
 from .run_config import RunConfig
 from .status import PlainProgress, eta_seconds, progress_text, status_table
 from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
-from .vllm_manager import server_command, split_device
+from .vllm_manager import VLLM_SERVE_ENV, server_command, split_device
 
 logger = logging.getLogger("atropos-grpo-run")
 
@@ -38,13 +38,33 @@ def _default_training_steps() -> int:
     return int(TrainingConfig.model_fields["training_steps"].default)
 
 
-def resolve_model(model: str) -> str:
-    """``tiny`` → the offline tiny model directory (built once); anything else unchanged."""
-    if model == "tiny":
-        from atroposlib.tiny_model import ensure_tiny_model
+def resolve_model(model: str, tiny_size: Dict[str, int] | None = None) -> str:
+    """``tiny`` → the offline tiny model directory (built once; ``tiny_size`` overrides its
+    shape, cached under a name of its own); anything else unchanged."""
+    if model != "tiny":
+        return model
+    from atroposlib.tiny_model import ensure_tiny_model
 
+    if not tiny_size:
         return ensure_tiny_model()
-    return model
+    import os
+    import shutil
+    import tempfile
+
+    from atroposlib.tiny_model import build_tiny_model
+    from atroposlib.tiny_model.build import default_cache_dir, default_model_name
+
+    suffix = "-".join(f"{k}{v}" for k, v in sorted(tiny_size.items()))
+    target = default_cache_dir() / f"{default_model_name()}-{suffix}"
+    if not (target / "model.safetensors").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        build_tiny_model(tmp, **tiny_size)
+        try:
+            os.rename(tmp, target)  # atomic: a concurrent build never shows half a model
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
 
 
 def as_flags(d: Dict[str, Any]) -> List[str]:
@@ -102,7 +122,7 @@ class Launcher:
     # -- phases
     def prepare_model(self) -> str:
         """Resolve the model and run the cached warm-up (on the trainer's device) if configured."""
-        model = resolve_model(self.config.model)
+        model = resolve_model(self.config.model, self.config.tiny_model_size)
         w = self.config.warmup
         if w is not None:
             from .warmup import sft_warmup
@@ -148,7 +168,9 @@ class Launcher:
         if c.inference_backend == "serve_model":
             # The trainer's http_reload weights land under checkpoints/; other paths get 403.
             cmd += ["--weights-root", str(self.run_dir / "checkpoints")]
-        return cmd + list(c.inference_args), env
+        else:
+            env = {**VLLM_SERVE_ENV, **env}
+        return cmd + list(c.inference_args), {**env, **c.inference_env}
 
     def api_cmd(self) -> List[str]:
         """The ``run-api`` command line."""
@@ -320,6 +342,10 @@ class Launcher:
 
     def _inference_version(self) -> int | None:
         try:
+            if self.config.inference_backend == "vllm":
+                got = httpx.get(f"{self.inf_url}/weight_info", timeout=5.0).json()
+                version = got.get("weight_version")
+                return int(version) if str(version).isdigit() else None
             return httpx.get(f"{self.inf_url}/health", timeout=5.0).json().get("version")
         except (httpx.HTTPError, ValueError, AttributeError):
             return None

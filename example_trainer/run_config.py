@@ -63,6 +63,13 @@ class RunConfig(BaseModel):
     model: str = Field(
         "tiny", description="Model directory or hub name; 'tiny' = the offline tiny model."
     )
+    tiny_model_size: Dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "Shape overrides of the tiny model (model: tiny), e.g. {num_attention_heads: 2, "
+            "num_key_value_heads: 1}: head_dim 32, the least vLLM's CPU attention serves."
+        ),
+    )
     served_model_name: str | None = Field(
         None, description="Model name the inference server reports (default: model path)."
     )
@@ -77,7 +84,16 @@ class RunConfig(BaseModel):
     )
     api_args: List[str] = Field(default_factory=list, description="Extra flags for run-api.")
     inference_backend: Literal["serve_model", "vllm"] = Field(
-        "serve_model", description="Inference server: atropos-serve-model or vLLM."
+        "serve_model",
+        description=(
+            "Inference server: atropos-serve-model or vLLM's own OpenAI server (run by "
+            "ATROPOS_VLLM_PYTHON, else .venv-vllm/bin/python when present; started with its "
+            "RL routes on, so http_reload reloads the weights in place)."
+        ),
+    )
+    inference_env: Dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables for the inference server (e.g. VLLM_CPU_KVCACHE_SPACE).",
     )
     inference_device: str = Field(
         "auto",
