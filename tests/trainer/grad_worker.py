@@ -38,7 +38,10 @@ def main(batch_path: str, config_path: str, out_path: str) -> None:
     try:
         metrics = trainer.train_on_batch(batch if trainer.ctx.is_main else None)
         if trainer.ctx.is_main:
-            torch.save({"grads": grads, "metrics": metrics}, out_path)
+            torch.save(
+                {"grads": grads, "metrics": metrics, "world_size": trainer.ctx.world_size},
+                out_path,
+            )
     finally:
         trainer.close()
 

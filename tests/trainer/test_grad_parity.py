@@ -81,6 +81,7 @@ def test_two_processes_with_kl_and_mini_batches_compute_the_one_process_gradient
     batch = _batch(tiny_tokenizer)
     one = _run(tmp_path, "one", 1, batch, config)
     two = _run(tmp_path, "two", 2, batch, config)
+    assert (one["world_size"], two["world_size"]) == (1, 2)
     assert len(one["grads"]) == len(two["grads"]) == mini_batches
     for g1, g2 in zip(one["grads"], two["grads"], strict=True):
         assert _relative_difference(g1, g2) <= 1e-6
