@@ -218,6 +218,30 @@ class TrainingConfig(BaseModel):
     log_entropy: bool = Field(
         True, description="Log the policy's mean token entropy (train/entropy) every step."
     )
+    distill_enabled: bool = Field(
+        False,
+        description=(
+            "On-policy distillation: groups carrying distill_token_ids/distill_logprobs (the "
+            "teacher's top-k per position) add --distill-coef x the per-token reverse KL from "
+            "the policy to the teacher's top-k (both renormalised over the top-k at "
+            "--distill-temperature); groups without them train as before."
+        ),
+    )
+    distill_coef: float = Field(
+        1.0, gt=0, description="Weight of the distillation term (with --distill-enabled)."
+    )
+    distill_temperature: float = Field(
+        1.0,
+        gt=0,
+        description="Temperature of both distributions in the distillation term (logits / T, teacher log-probs / T).",
+    )
+    distill_only: bool = Field(
+        False,
+        description=(
+            "Train on the teacher signal alone: the loss is the distillation term only (no "
+            "policy-gradient, KL or entropy term); needs --distill-enabled."
+        ),
+    )
     disable_dropout: bool = Field(
         False,
         description="Set every dropout probability of the policy to 0 (as TRL's disable_dropout).",
@@ -443,6 +467,8 @@ class TrainingConfig(BaseModel):
             )
         if self.kl_in_reward and self.kl_coef <= 0:
             raise ValueError("kl_in_reward needs kl_coef > 0 (the weight of the KL in the reward)")
+        if self.distill_only and not self.distill_enabled:
+            raise ValueError("distill_only needs distill_enabled (the term it trains on)")
         if self.overlong_penalty_len >= self.seq_len:
             raise ValueError(
                 f"overlong_penalty_len ({self.overlong_penalty_len}) must be below seq_len "

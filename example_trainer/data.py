@@ -72,6 +72,9 @@ class Sample:
     group: int = -1  # index of its group in the batch (for rewards shaped after fetching)
     index: int = -1  # index of the sequence in the batch
     from_score: bool = True  # its advantage comes from the group's scores
+    # Teacher top-k rows aligned with the labels ([pos][k]; see example_trainer.distill).
+    distill_token_ids: List[List[int]] | None = None
+    distill_logprobs: List[List[float]] | None = None
 
     @property
     def num_label_tokens(self) -> int:
@@ -92,6 +95,9 @@ class MicroBatch:
     ref_logprobs: torch.Tensor | None
     inference_mask: torch.Tensor | None = None  # bool: the token has a sampler log-prob
     ref_mask: torch.Tensor | None = None  # bool: the token has an env-supplied ref log-prob
+    distill_token_ids: torch.Tensor | None = None  # [B, T, K] teacher top-k ids
+    distill_logprobs: torch.Tensor | None = None  # [B, T, K] (-inf: no entry)
+    distill_mask: torch.Tensor | None = None  # bool [B, T]: a trained token with a teacher row
 
     @property
     def num_label_tokens(self) -> int:
@@ -267,6 +273,7 @@ def group_to_samples(
         labels = list(mask[1:])
         inference, short = _shift(inf_lp, i, n, labels)
         ref, _ = _shift(ref_lp, i, n, labels)
+        d_ids, d_lps = _distill().distill_rows(group, i, n, labels)
         keep = n if max_len is None else min(n, max_len)
         cut = keep < n
         truncated = cut or _override(i, overrides, "finish_reason") == "length"
@@ -288,6 +295,8 @@ def group_to_samples(
                 truncated=truncated,
                 short_logprobs=short,
                 from_score=from_score,
+                distill_token_ids=d_ids[:keep] if d_ids is not None else None,
+                distill_logprobs=d_lps[:keep] if d_lps is not None else None,
             )
         )
     return samples
@@ -306,6 +315,13 @@ def _shift(
     # A log-prob is <= 0: the 1.0 "not generated" marker (or NaN/inf) on a trained
     # token means the sampler gave none, not a ratio of exp(logp - 1).
     return [v if math.isfinite(v) and v <= 0 else math.nan for v in row], short
+
+
+def _distill() -> Any:
+    # example_trainer.distill imports this module (GroupError), so it is imported late.
+    from . import distill
+
+    return distill
 
 
 def _pad(
@@ -336,6 +352,11 @@ def collate(
         length = min(length, max_len)
     inference, inference_mask = _pad_optional([s.inference_logprobs for s in samples], length)
     ref, ref_mask = _pad_optional([s.ref_logprobs for s in samples], length)
+    d_ids, d_lps, d_mask = _distill().distill_tensors(
+        [(s.distill_token_ids, s.distill_logprobs) for s in samples],
+        [s.labels for s in samples],
+        length,
+    )
     return MicroBatch(
         input_ids=_pad([s.input_ids for s in samples], length, pad_token_id, torch.long),
         attention_mask=_pad([[1] * len(s.input_ids) for s in samples], length, 0, torch.long),
@@ -346,6 +367,9 @@ def collate(
         ref_logprobs=ref,
         inference_mask=inference_mask,
         ref_mask=ref_mask,
+        distill_token_ids=d_ids,
+        distill_logprobs=d_lps,
+        distill_mask=d_mask,
     )
 
 

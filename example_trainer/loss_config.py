@@ -38,6 +38,9 @@ class LossConfig:
     loss_type: str = "token-mean"
     entropy_coef: float = 0.0
     log_entropy: bool = False
+    distill_coef: float = 0.0  # 0: no distillation term
+    distill_temperature: float = 1.0
+    distill_only: bool = False
 
     def __post_init__(self) -> None:
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -67,6 +70,9 @@ class LossConfig:
             loss_type=cfg.loss_type,
             entropy_coef=cfg.entropy_coef,
             log_entropy=cfg.log_entropy,
+            distill_coef=cfg.distill_coef if cfg.distill_enabled else 0.0,
+            distill_temperature=cfg.distill_temperature,
+            distill_only=cfg.distill_only,
         )
 
     @property
@@ -91,4 +97,7 @@ class LossConfig:
             "loss_type": self.loss_type,
             "entropy_coef": self.entropy_coef,
             "log_entropy": self.log_entropy,
+            "distill_coef": self.distill_coef,
+            "distill_temperature": self.distill_temperature,
+            "distill_only": self.distill_only,
         }

@@ -388,6 +388,9 @@ class GRPOTrainer:
             normalizer=max(info.label_tokens, 1),
             num_sequences=max(info.num_sequences, 1),
             max_tokens=cfg.seq_len,
+            distill_token_ids=self._to_device(mb.distill_token_ids),
+            distill_logprobs=self._to_device(mb.distill_logprobs),
+            distill_mask=self._to_device(mb.distill_mask),
             **self.loss_config.loss_kwargs(),
         )
         # FSDP averages gradients over the ranks; the loss is already normalised by the

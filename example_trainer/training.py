@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import IGNORE_INDEX
+from .distill import distill_divergence
 from .kl import KLEstimator, kl_penalty
 from .off_policy import (
     MAX_LOG_RATIO,
@@ -146,6 +147,12 @@ def grpo_loss(
     log_entropy: bool = False,
     kl_estimator: KLEstimator = "k3",
     importance_sampling_level: str = "token",
+    distill_token_ids: torch.Tensor | None = None,
+    distill_logprobs: torch.Tensor | None = None,
+    distill_mask: torch.Tensor | None = None,
+    distill_coef: float = 0.0,
+    distill_temperature: float = 1.0,
+    distill_only: bool = False,
 ) -> LossOutput:
     """GRPO loss for one micro-batch. See the module docstring for the formula.
 
@@ -165,6 +172,10 @@ def grpo_loss(
     sequences (default: this micro-batch's); ``max_tokens`` is ``dr_grpo``'s constant
     (default: the padded length). ``kl_estimator`` picks the KL term (:mod:`.kl`);
     ``importance_sampling_level="sequence"`` is GSPO's ratio (see the module docstring).
+    ``distill_*`` (the micro-batch's teacher top-k, :mod:`.distill`): with
+    ``distill_coef > 0`` the positions of ``distill_mask`` add ``distill_coef`` times the
+    reverse KL to the teacher's top-k at ``distill_temperature``; ``distill_only`` keeps
+    that term alone (no policy-gradient, KL or entropy term).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
@@ -244,6 +255,16 @@ def grpo_loss(
     elif log_entropy:
         with torch.no_grad():
             entropy = token_entropy(logits.detach(), temperatures)
+    distill = None
+    if distill_token_ids is not None and distill_logprobs is not None and distill_coef > 0:
+        d_mask = valid if distill_mask is None else distill_mask.to(torch.bool) & valid
+        distill = distill_divergence(
+            logits, distill_token_ids, distill_logprobs, distill_temperature
+        )
+        distill = distill * d_mask.to(distill.dtype)
+        per_token = distill_coef * distill if distill_only else per_token + distill_coef * distill
+    elif distill_only:
+        per_token = per_token * 0.0  # a micro-batch without teacher rows trains on nothing
     n_tokens = mask.sum()
     loss = _aggregate(per_token * mask, mask, loss_type, normalizer, num_sequences, max_tokens)
 
@@ -292,6 +313,14 @@ def grpo_loss(
             )
         if kl is not None:
             metrics["train/kl"] = (kl * mask).sum() / tok
+        if distill_coef > 0:  # every micro-batch logs the same keys
+            if distill is None:
+                metrics["distill/kl"] = tok * 0
+                metrics["distill/tokens"] = tok * 0
+            else:
+                n_distill = d_mask.to(mask.dtype).sum()
+                metrics["distill/kl"] = distill.detach().sum() / n_distill.clamp(min=1.0)
+                metrics["distill/tokens"] = n_distill
         if is_stats is not None:
             metrics.update({f"off_policy/{k}": v for k, v in is_stats.items()})
     return LossOutput(loss=loss, metrics=metrics)
