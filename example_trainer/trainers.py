@@ -80,6 +80,7 @@ _MEAN_KEYS = (
     "off_policy/mismatch_kl",
     "train/entropy",
     "grpo/dual_clipped_fraction",
+    "distill/kl",
 )
 _SAMPLER_KEYS = frozenset(
     {
@@ -94,6 +95,9 @@ _SAMPLER_KEYS = frozenset(
 )
 """Statistics over the tokens with a sampler log-prob: weighted by those tokens' count, so a
 micro-batch without sampler log-probs does not dilute them."""
+_DISTILL_KEYS = frozenset({"distill/kl"})
+"""Means over the tokens with a teacher row (weighted by ``distill/tokens``)."""
+_COUNTED_KEYS = _SAMPLER_KEYS | _DISTILL_KEYS
 _SUM_KEYS = ("train/num_tokens", "train/loss")
 _MAX_KEYS = ("alignment/diff_max", "train/grad_norm")
 
@@ -580,9 +584,10 @@ class GRPOTrainer:
                 for m, key in enumerate(_MEAN_KEYS):
                     if key not in metrics:
                         continue
-                    if key in _SAMPLER_KEYS:  # a mean over the tokens that have a sampler log-prob
-                        acc[m] += metrics[key] * sampled
-                        acc[n_mean + n_sum + m] += sampled
+                    if key in _COUNTED_KEYS:  # a mean over the tokens that have the value
+                        count = metrics["distill/tokens"] if key in _DISTILL_KEYS else sampled
+                        acc[m] += metrics[key] * count
+                        acc[n_mean + n_sum + m] += count
                     else:
                         acc[m] += metrics[key] * weight
                         acc[n_mean + n_sum + m] += 1.0
@@ -840,7 +845,7 @@ def _read_back(acc: torch.Tensor, peak: torch.Tensor, grad_norm: torch.Tensor) -
     for m, key in enumerate(_MEAN_KEYS):
         count = values[n_mean + n_sum + m]
         if count > 0:
-            out[key] = values[m] / count if key in _SAMPLER_KEYS else values[m]
+            out[key] = values[m] / count if key in _COUNTED_KEYS else values[m]
     for m, key in enumerate(_SUM_KEYS):
         out[key] = values[n_mean + m]
     if "alignment/diff_mean" in out:

@@ -201,3 +201,43 @@ def test_the_flags_reach_the_loss():
     assert LossConfig.from_training(config_from_args(["--model-name", "m"])).distill_coef == 0.0
     with pytest.raises(SystemExit):
         config_from_args(["--model-name", "m", "--distill-only", "true"])
+
+
+def _trainer_batch():
+    tokens = [[5, 6, 7, 8, 9, 10], [5, 6, 11, 12, 13, 14]]
+    masks = [[-100, -100, 7, 8, 9, 10], [-100, -100, 11, 12, 13, 14]]
+    taught = _distill_group(tokens, masks)
+    taught["distill_logprobs"] = [[[-0.05, -3.0, -4.0] for _ in seq] for seq in tokens]
+    plain = {"tokens": tokens, "masks": masks, "scores": [1.0, 1.0]}
+    return [taught, plain]
+
+
+def test_the_trainer_distils_a_real_model(tiny_model_dir, tmp_path):
+    """The real trainer on the tiny model: --distill-only steps bring the policy's reverse
+    KL to the teacher down; only the taught group's trained tokens count."""
+    from example_trainer.config import TrainingConfig
+    from example_trainer.trainers import GRPOTrainer
+
+    cfg = TrainingConfig(
+        model_name=str(tiny_model_dir),
+        save_path=str(tmp_path),
+        device="cpu",
+        optimizer="adamw",
+        lr=2e-2,
+        batch_size=4,
+        pad_to_multiple=8,
+        progress=False,
+        distill_enabled=True,
+        distill_only=True,
+    )
+    trainer = GRPOTrainer(cfg)
+    batch = _trainer_batch()
+    kls = [trainer.train_on_batch(batch)["distill/kl"] for _ in range(4)]
+    assert kls[-1] < 0.5 * kls[0], kls
+    # The mean is over the taught group's 8 trained tokens, not diluted by the plain group.
+    taught = collate(group_to_samples(batch[0]), pad_to_multiple=8)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=taught.input_ids).logits
+    term = distill_divergence(logits, taught.distill_token_ids, taught.distill_logprobs)
+    want = float((term * taught.distill_mask).sum() / taught.distill_mask.sum())
+    assert trainer.train_on_batch(batch)["distill/kl"] == pytest.approx(want, rel=1e-3)
