@@ -38,7 +38,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atroposlib.http.asgi import answer_lifespan
-from atroposlib.http.headers import POLICY_VERSION_HEADER
+from atroposlib.http.headers import POLICY_VERSION_HEADER, SESSION_ID_HEADER
 from atroposlib.http.openai_protocol import (
     PassThroughChatRequest,
     PassThroughCompletionRequest,
@@ -403,13 +403,14 @@ class FakeBackend:
     """The fake server's behaviour, independent of the HTTP server that carries it.
 
     ``await backend.handle(method, path, body)`` → ``(status, json_body)``. Counts
-    requests per path, injects ``fail_status``, adds the configured latency to every
+    requests per path (and POSTs per ``X-Session-ID``), injects ``fail_status``, adds the configured latency to every
     generation request and tracks peak concurrency.
     """
 
     def __init__(self, settings: FakeServerSettings | None = None):
         self.state = settings or FakeServerSettings()
         self.counts: Counter[str] = Counter()
+        self.session_counts: Counter[str] = Counter()
         self.concurrency = {"in_flight": 0, "max_in_flight": 0}
 
     async def _simulate(self) -> None:
@@ -423,10 +424,15 @@ class FakeBackend:
         finally:
             c["in_flight"] -= 1
 
-    async def handle(self, method: str, path: str, body: bytes) -> Reply:
-        """Answer one request (``path`` without the query string)."""
+    async def handle(
+        self, method: str, path: str, body: bytes, session: str | None = None
+    ) -> Reply:
+        """Answer one request (``path`` without the query string; ``session``: its
+        ``X-Session-ID``)."""
         if not path.startswith("/fake/"):
             self.counts[path] += 1
+            if session is not None and method == "POST":
+                self.session_counts[session] += 1  # generation requests only, not probes
             if self.state.fail_status is not None:
                 return _error(
                     self.state.fail_status, "fake server failure injected", "server_error"
@@ -446,7 +452,11 @@ class FakeBackend:
             if path == "/v1/models":
                 return 200, model_list([state.model_name], 0, "fake")
             if path == "/fake/stats":
-                return 200, {"requests": dict(self.counts), **self.concurrency}
+                return 200, {
+                    "requests": dict(self.counts),
+                    "sessions": dict(self.session_counts),
+                    **self.concurrency,
+                }
         elif method == "POST":
             if path == "/v1/chat/completions":
                 req = ChatRequest.model_validate(_parse_json(body))
@@ -520,6 +530,7 @@ def encode_json(content: Any) -> bytes:
 
 
 _VERSION_HEADER = POLICY_VERSION_HEADER.lower().encode()
+_SESSION_HEADER = SESSION_ID_HEADER.lower().encode()
 
 
 class FakeASGIApp:
@@ -547,8 +558,11 @@ class FakeASGIApp:
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
+        session = next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k == _SESSION_HEADER), None
+        )
         status, content = await self.backend.handle(
-            scope["method"], scope["path"], b"".join(chunks)
+            scope["method"], scope["path"], b"".join(chunks), session
         )
         payload = encode_json(content)
         headers = [

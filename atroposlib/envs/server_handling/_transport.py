@@ -27,11 +27,13 @@ import orjson
 from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.errors import mapped_errors, status_error
+from atroposlib.envs.server_handling.session_affinity import CURRENT_SESSION
 from atroposlib.http.client import (
     DEFAULT_MAX_ANSWER_BYTES,
     PeerCheck,
     RawHttpClient,
 )
+from atroposlib.http.headers import SESSION_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +128,9 @@ class JsonTransport:
         """
         host, port, path, tls = self._target(url)
         send_headers = {**self.headers, **headers} if headers else self.headers
+        session = CURRENT_SESSION.get()
+        if session is not None:
+            send_headers = {**send_headers, SESSION_ID_HEADER: session}
         with mapped_errors(method, url):
             status, resp_headers, raw = await self.raw_client().request(
                 method,

@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field
 from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
 from atroposlib.envs.server_handling.policy_version import merge_versions, output_versions
 from atroposlib.envs.server_handling.sampling_record import note_request, note_sequence
+from atroposlib.envs.server_handling.session_affinity import in_session, new_session_id
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 
 logger = logging.getLogger(__name__)
@@ -177,8 +178,11 @@ class ManagedServer:
         track_tree: bool = False,
         tool_parser: str | None = None,
         preserve_think_blocks: bool = False,
+        session_id: str | None = None,
     ):
         self.server = server
+        self.session_id = session_id or new_session_id()
+        """Sent as ``X-Session-ID`` with every upstream request (see ``session_affinity``)."""
         self.tokenizer = tokenizer
         self.track_tree = track_tree
         self.tool_parser = tool_parser
@@ -401,8 +405,12 @@ class ManagedServer:
         call_kwargs = {k: v for k, v in kwargs.items() if k not in ("prompt", "input_ids")}
         if call_kwargs.get("split", "train") != "eval":
             note_request(call_kwargs)  # also for backends that are not APIServers
-        result = await self.server.tokens_and_logprobs_completion(
-            prompt=prompt, input_ids=input_ids, **call_kwargs
+        result = await in_session(
+            self.session_id,
+            self.server.tokens_and_logprobs_completion,
+            prompt=prompt,
+            input_ids=input_ids,
+            **call_kwargs,
         )
         _, outputs, logprobs, finishes = result
         versions = output_versions(result, len(outputs))
@@ -563,7 +571,7 @@ class ManagedServer:
             if not kwargs.get("prompt"):
                 raise ValueError("get_logprobs needs messages, prompt or input_ids")
             kwargs["input_ids"] = await self._aencode(kwargs["prompt"])
-        return await fetch(**kwargs)
+        return await in_session(self.session_id, fetch, **kwargs)
 
     # ----------------------------------------------------------------- state
     def get_state(self) -> dict[str, Any]:
@@ -597,8 +605,16 @@ class DummyManagedServer:
     DUMMY_MASKED_TOKENS = [PROMPT_MASK] + DUMMY_TOKENS[1:]
     DUMMY_LOGPROBS = [-0.5] * 128
 
-    def __init__(self, server: Any, tokenizer: Any = None, track_tree: bool = False, **_: Any):
+    def __init__(
+        self,
+        server: Any,
+        tokenizer: Any = None,
+        track_tree: bool = False,
+        session_id: str | None = None,
+        **_: Any,
+    ):
         self.server = server
+        self.session_id = session_id or new_session_id()
         self.tokenizer = tokenizer
         self.track_tree = track_tree
         self.current_nodes: list[SequenceNode] = []
@@ -631,7 +647,7 @@ class DummyManagedServer:
     async def chat_completion(self, **kwargs: Any) -> Any:
         """Forward to the server and record placeholder nodes."""
         prompt = self._messages_to_text(kwargs.get("messages") or [])
-        completion = await self.server.chat_completion(**kwargs)
+        completion = await in_session(self.session_id, self.server.chat_completion, **kwargs)
         for choice in completion.choices:
             text = prompt + (choice.message.content or "")
             self._record(self._create_dummy_node(text, choice.finish_reason or "stop"))
@@ -640,7 +656,7 @@ class DummyManagedServer:
     async def completion(self, **kwargs: Any) -> Any:
         """Forward to the server and record placeholder nodes."""
         prompt = str(kwargs.get("prompt") or "")
-        completion = await self.server.completion(**kwargs)
+        completion = await in_session(self.session_id, self.server.completion, **kwargs)
         for choice in completion.choices:
             self._record(
                 self._create_dummy_node(prompt + choice.text, choice.finish_reason or "stop")
@@ -658,7 +674,7 @@ class DummyManagedServer:
         messages = kwargs.pop("messages", None)
         if messages is not None:
             kwargs["prompt"] = self._messages_to_text(messages)
-        return await fetch(**kwargs)
+        return await in_session(self.session_id, fetch, **kwargs)
 
     def get_state(self) -> dict[str, Any]:
         """``{"nodes": [...]}`` with placeholder nodes (``{"sequences": ...}`` in tree mode)."""

@@ -14,6 +14,7 @@ the other servers without waiting for the next health probe; the background prob
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import sys
@@ -445,7 +446,11 @@ class APIServer(ABC):
         task = self.check_task
         if task is not None and not task.done() and task.get_loop() is loop:
             return
-        self.check_task = loop.create_task(self.check_server_status_task())
+        # A fresh context: the loop outlives the request that started it, and its probes
+        # must not carry that request's session (``session_affinity.CURRENT_SESSION``).
+        self.check_task = loop.create_task(
+            self.check_server_status_task(), context=contextvars.Context()
+        )
 
     async def _probe_health(self) -> bool:
         """Whether the server answers; backends override this. The default assumes yes."""

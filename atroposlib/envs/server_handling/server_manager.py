@@ -7,11 +7,18 @@ released or a server's health changes (no polling). A server that cannot be reac
 is marked unhealthy by the failing request and the request is retried on another
 server; when no server is healthy, callers wait up to the servers' ``timeout`` and then
 get a ``NoHealthyServerError`` naming the servers.
+
+Session affinity: a request made inside a session (a ``ManagedServer``'s, see
+``session_affinity``) goes to the server its session is pinned to while that server is
+healthy, waiting for a slot there rather than moving; when the server fails or is
+unhealthy, the request fails over as any other and the session is pinned to the server
+that answered it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import os
@@ -36,6 +43,12 @@ from atroposlib.envs.server_handling.server_baseline import (
     ServerBaseline,
 )
 from atroposlib.envs.server_handling.server_harness import ServerHarness
+from atroposlib.envs.server_handling.session_affinity import (
+    CURRENT_SESSION,
+    MAX_PINNED_SESSIONS,
+    SessionRoute,
+    new_session_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +248,7 @@ class ServerManager:
             True: deque(),
             False: deque(),
         }
+        self._affinity: dict[str, int] = {}  # session id -> index of its server
         for server in self.servers:
             for sem in (getattr(server, "sem", None), getattr(server, "eval_sem", None)):
                 add_listener = getattr(sem, "add_listener", None)
@@ -247,9 +261,9 @@ class ServerManager:
     def __getattr__(self, name: str) -> Any:
         # Reached only when normal lookup fails, i.e. on a manager built with ``__new__``:
         # the routing state is made on first use, so the hot path pays nothing for this.
-        if name == "_waiters":
+        if name in ("_waiters", "_affinity"):
             self._init_routing()
-            return self.__dict__["_waiters"]
+            return self.__dict__[name]
         if name == "servers":
             raise AttributeError(
                 "ServerManager has no servers: construct it with ServerManager(configs) "
@@ -354,7 +368,7 @@ class ServerManager:
         entry = (fut, exclude, loop.time() + timeout)
         queue.append(entry)
         if self._sweeper is None or self._sweeper.done():
-            self._sweeper = loop.create_task(self._sweep_expired())
+            self._sweeper = loop.create_task(self._sweep_expired(), context=contextvars.Context())
         try:
             return await fut
         except BaseException:
@@ -403,6 +417,9 @@ class ServerManager:
             self._start_health_checks()
         is_train = kwargs.get("split", "train") != "eval"
         started = loop.time()
+        session = CURRENT_SESSION.get()
+        if session is not None:
+            return await self._call_session(kind, kwargs, is_train, started, session)
         # Fast path: a slot is free now and nobody is queued.
         first: tuple[int, BaseException] | None = None
         if not self._waiters[is_train]:
@@ -417,6 +434,41 @@ class ServerManager:
                 finally:
                     self._release(idx, is_train)
         return await self._call_with_failover(kind, kwargs, is_train, started, first)
+
+    async def _call_session(
+        self, kind: str, kwargs: dict[str, Any], is_train: bool, started: float, session: str
+    ) -> Any:
+        """A request of ``session``: on its pinned server while that one is healthy (waiting
+        for a slot there), else fail over and re-pin to the server that answers."""
+        idx = self._affinity.get(session)
+        first: tuple[int, BaseException] | None = None
+        if idx is not None and idx < len(self.servers) and self.servers[idx]._server_healthy:
+            held = self._take(idx, is_train)
+            if not held:
+                others = frozenset(i for i in range(len(self.servers)) if i != idx)
+                try:
+                    await self._acquire_slot(is_train, others, self._wait_timeout())
+                    held = True
+                except asyncio.TimeoutError:
+                    pass  # its server stayed busy or went down: any server will do
+            if held:
+                try:
+                    return await self.servers[idx].run_request(
+                        kind, kwargs, slot_held=True, fail_fast=True
+                    )
+                except Exception as e:  # classified by _call_with_failover
+                    first = (idx, e)
+                finally:
+                    self._release(idx, is_train)
+        return await self._call_with_failover(kind, kwargs, is_train, started, first, session)
+
+    def _pin(self, session: str, idx: int) -> None:
+        affinity = self._affinity
+        if affinity.get(session) == idx:
+            return
+        if session not in affinity and len(affinity) >= MAX_PINNED_SESSIONS:
+            affinity.pop(next(iter(affinity)))  # the oldest pin
+        affinity[session] = idx
 
     def _on_failure(self, idx: int, error: BaseException, exclude: set[int]) -> None:
         """Decide whether a failed attempt may be retried elsewhere; raise ``error`` if not."""
@@ -440,6 +492,7 @@ class ServerManager:
         is_train: bool,
         started: float,
         first: tuple[int, BaseException] | None,
+        session: str | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = started + self._wait_timeout()
@@ -468,9 +521,12 @@ class ServerManager:
                 raise NoHealthyServerError(names, loop.time() - started, last_error) from last_error
             tried.append(idx)
             try:
-                return await self.servers[idx].run_request(
+                result = await self.servers[idx].run_request(
                     kind, kwargs, slot_held=True, fail_fast=True
                 )
+                if session is not None:
+                    self._pin(session, idx)
+                return result
             except Exception as e:
                 last_error = e
                 self._on_failure(idx, e, exclude)
@@ -606,12 +662,20 @@ class ServerManager:
                 await proxy.close()
             return
         server = self._server_for_managed(base_url)
+        session = new_session_id()
+        # Without a named base_url the session's requests go through the manager: its
+        # first request pins it to the freest server at that moment (trajectories opened
+        # together spread over the servers) and the pin moves when that server fails.
+        backend: Any = server
+        if base_url is None and isinstance(server, APIServer):
+            backend = SessionRoute(self, server)
         if supports_tokens(server):
             managed: Any = ManagedServer(
-                server,
+                backend,
                 tokenizer=tokenizer,
                 tool_parser=self.tool_parser,
                 preserve_think_blocks=preserve_think_blocks,
+                session_id=session,
             )
         else:
             flag = os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").strip().lower()
@@ -621,11 +685,12 @@ class ServerManager:
                     "cannot track them; use server_type='vllm' or 'sglang', or set "
                     "ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1 for placeholder tokens (not for training)"
                 )
-            managed = DummyManagedServer(server, tokenizer=tokenizer)
+            managed = DummyManagedServer(backend, tokenizer=tokenizer, session_id=session)
         try:
             yield managed
         finally:
             managed.reset()
+            self._affinity.pop(session, None)
 
     def note_weights_update(self, version: int) -> None:
         """Tell every server that it now serves weights ``version`` (used as the policy
