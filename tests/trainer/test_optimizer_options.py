@@ -183,7 +183,9 @@ def test_trainer_uses_the_groups_and_the_schedule(tiny_model_dir, tiny_tokenizer
     embed = trainer.model.get_input_embeddings().weight
     assert any(p is embed for p in exempt["params"])
     m = trainer.train_on_batch(make_batch(tiny_tokenizer))
-    assert m["train/lr"] == pytest.approx(1e-3 * 0.75)  # after one of four steps
+    assert m["train/lr"] == pytest.approx(1e-3)  # the rate the first of four steps applied
+    m = trainer.train_on_batch(make_batch(tiny_tokenizer))
+    assert m["train/lr"] == pytest.approx(1e-3 * 0.75)  # the second step's, linearly decayed
 
 
 def test_checkpoint_keeps_the_skipped_steps_and_resumes_them(
