@@ -51,9 +51,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa:
 from atroposlib.http.answers import openai_error_bytes  # noqa: E402
 from atroposlib.http.headers import POLICY_VERSION_HEADER  # noqa: E402
 from atroposlib.http.openai_protocol import (  # noqa: E402
-    ClientGone,
     InvalidRequest,
     install_error_handlers,
+    unless_disconnected,
 )
 from atroposlib.http.security import load_api_key  # noqa: E402
 from atroposlib.http.server import ServerOptions, build_server  # noqa: E402
@@ -120,23 +120,6 @@ def _version_headers(version: str | None) -> dict[str, str]:
     return {}
 
 
-async def _unless_disconnected(request: Request, work: Any, poll_s: float = 0.5) -> Any:
-    """Await ``work``; if the client goes away first, cancel it, which makes vLLM abort the
-    request (an environment's timed-out retry would otherwise leave it generating)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                logger.info("client disconnected; aborting its generation")
-                raise ClientGone()
-    finally:
-        if not task.done():
-            task.cancel()
-
-
 async def _generate(served: Served, body: Any, request: Request) -> Response:
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -196,7 +179,7 @@ async def _generate(served: Served, body: Any, request: Request) -> Response:
             final = output
         return final
 
-    final = await _unless_disconnected(request, last())
+    final = await unless_disconnected(request, last())
     answer = generate_answer(
         await prompt_text(final),
         final.prompt_token_ids,

@@ -19,10 +19,12 @@ a FastAPI app never answers a bare 500.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
-from typing import Annotated, Any, Literal, Union
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -107,6 +109,30 @@ class ClientGone(OpenAIError):
 
     status = 499
     type = "client_closed_request"
+
+
+_T = TypeVar("_T")
+
+
+async def unless_disconnected(request: Request, work: Awaitable[_T], poll_s: float = 0.5) -> _T:
+    """Await ``work``, cancelling it if the client goes away first (:class:`ClientGone`).
+
+    Clients with timeouts (environments retrying a slow request) would otherwise leave the
+    engine generating answers nobody reads; cancelling frees the engine's rows (vLLM aborts
+    the request).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                logger.info("client disconnected; cancelling its generation")
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
 
     def __init__(self) -> None:
         super().__init__("client closed the request")

@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,12 +30,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from atroposlib.http.answers import openai_error_bytes
 from atroposlib.http.openai_protocol import (
-    ClientGone,
     InvalidRequest,
     ModelNotFound,
     completion_body,
     install_error_handlers,
     model_list,
+    unless_disconnected,
 )
 from atroposlib.http.server import ServerOptions, build_server
 from atroposlib.serving.chat_templates import ClientTemplateRenderer, split_template_kwargs
@@ -358,27 +358,6 @@ def create_app(config: ServeModelConfig, state: ServingState | None = None) -> F
 
     install_pause_routes(app, pause_gate, get_state)
     return app
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T], poll_s: float = 0.5) -> T:
-    """Await ``work``, cancelling it (and freeing its batch rows) if the client goes away.
-
-    Clients with timeouts (environments retrying a slow request) would otherwise leave
-    the engine generating answers nobody reads.
-    """
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                logger.info("client disconnected; cancelling its generation")
-                task.cancel()
-                raise ClientGone()
-    finally:
-        if not task.done():
-            task.cancel()
 
 
 def special_tokens(tokenizer: Any) -> dict[str, Any]:
