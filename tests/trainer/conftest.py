@@ -43,6 +43,25 @@ def make_batch(
     return groups
 
 
+def cpu_config(model_dir, save_path, **overrides):
+    """A small CPU ``TrainingConfig`` for the tiny model; ``overrides`` replace any field."""
+    from example_trainer.config import TrainingConfig
+
+    base = dict(
+        model_name=str(model_dir),
+        save_path=str(save_path),
+        device="cpu",
+        optimizer="adamw",
+        lr=1e-3,
+        batch_size=4,
+        gradient_accumulation_steps=2,
+        pad_to_multiple=8,
+        progress=False,
+    )
+    base.update(overrides)
+    return TrainingConfig(**base)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer

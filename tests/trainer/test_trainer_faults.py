@@ -11,27 +11,9 @@ import pytest
 import torch
 
 from example_trainer.checkpointing import save_checkpoint
-from example_trainer.config import TrainingConfig
 from example_trainer.trainers import GRPOTrainer, prepare_batch
 from example_trainer.training import compute_grpo_loss, grpo_loss, token_logprobs
-from tests.trainer.conftest import make_batch
-
-
-def _config(model_dir, save_path, **kw) -> TrainingConfig:
-    base = dict(
-        model_name=str(model_dir),
-        save_path=str(save_path),
-        device="cpu",
-        optimizer="adamw",
-        lr=1e-3,
-        batch_size=4,
-        gradient_accumulation_steps=2,
-        pad_to_multiple=8,
-        progress=False,
-    )
-    base.update(kw)
-    return TrainingConfig(**base)
-
+from tests.trainer.conftest import cpu_config, make_batch
 
 # --- metrics against the sampler under --ppo-epochs / --mini-batches ------------------------
 
@@ -68,8 +50,8 @@ def test_several_updates_per_batch_report_the_sampler_share_and_alignment(
     mixed = make_batch(tiny_tokenizer, n_groups=1, group_size=4, seed=3, with_logprobs=True)
     mixed += make_batch(tiny_tokenizer, n_groups=1, group_size=4, seed=4)
     # lr so small the policy does not move: every update sees the same log-probs
-    once = GRPOTrainer(_config(tiny_model_dir, tmp_path / "a", lr=1e-12)).train_on_batch(mixed)
-    cfg = _config(
+    once = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path / "a", lr=1e-12)).train_on_batch(mixed)
+    cfg = cpu_config(
         tiny_model_dir, tmp_path / "b", lr=1e-12, ppo_epochs=ppo_epochs, mini_batches=mini_batches
     )
     trainer = GRPOTrainer(cfg)
@@ -89,9 +71,9 @@ def test_mismatch_kl_is_against_the_sampler_under_several_epochs(
     batch += make_batch(tiny_tokenizer, n_groups=1, group_size=4, seed=4)
     # one micro-batch holding both groups: only the first group's tokens have a sampler
     common = dict(lr=1e-12, off_policy_correction="tis", batch_size=8)
-    once = GRPOTrainer(_config(tiny_model_dir, tmp_path / "a", **common)).train_on_batch(batch)
+    once = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path / "a", **common)).train_on_batch(batch)
     twice = GRPOTrainer(
-        _config(tiny_model_dir, tmp_path / "b", ppo_epochs=2, **common)
+        cpu_config(tiny_model_dir, tmp_path / "b", ppo_epochs=2, **common)
     ).train_on_batch(batch)
     assert once["off_policy/mismatch_kl"] > 0.1
     assert twice["off_policy/mismatch_kl"] == pytest.approx(
@@ -103,7 +85,7 @@ def test_mismatch_kl_is_against_the_sampler_under_several_epochs(
 
 
 def test_train_lr_is_the_rate_the_step_applied(tiny_model_dir, tiny_tokenizer, tmp_path):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path, warmup_steps=4, lr=1e-3))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, warmup_steps=4, lr=1e-3))
     used = []
     apply = trainer._apply_update
 
@@ -122,7 +104,7 @@ def test_train_lr_is_the_rate_the_step_applied(tiny_model_dir, tiny_tokenizer, t
 def test_resume_with_a_new_lr_applies_it_and_says_so(
     tiny_model_dir, tiny_tokenizer, tmp_path, caplog
 ):
-    cfg = _config(tiny_model_dir, tmp_path, warmup_steps=4, lr=1e-3)
+    cfg = cpu_config(tiny_model_dir, tmp_path, warmup_steps=4, lr=1e-3)
     t1 = GRPOTrainer(cfg)
     t1.train_on_batch(make_batch(tiny_tokenizer, seed=1))
     t1.step = 1
@@ -189,7 +171,7 @@ def test_the_kl_reference_is_kept_in_the_compute_dtype(
     tiny_model_dir, tiny_tokenizer, tmp_path, precision, dtype, expected
 ):
     trainer = GRPOTrainer(
-        _config(tiny_model_dir, tmp_path, kl_coef=0.1, precision=precision, dtype=dtype)
+        cpu_config(tiny_model_dir, tmp_path, kl_coef=0.1, precision=precision, dtype=dtype)
     )
     assert {p.dtype for p in trainer.ref_model.parameters()} == {expected}
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
@@ -205,7 +187,7 @@ def test_sampler_statistics_do_not_depend_on_micro_batches_without_sampler_logpr
     batch += make_batch(tiny_tokenizer, n_groups=1, group_size=4, seed=4)
     runs = [
         GRPOTrainer(
-            _config(tiny_model_dir, tmp_path / str(micro), batch_size=micro, lr=1e-12,
+            cpu_config(tiny_model_dir, tmp_path / str(micro), batch_size=micro, lr=1e-12,
                     off_policy_correction="tis")
         ).train_on_batch(batch)
         for micro in (8, 4)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from example_trainer.checkpointing import save_checkpoint
-from example_trainer.config import TrainingConfig
 from example_trainer.data import (
     IGNORE_INDEX,
     GroupError,
@@ -23,23 +22,7 @@ from example_trainer.data import (
 from example_trainer.model import load_model
 from example_trainer.trainers import GRPOTrainer, TrainingDivergedError, prepare_batch
 from example_trainer.training import compute_grpo_loss, token_logprobs
-from tests.trainer.conftest import make_batch
-
-
-def _config(model_dir, save_path, **kw) -> TrainingConfig:
-    base = dict(
-        model_name=str(model_dir),
-        save_path=str(save_path),
-        device="cpu",
-        optimizer="adamw",
-        lr=1e-3,
-        batch_size=4,
-        gradient_accumulation_steps=2,
-        pad_to_multiple=8,
-        progress=False,
-    )
-    base.update(kw)
-    return TrainingConfig(**base)
+from tests.trainer.conftest import cpu_config, make_batch
 
 
 def _weights(model) -> list[torch.Tensor]:
@@ -89,7 +72,7 @@ def _nan_step(trainer, poison, tokenizer, seed=0):
 def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path))
     poison = _PoisonLogits(trainer.model)
     before = _weights(trainer.model)
     m = _nan_step(trainer, poison, tiny_tokenizer)
@@ -108,7 +91,7 @@ def test_a_non_finite_gradient_skips_the_step_and_keeps_the_weights(
 
 
 def test_the_run_stops_after_n_skipped_steps_in_a_row(tiny_model_dir, tiny_tokenizer, tmp_path):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path, max_consecutive_skipped_steps=2))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, max_consecutive_skipped_steps=2))
     poison = _PoisonLogits(trainer.model)
     _nan_step(trainer, poison, tiny_tokenizer)
     trainer.train_on_batch(make_batch(tiny_tokenizer, seed=1))  # resets the run of skips
@@ -167,7 +150,7 @@ def test_non_finite_scores_or_advantages_reject_the_group(field, value, message)
 
 
 def test_a_greedy_group_trains_to_finite_weights(tiny_model_dir, tiny_tokenizer, tmp_path):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path))
     batch = make_batch(tiny_tokenizer, with_logprobs=True)
     batch[0]["generation_params"] = {"temperature": 0.0}
     m = trainer.train_on_batch(batch)
@@ -179,7 +162,7 @@ def test_a_greedy_group_trains_to_finite_weights(tiny_model_dir, tiny_tokenizer,
 
 
 def test_kl_reference_after_resume_is_the_starting_policy(tiny_model_dir, tiny_tokenizer, tmp_path):
-    cfg = _config(tiny_model_dir, tmp_path, kl_coef=0.1, lr=1e-2)
+    cfg = cpu_config(tiny_model_dir, tmp_path, kl_coef=0.1, lr=1e-2)
     t1 = GRPOTrainer(cfg)
     t1.train_on_batch(make_batch(tiny_tokenizer, with_logprobs=True))
     t1.step = 1
@@ -209,7 +192,7 @@ def test_the_gradient_does_not_depend_on_micro_batch_composition(
 ):
     runs = []
     for micro in (4, 8, 3):
-        trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path / str(micro), batch_size=micro))
+        trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path / str(micro), batch_size=micro))
         runs.append(trainer.train_on_batch(_mixed_batch(tiny_tokenizer)))
     norms = [m["train/grad_norm"] for m in runs]
     assert norms[1] == pytest.approx(norms[0], rel=1e-4)
@@ -291,7 +274,7 @@ def test_cut_sequences_count_only_the_tokens_trained():
 
 
 def test_the_loss_divisor_is_the_tokens_present_after_the_cut(tiny_model_dir, tmp_path):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path, seq_len=16))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, seq_len=16))
     m = trainer.train_on_batch([_long_and_short_group()])
     a = 0.5 / (np.sqrt(0.5) + 1e-4)  # advantages ±a
     # Ratio 1 (no sampler log-probs): loss = -(15·a − 8·a) / (15 + 8).
