@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Callable, List
 
 from atroposlib.envs.adapters.text_games import AsyncTextGame, StepResult, TextGame, Turn
 from atroposlib.utils.aio import within
+from atroposlib.utils.parent_death import die_with_parent
 
 __all__ = [
     "START_TIMEOUT_S",
@@ -253,16 +254,12 @@ class ProcessGame(AsyncTextGame):
 
 def _die_with_parent(parent: int) -> None:
     """Linux: SIGKILL this process when its parent dies, even mid-step (the pipe's end is
-    seen only between calls)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before the signal was armed
+    seen only between calls); elsewhere, exit now if the parent is already gone."""
+    try:
+        armed = die_with_parent(signal.SIGKILL, parent_pid=parent)
+    except OSError:
+        armed = False
+    if not armed and os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(0)
 
 
