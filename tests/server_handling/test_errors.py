@@ -11,7 +11,6 @@ import pytest
 import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from atroposlib.envs.server_handling._proxy_upstream import proxy_error_for
 from atroposlib.envs.server_handling.errors import (
     ServerConnectionError,
     ServerTimeoutError,
@@ -24,6 +23,7 @@ from atroposlib.envs.server_handling.errors import (
     status_code,
     status_error,
 )
+from atroposlib.proxy.upstream import proxy_error_for
 
 URL = "http://127.0.0.1:9/v1/chat/completions"
 

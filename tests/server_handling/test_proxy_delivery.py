@@ -1,4 +1,4 @@
-"""What the proxy takes back for an answer it did not deliver (``_proxy_delivery``): a
+"""What the proxy takes back for an answer it did not deliver (``atroposlib.proxy.delivery``): a
 request's nodes leave the session, a node it continued gets its place back, other
 requests' nodes stay; and an answer whose client left before its end is not sent."""
 
@@ -9,13 +9,13 @@ from typing import Any
 
 from starlette.responses import Response
 
-from atroposlib.envs.server_handling._proxy_delivery import (
+from atroposlib.envs.server_handling.server_harness import ServerHarness
+from atroposlib.proxy.delivery import (
     STORED,
     ClientWatch,
     RecordingManagedServer,
     Stored,
 )
-from atroposlib.envs.server_handling.server_harness import ServerHarness
 
 
 def _prompt(tok: Any, messages: list) -> str:

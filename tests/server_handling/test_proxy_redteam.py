@@ -119,7 +119,7 @@ def test_cross_site_posts_without_origin_are_refused(proxy):
 async def test_an_unloadable_tokenizer_is_409_and_does_not_stall_the_proxy(monkeypatch):
     """A config naming a tokenizer that cannot load was a 500, loaded on the event loop (a
     minute of hub retries during which /health did not answer)."""
-    import atroposlib.envs.server_handling.managed_server_proxy as proxy_module
+    import atroposlib.proxy.state as proxy_module
 
     loading, loaded = threading.Event(), threading.Event()
     release = threading.Event()

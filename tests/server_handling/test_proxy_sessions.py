@@ -10,17 +10,13 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from atroposlib.envs.server_handling import managed_server_proxy
-from atroposlib.envs.server_handling._proxy_state import (
-    SessionLimits,
-    SessionState,
-    SessionStore,
-    UpstreamPolicy,
-)
 from atroposlib.envs.server_handling.managed_server_proxy import ProxyState, create_app, main
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.http.openai_protocol import OpenAIError
+from atroposlib.proxy import state as proxy_state
+from atroposlib.proxy.state import SessionLimits, SessionState, SessionStore
+from atroposlib.proxy.upstream import UpstreamPolicy
 from atroposlib.testing.proxy import running_proxy
 
 USER = [{"role": "user", "content": "Name a color."}]
@@ -228,7 +224,7 @@ def test_the_proxy_names_a_missing_or_unloadable_tokenizer_and_loads_each_name_o
     monkeypatch,
 ):
     loads: list[str] = []
-    monkeypatch.setattr(managed_server_proxy, "load_tokenizer", loads.append)  # always None
+    monkeypatch.setattr(proxy_state, "load_tokenizer", loads.append)  # always None
     state = ProxyState()
     nameless = SimpleNamespace(config=SimpleNamespace(tokenizer_name="none", model_name=""))
     with pytest.raises(OpenAIError, match="no tokenizer configured") as info:

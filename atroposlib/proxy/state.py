@@ -1,4 +1,5 @@
-"""The managed-server proxy's state: bounded sessions and the upstream policy.
+"""The proxy's state: the server pool, tokenizers and bounded sessions (:class:`ProxyState`,
+kept on ``app.state.proxy``; the routes read everything from it).
 
 Every session holds a ``ManagedServer`` whose nodes (token ids, masks, logprobs, text)
 live in the proxy's memory until the environment reads them and deletes the session. Left
@@ -12,18 +13,19 @@ sessions together (503). Time comes from an injected clock, so tests never sleep
 from __future__ import annotations
 
 import collections
-import ipaddress
 import logging
-import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
-from urllib.parse import urlsplit
+from typing import Any, Callable, Iterator
 
-from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling._common import load_tokenizer
+from atroposlib.envs.server_handling.managed_server import ManagedServer, resolve_tokenizer
+from atroposlib.envs.server_handling.server_baseline import config_value
+from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.http.openai_protocol import OpenAIError
-from atroposlib.http.security import is_loopback_host
+from atroposlib.proxy.upstream import UpstreamPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -258,99 +260,104 @@ class SessionStore:
         session.num_nodes, session.stored_tokens = len(nodes), tokens
 
 
-AddressInfo = Callable[[str, int], Iterable[Any]]
+def _no_tokenizer(message: str) -> OpenAIError:
+    return OpenAIError(message, param="tokenizer", status=409, type="invalid_state")
 
 
-def _resolve(host: str, port: int) -> list[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
+class ProxyState:
+    """Everything the proxy's routes share: the server pool (None until ``POST /setup``),
+    the tokenizers, the sessions, and the policies ``create_app`` was given.
 
-
-def is_loopback_address(address: str) -> bool:
-    """Whether ``address`` (an IP literal, IPv6 with or without a zone) is loopback.
-
-    An IPv4-mapped IPv6 address counts as the IPv4 address it maps."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return (mapped or ip).is_loopback
-
-
-class UpstreamPolicy:
-    """Which inference-server URLs ``POST /setup`` may point the proxy at.
-
-    Entries are host names or addresses (``gpu-node-3``, ``10.0.0.5``), optionally with a port
-    (``gpu-node-3:9001``) or a leading ``*.`` for subdomains (``*.cluster.local``); ``*``
-    allows any host. Loopback hosts are always allowed — a host allowed only for being
-    loopback must resolve to loopback addresses only (:meth:`setup_problem`), and the
-    proxy connects to it only at loopback addresses (:meth:`peer_allowed`), so a name that
-    later resolves elsewhere (DNS rebinding) reaches nothing. Only ``http``/``https`` pass.
+    ``api_key_set`` says whether bearer auth is on (``/setup`` needs it); ``upstreams``
+    which hosts ``/setup`` may point at; ``max_answer_bytes`` bounds each inference server
+    answer the servers read.
     """
 
     def __init__(
-        self, allowed: Iterable[str] = (), resolve: Callable[[str, int], list[str]] = _resolve
+        self,
+        manager: ServerManager | None = None,
+        tokenizer: Any = None,
+        tool_parser: str | None = None,
+        model_name: str = "unknown",
+        limits: SessionLimits | None = None,
+        *,
+        api_key_set: bool = False,
+        upstreams: UpstreamPolicy | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ):
-        self.entries = [a.strip().lower() for a in allowed if a and a.strip()]
-        self.resolve = resolve
+        self.manager = manager
+        self.tokenizer = tokenizer
+        self.tool_parser = tool_parser
+        self.model_name = model_name
+        self.sessions = SessionStore(limits)
+        self.api_key_set = api_key_set
+        self.upstreams = upstreams or UpstreamPolicy()
+        self.max_answer_bytes = max_answer_bytes
+        self._tokenizers: dict[str, Any] = {}
+        self.bound_transports(manager, check_peers=False)
 
-    def _listed(self, host: str, port: int | None) -> bool:
-        for entry in self.entries:
-            if entry == "*":
-                return True
-            name, _, entry_port = (
-                entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+    def require_manager(self) -> ServerManager:
+        """The server pool; 409 before ``POST /setup`` gave one."""
+        if self.manager is None:
+            raise OpenAIError(
+                "the proxy has no servers yet; POST /setup first", status=409, type="invalid_state"
             )
-            if entry_port and port is not None and str(port) != entry_port:
+        return self.manager
+
+    def bound_transports(self, manager: ServerManager | None, check_peers: bool) -> None:
+        """Bound the answers ``manager``'s servers read; with ``check_peers`` (servers set up
+        through ``/setup``) connect only to addresses the upstream policy allows."""
+        for server in manager.servers if manager is not None else ():
+            make = getattr(server, "transport", None)
+            if not callable(make):
                 continue
-            if name == host or (name.startswith("*.") and host.endswith(name[1:])):
-                return True
-        return False
+            transport = make()
+            transport.max_answer_bytes = self.max_answer_bytes
+            if check_peers:
+                transport.peer_check = self.upstreams.peer_allowed
 
-    def allows(self, url: str | None) -> bool:
-        """Whether ``url`` is an allowed upstream by its form (names are not resolved)."""
-        try:
-            parts = urlsplit(url or "")
-            host = (parts.hostname or "").lower()
-            port = parts.port
-        except ValueError:
-            return False
-        if parts.scheme not in ("http", "https") or not host:
-            return False
-        if is_loopback_host(host):
-            return True
-        return self._listed(host, port if port is not None else -1)
+    def model_names(self) -> list[str]:
+        """The names ``/v1/models`` lists: ``model_name`` when given, else the servers'."""
+        if self.model_name != "unknown" or self.manager is None:
+            return [self.model_name]
+        names = {str(config_value(s.config, "model_name")) for s in self.manager.servers}
+        return sorted(names) or [self.model_name]
 
-    def setup_problem(self, url: str | None) -> str | None:
-        """Why ``url`` may not be set up, or None. Blocking (resolves names): run it in a
-        thread. A host that is not listed must be a loopback address, or a name every
-        address of which is loopback."""
-        if not self.allows(url):
-            return "only loopback servers and the hosts given with --allow-upstream may be set up"
-        parts = urlsplit(url or "")
-        host = (parts.hostname or "").lower()
-        port = parts.port
-        if self._listed(host, port if port is not None else -1):
-            return None
-        try:
-            ipaddress.ip_address(host)
-            addresses = [host]  # a literal: nothing to resolve
-        except ValueError:
-            addresses = []
-        try:
-            addresses = addresses or self.resolve(host, port or 80)
-        except (OSError, UnicodeError) as e:
-            return f"host {host!r} does not resolve ({e})"
-        foreign = [a for a in addresses if not is_loopback_address(a)]
-        if not addresses or foreign:
-            return (
-                f"host {host!r} resolves to {', '.join(foreign) or 'nothing'}, not loopback; "
-                "name non-loopback hosts with --allow-upstream"
-            )
-        return None
+    def server_model(self, server: Any) -> str:
+        """The model name a session on ``server`` reports."""
+        if self.model_name != "unknown":
+            return self.model_name
+        return str(config_value(getattr(server, "config", None), "model_name"))
 
-    def peer_allowed(self, host: str, address: str) -> bool:
-        """Whether the proxy may connect to ``address``, resolved from ``host``: a listed
-        host at any address, any other host only at a loopback address."""
-        return self._listed(host.lower(), None) or is_loopback_address(address)
+    def tokenizer_for(self, server: Any) -> Any:
+        """The proxy's tokenizer, else the server's own, else the one its config names."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return resolve_tokenizer(
+            server,
+            self.load_tokenizer,
+            lambda: _no_tokenizer(
+                "no tokenizer configured for this server: start the proxy with --tokenizer or "
+                "POST /setup with 'tokenizer'"
+            ),
+            lambda name: _no_tokenizer(
+                f"could not load tokenizer {name!r} named by the server's config: POST /setup "
+                "with a loadable 'tokenizer'"
+            ),
+        )
+
+    def load_tokenizer(self, name: str) -> Any:
+        """``load_tokenizer(name)``, once per name (a failure, None, is remembered too).
+        Blocking: the routes call it in a thread."""
+        if name not in self._tokenizers:
+            self._tokenizers[name] = load_tokenizer(name)
+        return self._tokenizers[name]
+
+    def fresh_tokenizer(self, name: str) -> Any:
+        """``load_tokenizer(name)``, not remembered (``POST /setup`` may retry a name that
+        failed). Blocking: the routes call it in a thread."""
+        return load_tokenizer(name)
+
+    def session(self, session_id: str) -> SessionState:
+        """The session (404 when unknown, deleted or evicted)."""
+        return self.sessions.get(session_id)

@@ -1,5 +1,6 @@
-"""How the managed-server proxy tells the client's faults from the inference server's, and
-turns the inference server's into answers (see README.md, "Proxy status classes").
+"""The proxy's upstream side: which inference servers it may reach (:class:`UpstreamPolicy`),
+how it tells the client's faults from the inference server's, and how it turns the inference
+server's into answers (see README.md, "Proxy status classes").
 
 A session's ``ManagedServer`` calls its backend through an :class:`UpstreamTap`, which
 marks the request as having reached the inference server: a failure before that point is
@@ -10,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import ipaddress
 import json
 import logging
 import math
-from typing import Any
+import socket
+from typing import Any, Callable, Iterable
+from urllib.parse import urlsplit
 
 import orjson
 from fastapi.responses import Response
 
 from atroposlib.envs.server_handling.errors import NoHealthyServerError, status_code
 from atroposlib.http.openai_protocol import OpenAIError
+from atroposlib.http.security import is_loopback_host
 
 logger = logging.getLogger(__name__)
 
@@ -209,3 +214,101 @@ def proxy_error_for(exc: BaseException, reached_upstream: bool) -> OpenAIError:
         status=502,
         type="upstream_error",
     )
+
+
+AddressInfo = Callable[[str, int], Iterable[Any]]
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def is_loopback_address(address: str) -> bool:
+    """Whether ``address`` (an IP literal, IPv6 with or without a zone) is loopback.
+
+    An IPv4-mapped IPv6 address counts as the IPv4 address it maps."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+class UpstreamPolicy:
+    """Which inference-server URLs ``POST /setup`` may point the proxy at.
+
+    Entries are host names or addresses (``gpu-node-3``, ``10.0.0.5``), optionally with a port
+    (``gpu-node-3:9001``) or a leading ``*.`` for subdomains (``*.cluster.local``); ``*``
+    allows any host. Loopback hosts are always allowed — a host allowed only for being
+    loopback must resolve to loopback addresses only (:meth:`setup_problem`), and the
+    proxy connects to it only at loopback addresses (:meth:`peer_allowed`), so a name that
+    later resolves elsewhere (DNS rebinding) reaches nothing. Only ``http``/``https`` pass.
+    """
+
+    def __init__(
+        self, allowed: Iterable[str] = (), resolve: Callable[[str, int], list[str]] = _resolve
+    ):
+        self.entries = [a.strip().lower() for a in allowed if a and a.strip()]
+        self.resolve = resolve
+
+    def _listed(self, host: str, port: int | None) -> bool:
+        for entry in self.entries:
+            if entry == "*":
+                return True
+            name, _, entry_port = (
+                entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+            )
+            if entry_port and port is not None and str(port) != entry_port:
+                continue
+            if name == host or (name.startswith("*.") and host.endswith(name[1:])):
+                return True
+        return False
+
+    def allows(self, url: str | None) -> bool:
+        """Whether ``url`` is an allowed upstream by its form (names are not resolved)."""
+        try:
+            parts = urlsplit(url or "")
+            host = (parts.hostname or "").lower()
+            port = parts.port
+        except ValueError:
+            return False
+        if parts.scheme not in ("http", "https") or not host:
+            return False
+        if is_loopback_host(host):
+            return True
+        return self._listed(host, port if port is not None else -1)
+
+    def setup_problem(self, url: str | None) -> str | None:
+        """Why ``url`` may not be set up, or None. Blocking (resolves names): run it in a
+        thread. A host that is not listed must be a loopback address, or a name every
+        address of which is loopback."""
+        if not self.allows(url):
+            return "only loopback servers and the hosts given with --allow-upstream may be set up"
+        parts = urlsplit(url or "")
+        host = (parts.hostname or "").lower()
+        port = parts.port
+        if self._listed(host, port if port is not None else -1):
+            return None
+        try:
+            ipaddress.ip_address(host)
+            addresses = [host]  # a literal: nothing to resolve
+        except ValueError:
+            addresses = []
+        try:
+            addresses = addresses or self.resolve(host, port or 80)
+        except (OSError, UnicodeError) as e:
+            return f"host {host!r} does not resolve ({e})"
+        foreign = [a for a in addresses if not is_loopback_address(a)]
+        if not addresses or foreign:
+            return (
+                f"host {host!r} resolves to {', '.join(foreign) or 'nothing'}, not loopback; "
+                "name non-loopback hosts with --allow-upstream"
+            )
+        return None
+
+    def peer_allowed(self, host: str, address: str) -> bool:
+        """Whether the proxy may connect to ``address``, resolved from ``host``: a listed
+        host at any address, any other host only at a loopback address."""
+        return self._listed(host.lower(), None) or is_loopback_address(address)

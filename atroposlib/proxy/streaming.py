@@ -1,4 +1,4 @@
-"""Server-sent events for the managed-server proxy's ``stream: true`` requests.
+"""Server-sent events for the proxy's ``stream: true`` requests.
 
 The proxy runs the same generation as for a plain request (the session's ``ManagedServer``
 records the nodes), then sends the finished answer as OpenAI stream chunks: per choice a
@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 from fastapi.responses import StreamingResponse
 
-from atroposlib.envs.server_handling._proxy_upstream import upstream_json
 from atroposlib.http.openai_protocol import OpenAIError, completion_body, usage_body
+from atroposlib.proxy.upstream import upstream_json
 
 
 def stream_options(extra: dict[str, Any] | None) -> tuple[bool, bool]:

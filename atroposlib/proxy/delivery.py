@@ -1,4 +1,4 @@
-"""Delivery for the managed-server proxy: a session keeps only the nodes of answers it
+"""Delivery for the proxy: a session keeps only the nodes of answers it
 delivered.
 
 A client that gives up on a request (its timeout, a retry, a closed stream) leaves the
