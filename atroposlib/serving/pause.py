@@ -33,7 +33,7 @@ import logging
 import time
 from typing import Any, Callable, Literal
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from atroposlib.http.headers import POLICY_VERSION_HEADER
@@ -198,41 +198,51 @@ class PauseMiddleware:
             self.gate.leave()
 
 
-def install_pause_routes(app: FastAPI, gate: PauseGate, get_state: Callable[..., Any]) -> None:
-    """Add ``POST /pause``, ``POST /resume``, ``GET /pause`` and ``GET /weights_history``."""
+router = APIRouter()
+"""``POST /pause``, ``POST /resume``, ``GET /pause`` and ``GET /weights_history``; each reads
+the engine and the gate from the app's ``ServingState`` (``app.state.serving``)."""
 
-    @app.post("/pause")
-    async def pause(body: PauseRequest, st: Any = Depends(get_state)) -> dict[str, Any]:
-        started = time.monotonic()
-        engine = st.engine
-        release = None
-        if body.mode == "hold":
-            engine.hold()
-            release = engine.release
-            try:  # answer once the step in progress, if any, has ended
-                await within(engine.parked.wait(), body.timeout)
-            except asyncio.TimeoutError:
-                logger.warning("pause: the engine did not stop within %.1fs", body.timeout)
-        elif engine.held:
-            engine.release()
-        drained = await gate.pause(body.mode, body.timeout, body.max_pause_seconds, release)
-        logger.info("paused (%s) in %.3fs", body.mode, time.monotonic() - started)
-        return {**gate.state(), "drained": drained, "version": engine.version}
 
-    @app.post("/resume")
-    async def resume(st: Any = Depends(get_state)) -> dict[str, Any]:
-        was = gate.paused
-        gate.resume()
-        if st.engine.held:
-            st.engine.release()
-        if was:
-            logger.info("resumed")
-        return {**gate.state(), "drained": gate.in_flight == 0, "version": st.engine.version}
+async def _serving(request: Request) -> Any:
+    return request.app.state.serving
 
-    @app.get("/pause")
-    async def pause_state(st: Any = Depends(get_state)) -> dict[str, Any]:
-        return {**gate.state(), "version": st.engine.version}
 
-    @app.get("/weights_history")
-    async def weights_history(st: Any = Depends(get_state)) -> dict[str, Any]:
-        return {"version": st.engine.version, "swaps": list(st.engine.swap_log)}
+@router.post("/pause")
+async def pause(body: PauseRequest, st: Any = Depends(_serving)) -> dict[str, Any]:
+    started = time.monotonic()
+    engine, gate = st.engine, st.pause_gate
+    release = None
+    if body.mode == "hold":
+        engine.hold()
+        release = engine.release
+        try:  # answer once the step in progress, if any, has ended
+            await within(engine.parked.wait(), body.timeout)
+        except asyncio.TimeoutError:
+            logger.warning("pause: the engine did not stop within %.1fs", body.timeout)
+    elif engine.held:
+        engine.release()
+    drained = await gate.pause(body.mode, body.timeout, body.max_pause_seconds, release)
+    logger.info("paused (%s) in %.3fs", body.mode, time.monotonic() - started)
+    return {**gate.state(), "drained": drained, "version": engine.version}
+
+
+@router.post("/resume")
+async def resume(st: Any = Depends(_serving)) -> dict[str, Any]:
+    gate = st.pause_gate
+    was = gate.paused
+    gate.resume()
+    if st.engine.held:
+        st.engine.release()
+    if was:
+        logger.info("resumed")
+    return {**gate.state(), "drained": gate.in_flight == 0, "version": st.engine.version}
+
+
+@router.get("/pause")
+async def pause_state(st: Any = Depends(_serving)) -> dict[str, Any]:
+    return {**st.pause_gate.state(), "version": st.engine.version}
+
+
+@router.get("/weights_history")
+async def weights_history(st: Any = Depends(_serving)) -> dict[str, Any]:
+    return {"version": st.engine.version, "swaps": list(st.engine.swap_log)}

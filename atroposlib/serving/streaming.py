@@ -16,8 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from atroposlib.http.openai_protocol import OpenAIError, error_body
-from atroposlib.serving.engine import Engine, GenerationResult, TokenEvent
+from fastapi.responses import StreamingResponse
+
+from atroposlib.http.openai_protocol import OpenAIError, completion_body, error_body
+from atroposlib.serving.engine import Engine, GenerationResult, SequenceOutput, TokenEvent
+from atroposlib.serving.protocol import ChatCompletionRequest, CompletionRequest
+from atroposlib.serving.responses import chat_logprobs, completion_logprobs, usage
 from atroposlib.serving.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -147,3 +151,112 @@ async def stream_choices(
     finally:
         for task in tasks:
             task.cancel()
+
+
+def _events_output(events: list[TokenEvent]) -> SequenceOutput:
+    return SequenceOutput(
+        0,
+        [e.token_id for e in events],
+        "",
+        [e.logprob for e in events],
+        [e.top_logprobs for e in events],
+        "",
+    )
+
+
+def _usage_requested(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
+
+
+def _chunk_envelope(object_name: str, name: str) -> Callable[..., dict[str, Any]]:
+    """``wrap(choices, **extra)``: one stream's chunks, all with the same id and time."""
+    head = completion_body(object_name, name, [])
+
+    def wrap(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": choices, **extra}
+
+    return wrap
+
+
+def _sse(
+    engine: Engine,
+    tokenizer: Any,
+    body: ChatCompletionRequest | CompletionRequest,
+    params: SamplingParams,
+    prompts: list[list[int]],
+    wrap: Callable[..., dict[str, Any]],
+    chunk: Callable[[int, str, list[TokenEvent], str | None], dict[str, Any]],
+    first: Callable[[int], dict[str, Any]] | None,
+) -> StreamingResponse:
+    """The SSE answer streaming ``prompts``, with a usage chunk when the client asked."""
+
+    def usage_chunk(results: list) -> dict[str, Any]:
+        return wrap([], usage=usage(results))
+
+    gen = stream_choices(
+        engine,
+        prompts,
+        params,
+        tokenizer,
+        chunk,
+        first,
+        usage_chunk if _usage_requested(body) else None,
+    )
+    return StreamingResponse(gen, media_type="text/event-stream")
+
+
+def stream_chat(
+    engine: Engine,
+    tokenizer: Any,
+    name: str,
+    body: ChatCompletionRequest,
+    params: SamplingParams,
+    ids: list[int],
+) -> StreamingResponse:
+    """SSE ``chat.completion.chunk`` stream for one conversation."""
+    as_ids = body.return_tokens_as_token_ids
+    wrap = _chunk_envelope("chat.completion.chunk", name)
+
+    def first(idx: int) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        return wrap([{"index": idx, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+    def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
+        lps = chat_logprobs(tokenizer, _events_output(events), as_ids) if body.logprobs else None
+        choice = {
+            "index": idx,
+            "delta": {"content": delta} if delta else {},
+            "logprobs": lps,
+            "finish_reason": finish,
+        }
+        return wrap([choice])
+
+    return _sse(engine, tokenizer, body, params, [ids], wrap, chunk, first)
+
+
+def stream_completions(
+    engine: Engine,
+    tokenizer: Any,
+    name: str,
+    body: CompletionRequest,
+    params: SamplingParams,
+    ids_list: list[list[int]],
+    texts: list[str],
+) -> StreamingResponse:
+    """SSE ``text_completion`` stream; choice index = prompt index * n + i."""
+    as_ids = body.return_tokens_as_token_ids
+    wrap = _chunk_envelope("text_completion", name)
+    echoed: set[int] = set()
+
+    def chunk(idx: int, delta: str, events: list[TokenEvent], finish: str | None) -> dict:
+        if body.echo and idx not in echoed:
+            echoed.add(idx)
+            delta = texts[idx // params.n] + delta
+        lps = (
+            completion_logprobs(tokenizer, _events_output(events), 0, as_ids)
+            if body.logprobs is not None
+            else None
+        )
+        return wrap([{"index": idx, "text": delta, "logprobs": lps, "finish_reason": finish}])
+
+    return _sse(engine, tokenizer, body, params, ids_list, wrap, chunk, None)
