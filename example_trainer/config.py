@@ -23,7 +23,9 @@ Additions over the original (all default to the original behaviour):
 
 ``trainer_rank``/``world_size``/``init_method`` start ``torch.distributed`` training
 (FSDP2, see :mod:`example_trainer.distributed`); under ``torchrun`` they come from its
-environment. Settings that this trainer does not implement (``shared_vllm`` and its
+environment. ``nnodes``/``node_rank``/``rdzv_endpoint`` do the same across nodes without
+torchrun (one process per node). ``inference_urls``/``inference_urls_file`` name every
+inference server of a fleet; rank 0 pushes each weight sync to all of them. Settings that this trainer does not implement (``shared_vllm`` and its
 ``single_copy``/``vllm_config_path``) are rejected here, before anything is loaded.
 """
 
@@ -53,6 +55,39 @@ def _default_device() -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     except ImportError:  # torch is an optional extra; the config itself must import without it
         return "cpu"
+
+
+def check_server_url(url: str) -> str:
+    """``url`` as a server base URL: http(s)://host[:port], no trailing ``/`` or ``/v1``
+    (so the URLs environments are given work as they are); ValueError otherwise."""
+    u = url.strip().rstrip("/")
+    if u.endswith("/v1"):
+        u = u[: -len("/v1")]
+    if not u.startswith(("http://", "https://")) or len(u.split("://", 1)[1]) == 0:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return u
+
+
+def read_urls_file(path: str) -> List[str]:
+    """The server URLs in ``path``: one per line, ``#`` comments and blank lines skipped.
+
+    ValueError names the file (and the line) when it cannot be read or a line is no URL.
+    """
+    try:
+        text = open(os.path.expanduser(path), encoding="utf-8").read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    urls = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            try:
+                urls.append(check_server_url(line))
+            except ValueError as exc:
+                raise ValueError(f"{path} line {n}: {exc}") from None
+    if not urls:
+        raise ValueError(f"{path} lists no URL")
+    return urls
 
 
 def _random_group() -> str:
@@ -355,6 +390,22 @@ class TrainingConfig(BaseModel):
     inference_url: str | None = Field(
         None, description="Base URL of the inference server (default http://localhost:{vllm_port})."
     )
+    inference_urls: List[str] | None = Field(
+        None,
+        description=(
+            "Base URLs of every inference server the weights go to (http_reload/lora_only; "
+            "with --inference-url, that one comes first); rank 0 pushes each sync to all of "
+            "them, names those that failed and goes on while at least one took the weights. "
+            "A trailing /v1 is dropped."
+        ),
+    )
+    inference_urls_file: str | None = Field(
+        None,
+        description=(
+            "File with one inference server base URL per line ('#' comments and blank lines "
+            "skipped), added after --inference-urls; read when the trainer starts."
+        ),
+    )
     launch_inference: bool = Field(
         True,
         description="In none/lora_restart mode, launch the inference server at start (false: one is already running and is restarted by us only after the first sync).",
@@ -390,6 +441,24 @@ class TrainingConfig(BaseModel):
     )
     init_method: str = Field(
         "env://", description="torch.distributed init method (env:// under torchrun)."
+    )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Nodes of a run started without torchrun: one trainer process per node, meeting at "
+            "--rdzv-endpoint (under torchrun its WORLD_SIZE/RANK win and this is ignored)."
+        ),
+    )
+    node_rank: int = Field(
+        0, ge=0, description="This node's rank among --nnodes (0 talks to run-api and syncs)."
+    )
+    rdzv_endpoint: str | None = Field(
+        None,
+        description=(
+            "host:port where the --nnodes trainer processes meet (torch.distributed's TCP store, "
+            "served by --node-rank 0); needed with --nnodes > 1 outside torchrun."
+        ),
     )
     num_inference_nodes: int = Field(
         0, ge=0, description="Number of inference nodes (informational)."
@@ -427,6 +496,28 @@ class TrainingConfig(BaseModel):
     @classmethod
     def _strip_slash(cls, v: str | None) -> str | None:
         return v.rstrip("/") if v else v
+
+    @field_validator("inference_urls")
+    @classmethod
+    def _check_urls(cls, v: List[str] | None) -> List[str] | None:
+        return None if v is None else [check_server_url(u) for u in v]
+
+    @field_validator("inference_urls_file")
+    @classmethod
+    def _urls_file_exists(cls, v: str | None) -> str | None:
+        if v is not None:
+            read_urls_file(v)  # a missing file or a bad line is refused here, naming both
+        return v
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"must be host:port (e.g. node001:29500), got {v!r}")
+        return v
 
     @field_validator("dtype")
     @classmethod
@@ -491,6 +582,18 @@ class TrainingConfig(BaseModel):
             raise ValueError(
                 "vllm_config_path is read only by shared_vllm, which this trainer does not implement"
             )
+        if self.nnodes > 1:
+            if self.rdzv_endpoint is None and "WORLD_SIZE" not in os.environ:
+                raise ValueError(
+                    "nnodes > 1 needs rdzv_endpoint (host:port of --node-rank 0) or torchrun"
+                )
+            if self.node_rank >= self.nnodes:
+                raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+            if self.world_size > 1:
+                raise ValueError(
+                    "world_size and nnodes both set: nnodes runs one process per node; "
+                    "for several per node launch with torchrun --nnodes --nproc-per-node"
+                )
         world = self.effective_world_size
         if world > 1 and self.uses_lora:
             raise ValueError(
@@ -520,7 +623,9 @@ class TrainingConfig(BaseModel):
     def effective_world_size(self) -> int:
         """Trainer processes: torchrun's ``WORLD_SIZE`` when set, else ``world_size``."""
         env = os.environ.get("WORLD_SIZE")
-        return int(env) if env and env.isdigit() else self.world_size
+        if env and env.isdigit():
+            return int(env)
+        return self.nnodes if self.nnodes > 1 else self.world_size
 
     @property
     def api_batch_size(self) -> int:
@@ -531,6 +636,19 @@ class TrainingConfig(BaseModel):
     def resolved_inference_url(self) -> str:
         """Inference server base URL (no trailing slash, no ``/v1``)."""
         return self.inference_url or f"http://localhost:{self.vllm_port}"
+
+    @property
+    def resolved_inference_urls(self) -> List[str]:
+        """Every inference server the weights go to, in order, without repeats: ``inference_url``
+        (or the ``vllm_port`` default when no list is given), ``inference_urls``, then the
+        lines of ``inference_urls_file``."""
+        urls: List[str] = []
+        if self.inference_url or not (self.inference_urls or self.inference_urls_file):
+            urls.append(self.resolved_inference_url)
+        urls += self.inference_urls or []
+        if self.inference_urls_file:
+            urls += read_urls_file(self.inference_urls_file)
+        return list(dict.fromkeys(urls))
 
     @property
     def metrics_dir(self) -> str:

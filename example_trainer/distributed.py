@@ -177,15 +177,21 @@ class DistContext:
 def init_distributed(config: Any) -> Tuple[DistContext, str]:
     """Join the process group when more than one trainer process runs.
 
-    Under ``torchrun`` the rank and world size come from ``RANK``/``WORLD_SIZE``/
-    ``LOCAL_RANK``; otherwise from ``--trainer-rank``/``--world-size``/``--init-method``.
-    Returns the context and the device this rank trains on (``cuda:LOCAL_RANK`` when
-    the config says ``cuda``).
+    Under ``torchrun`` (on one node or several) the rank and world size come from
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; otherwise from ``--nnodes``/``--node-rank``/
+    ``--rdzv-endpoint`` (one process per node, meeting at ``tcp://ENDPOINT``) or
+    ``--trainer-rank``/``--world-size``/``--init-method``. Returns the context and the
+    device this rank trains on (``cuda:LOCAL_RANK`` when the config says ``cuda``).
     """
     env = os.environ
-    world = int(env.get("WORLD_SIZE", config.world_size))
-    rank = int(env.get("RANK", config.trainer_rank))
-    local = int(env.get("LOCAL_RANK", rank))
+    init_method = config.init_method
+    if "WORLD_SIZE" not in env and getattr(config, "nnodes", 1) > 1:
+        world, rank, local = config.nnodes, config.node_rank, 0
+        init_method = f"tcp://{config.rdzv_endpoint}"
+    else:
+        world = int(env.get("WORLD_SIZE", config.world_size))
+        rank = int(env.get("RANK", config.trainer_rank))
+        local = int(env.get("LOCAL_RANK", rank))
     device = config.device
     if world <= 1:
         return DistContext(), device
@@ -198,7 +204,7 @@ def init_distributed(config: Any) -> Tuple[DistContext, str]:
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
             backend=backend,
-            init_method=config.init_method,
+            init_method=init_method,
             rank=rank,
             world_size=world,
             timeout=COLLECTIVE_TIMEOUT,

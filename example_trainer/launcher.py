@@ -81,6 +81,30 @@ def as_flags(d: Dict[str, Any]) -> List[str]:
     return out
 
 
+def external_inference_urls(config: RunConfig) -> List[str]:
+    """The inference servers that run elsewhere: ``inference_urls`` then the file's lines."""
+    from .config import check_server_url, read_urls_file
+
+    urls = [check_server_url(u) for u in config.inference_urls]
+    if config.inference_urls_file:
+        urls += read_urls_file(config.inference_urls_file)
+    return list(dict.fromkeys(urls))
+
+
+def rendezvous_flags(config: RunConfig) -> List[str]:
+    """torchrun's flags for one node of a ``--nnodes`` run (see ``rdzv_backend``)."""
+    flags = [
+        f"--nnodes={config.nnodes}",
+        f"--nproc-per-node={config.trainer_procs}",
+        f"--rdzv-backend={config.rdzv_backend}",
+        f"--rdzv-endpoint={config.rdzv_endpoint}",
+        f"--rdzv-id={config.rdzv_id}",
+    ]
+    if config.rdzv_backend == "static":
+        flags.append(f"--node-rank={config.node_rank}")
+    return flags
+
+
 class Launcher:
     """Runs one training job end to end. See the module docstring."""
 
@@ -108,9 +132,12 @@ class Launcher:
         self.device = config.trainer_device()
         self.api_port = config.api_port or free_port()
         self.inf_port = config.inference_port or free_port()
-        self.api_url = f"http://127.0.0.1:{self.api_port}"
-        self.inf_url = f"http://127.0.0.1:{self.inf_port}"
-        self.evaluator = Evaluator(config.eval, self.inf_url)
+        self.api_url = config.resolved_api_url(self.api_port)
+        self.inference_urls = external_inference_urls(config)
+        self.inf_url = (
+            self.inference_urls[0] if self.inference_urls else f"http://127.0.0.1:{self.inf_port}"
+        )
+        self.evaluator = Evaluator(None if config.only_trainer else config.eval, self.inf_url)
         self.inference_version: int | None = None
         self.t0 = time.time()
         # Seconds per phase, shown while running and written to the summary.
@@ -166,8 +193,8 @@ class Launcher:
             dtype=c.inference_dtype,
         )
         if c.inference_backend == "serve_model":
-            # The trainer's http_reload weights land under checkpoints/; other paths get 403.
-            cmd += ["--weights-root", str(self.run_dir / "checkpoints")]
+            # The trainer's http_reload weights land under its save_path; other paths get 403.
+            cmd += ["--weights-root", self.save_path]
         else:
             env = {**VLLM_SERVE_ENV, **env}
         return cmd + list(c.inference_args), {**env, **c.inference_env}
@@ -180,7 +207,7 @@ class Launcher:
             "-m",
             "atroposlib.cli.run_api",
             "--host",
-            "127.0.0.1",
+            c.api_host,
             "--port",
             str(self.api_port),
         ]
@@ -188,11 +215,22 @@ class Launcher:
             cmd += ["--max-staleness", str(c.max_staleness)]
         return cmd + list(c.api_args)
 
+    @property
+    def save_path(self) -> str:
+        """Where the trainer writes checkpoints and the weights it pushes."""
+        return str(self.config.trainer.get("save_path") or self.run_dir / "checkpoints")
+
+    @property
+    def starts_inference(self) -> bool:
+        """Whether this launcher runs the inference server (not when they run elsewhere)."""
+        c = self.config
+        return c.owns_inference and not c.external_inference and not c.only_trainer
+
     def start_services(self, model: str) -> None:
-        """run-api and (unless the trainer owns it) the inference server."""
+        """run-api and (unless the trainer owns it, or it runs elsewhere) the inference server."""
         c = self.config
         self.procs.start("api", self.api_cmd())
-        if c.owns_inference:
+        if self.starts_inference:
             cmd, env = self.inference_cmd(model)
             self.procs.start("inference", cmd, extra_env=env)
             self.procs.wait_healthy("inference", f"{self.inf_url}/health", c.startup_timeout)
@@ -202,11 +240,15 @@ class Launcher:
         """The ``atropos-grpo`` command line (under ``torchrun`` for several processes)."""
         c = self.config
         fields: Dict[str, Any] = {
-            "save_path": str(self.run_dir / "checkpoints"),
+            "save_path": self.save_path,
             "log_dir": str(self.run_dir),
             "atropos_url": self.api_url,
             "vllm_port": self.inf_port,
-            "inference_url": self.inf_url,
+            **(
+                {"inference_urls": self.inference_urls}
+                if self.inference_urls
+                else {"inference_url": self.inf_url}
+            ),
             "weight_bridge_mode": c.weight_bridge_mode,
             "progress": False,
             "inference_backend": "vllm" if c.inference_backend == "vllm" else "serve_model",
@@ -217,7 +259,9 @@ class Launcher:
         fields.update(c.trainer)
         fields["model_name"] = model
         launch = [sys.executable]
-        if c.trainer_procs > 1:
+        if c.nnodes > 1:
+            launch += ["-m", "torch.distributed.run", *rendezvous_flags(c)]
+        elif c.trainer_procs > 1:
             launch += [
                 "-m",
                 "torch.distributed.run",
@@ -260,6 +304,23 @@ class Launcher:
         model = self.prepare_model()
         if c.warmup is not None:
             self.phases["warm-up"] = time.time() - t
+        if c.only_trainer:
+            # Another node runs run-api, inference and the environments: the trainer's ranks
+            # of this node are all there is to start here.
+            self.rl_started = time.time()
+            self.procs.start("trainer", self.trainer_cmd(model))
+            status = self.monitor(model)
+            self.phases["RL"] = time.time() - self.rl_started
+            write_summary(
+                self.run_dir,
+                status,
+                [],
+                self.t0,
+                None,
+                phases=self.phases,
+                total_steps=self.total_steps,
+            )
+            return status
         t = time.time()
         self.start_services(model)
         self.phases["start-up"] = time.time() - t

@@ -78,6 +78,16 @@ _DIRECT = (
     "envs",
     "group_size",
     "max_wall_time",
+    "nnodes",
+    "node_rank",
+    "rdzv_endpoint",
+    "rdzv_backend",
+    "rdzv_id",
+    "trainer_only",
+    "api_host",
+    "api_url",
+    "inference_urls",
+    "inference_urls_file",
 )
 
 
@@ -143,7 +153,8 @@ def _check_trainer_settings(cfg: RunConfig) -> None:
     launcher_side = {"device": cfg.trainer_device(), "weight_bridge_mode": cfg.weight_bridge_mode}
     if cfg.precision != "auto":
         launcher_side["precision"] = cfg.precision
-    env_world = {"world_size": cfg.trainer_procs} if cfg.trainer_procs > 1 else {}
+    world = cfg.trainer_procs * cfg.nnodes
+    env_world = {"world_size": world} if world > 1 else {}
     trainer_config(
         [
             *as_flags({**launcher_side, **env_world, **dict(cfg.trainer)}),

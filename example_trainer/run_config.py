@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Dict, List, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from atroposlib.utils.settings_cli import Cli
 
@@ -117,6 +117,68 @@ class RunConfig(BaseModel):
         ge=1,
         description="Trainer processes; >1 launches the trainer with torchrun (FSDP2 across processes/GPUs).",
     )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Nodes the trainer spans: each runs atropos-grpo-run with its --node-rank, and the "
+            "trainer starts as torchrun --nnodes N --nproc-per-node trainer_procs meeting at "
+            "--rdzv-endpoint."
+        ),
+    )
+    node_rank: int = Field(
+        0,
+        ge=0,
+        description=(
+            "This node's rank (0: run-api, inference and environments run here; > 0: only the "
+            "trainer's torchrun, unless trainer_only is false)."
+        ),
+    )
+    rdzv_endpoint: str | None = Field(
+        None,
+        description="host:port of torchrun's rendezvous on node 0 (needed with --nnodes > 1).",
+    )
+    rdzv_backend: Literal["static", "c10d"] = Field(
+        "static",
+        description=(
+            "torchrun --rdzv-backend: static keeps global rank 0 (which talks to run-api and "
+            "pushes weights) on --node-rank 0, beside run-api and the run directory; with c10d "
+            "rank 0 may be on any node, so the trainer's save_path must be on a shared filesystem."
+        ),
+    )
+    rdzv_id: str = Field(
+        "atropos-grpo", description="torchrun --rdzv-id: the same on every node of one run."
+    )
+    trainer_only: bool | None = Field(
+        None,
+        description="Start only the trainer on this node (default: true on --node-rank > 0).",
+    )
+    api_host: str = Field(
+        "127.0.0.1",
+        description=(
+            "run-api --host (0.0.0.0 to serve other nodes: give api_args --api-key then, see "
+            "docs/multi-node.md)."
+        ),
+    )
+    api_url: str | None = Field(
+        None,
+        description=(
+            "run-api URL the trainer and environments use (default http://127.0.0.1:{api_port}; "
+            "on --node-rank > 0, http://{rdzv_endpoint host}:{api_port})."
+        ),
+    )
+    inference_urls: List[str] = Field(
+        default_factory=list,
+        description=(
+            "Inference servers that run elsewhere (one per GPU group, on inference nodes): "
+            "the launcher starts none, the trainer pushes weights to all (--inference-urls) "
+            "and the environments use the first unless env_args say otherwise."
+        ),
+    )
+    inference_urls_file: str | None = Field(
+        None,
+        description="File with one inference server URL per line, added to inference_urls.",
+    )
     envs: Annotated[List[str], Cli(flag="--env")] = Field(
         default_factory=lambda: ["environments/arithmetic_server.py"],
         description="Environment files to run (python FILE serve ...); one --env per file.",
@@ -150,10 +212,50 @@ class RunConfig(BaseModel):
     )
     status_interval: float = Field(1.0, gt=0, description="Seconds between status refreshes.")
 
+    @model_validator(mode="after")
+    def _check_nodes(self) -> RunConfig:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise ValueError("nnodes > 1 needs rdzv_endpoint (host:port on node 0)")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be < nnodes {self.nnodes}")
+        if self.rdzv_endpoint is not None:
+            host, sep, port = self.rdzv_endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
+        if self.nnodes > 1 and self.warmup is not None:
+            raise ValueError(
+                "warmup runs on one node; with nnodes > 1 run it first and give its model"
+            )
+        if self.external_inference and not self.owns_inference:
+            raise ValueError(
+                f"inference_urls need weight_bridge_mode http_reload (got "
+                f"{self.weight_bridge_mode}, which restarts a server of the trainer's own)"
+            )
+        return self
+
     @property
     def owns_inference(self) -> bool:
         """True when the launcher runs the inference server (the restart modes let the trainer do it)."""
         return self.weight_bridge_mode not in ("none", "lora_restart")
+
+    @property
+    def external_inference(self) -> bool:
+        """True when the inference servers run elsewhere (``inference_urls`` or its file)."""
+        return bool(self.inference_urls or self.inference_urls_file)
+
+    @property
+    def only_trainer(self) -> bool:
+        """Whether this node starts the trainer alone (``trainer_only``, default node_rank > 0)."""
+        return self.node_rank > 0 if self.trainer_only is None else self.trainer_only
+
+    def resolved_api_url(self, port: int) -> str:
+        """The run-api URL of the run (see ``api_url``)."""
+        if self.api_url:
+            return self.api_url.rstrip("/")
+        host = "127.0.0.1"
+        if self.node_rank > 0 and self.rdzv_endpoint:
+            host = self.rdzv_endpoint.rpartition(":")[0]
+        return f"http://{host}:{port}"
 
     def trainer_device(self) -> str:
         """``device``, or cuda when a GPU is visible."""

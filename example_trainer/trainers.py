@@ -777,6 +777,9 @@ class GRPOTrainer:
                     assert writer is not None and progress is not None
                     if getattr(sync, "last_version", None) is not None:
                         metrics["train/weights_version"] = float(sync.last_version)
+                    if metrics["train/sync_time"] and hasattr(sync, "failed"):
+                        # Inference servers the sync did not reach (a fleet goes on without them).
+                        metrics["train/sync_failed_servers"] = float(len(sync.failed))
                     writer.log(metrics, self.step)
                     progress.update(
                         self.step,

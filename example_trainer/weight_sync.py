@@ -3,7 +3,9 @@
 One class per ``weight_bridge_mode``; all share :class:`WeightSync`'s interface
 (``start`` once, ``sync(step)`` after optimizer steps, ``close`` at the end).
 In a multi-process run only rank 0 syncs; it gets the full weights gathered from
-the shards as ``sync(step, state_dict=...)``.
+the shards as ``sync(step, state_dict=...)``. ``http_reload`` pushes to every server of
+``config.resolved_inference_urls`` (``--inference-url``, ``--inference-urls``,
+``--inference-urls-file``) at once, and fails only when none took the weights.
 Every network call and process wait is bounded by ``config.sync_timeout``; a
 failure raises :class:`WeightSyncError` with the reason, it never hangs.
 
@@ -30,8 +32,9 @@ import copy
 import logging
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Dict, List
 
 import httpx
 
@@ -92,143 +95,201 @@ class WeightSync:
 
 
 class HttpReloadSync(WeightSync):
-    """``POST /update_weights`` to ``atropos-serve-model`` with a freshly saved weights dir."""
+    """``POST /update_weights`` to every ``atropos-serve-model`` (or vLLM server) of the run.
+
+    The weights are saved once per sync and each server is told to load them, all at once
+    (one thread per server). A sync fails only when no server took the weights; the servers
+    that did not are named in the log and kept in :attr:`failed` (a server that is down now
+    gets the next sync's weights once it is back). With one server every failure raises,
+    as before there were several.
+    """
 
     def __init__(self, config: TrainingConfig, model: Any, tokenizer: Any) -> None:
         super().__init__(config, model, tokenizer)
+        self.urls: List[str] = config.resolved_inference_urls
+        self.url = self.urls[0]
         self.live_root = self.root / "live_weights"
         self._previous: Path | None = None
         self.last_version: int | None = None
-        self.vllm: VLLMWeightClient | None = None
-        """Set at ``start`` when the server is vLLM's own (its RL routes instead of ours)."""
+        self.versions: Dict[str, int | None] = {u: None for u in self.urls}
+        """The version each server last reported (None: not known yet)."""
+        self.vllm_clients: Dict[str, VLLMWeightClient] = {}
+        """Set at ``start`` for the servers that are vLLM's own (its RL routes instead of ours)."""
+        self.failed: Dict[str, str] = {}
+        """The servers the last sync (or ``start``) did not reach, with the reason."""
+        self.failures = 0
+        """Server updates that failed since the start, over all servers."""
+
+    @property
+    def vllm(self) -> VLLMWeightClient | None:
+        """The vLLM client of the first server, when it is vLLM's own."""
+        return self.vllm_clients.get(self.url)
 
     def start(self) -> None:
+        errors = self._each(self.urls, self._probe)
+        self._settle(errors, "start", len(self.urls))
+
+    def _probe(self, url: str) -> None:
         timeout = min(10.0, self.config.sync_timeout)
         try:
-            resp = httpx.get(f"{self.url}/health", timeout=timeout)
+            resp = httpx.get(f"{url}/health", timeout=timeout)
         except httpx.HTTPError as exc:
             raise WeightSyncError(
-                f"http_reload: inference server {self.url} not reachable: {exc}"
+                f"http_reload: inference server {url} not reachable: {exc}"
             ) from exc
         if resp.status_code != 200:
-            raise WeightSyncError(f"http_reload: {self.url}/health answered {resp.status_code}")
+            raise WeightSyncError(f"http_reload: {url}/health answered {resp.status_code}")
         try:
             health = resp.json()
         except ValueError:
             health = None
         # atropos-serve-model's /health is a JSON object; vLLM's is an empty 200, and its dev
         # routes answer GET /weight_info.
-        if not isinstance(health, dict) and is_vllm_server(self.url, timeout=timeout):
+        if not isinstance(health, dict) and is_vllm_server(url, timeout=timeout):
             base = Path(self.config.model_name)
-            self.vllm = VLLMWeightClient(
-                self.url, self.config.sync_timeout, base if base.is_dir() else None
+            self.vllm_clients[url] = VLLMWeightClient(
+                url, self.config.sync_timeout, base if base.is_dir() else None
             )
             logger.info(
-                "%s: vLLM's own server; weights reload in place via /collective_rpc",
+                "%s: %s is vLLM's own server; weights reload in place via /collective_rpc",
                 self.config.weight_bridge_mode,
+                url,
             )
             return
         served = health.get("version") if isinstance(health, dict) else None
-        self.last_version = served if isinstance(served, int) else self.last_version
+        if isinstance(served, int):
+            self.versions[url] = served
+            self.last_version = max(served, self.last_version or served)
 
-    def _post(self, path: Path, step: int | None = None) -> dict:
+    # -- one server
+    def _post(self, url: str, path: Path, step: int | None = None) -> dict:
         body: dict = {"path": str(path.resolve())}
-        if step is not None and (self.last_version is None or step > self.last_version):
+        known = self.versions.get(url)
+        if step is not None and (known is None or step > known):
             # Name the weights by the trainer step, so rollouts' policy versions and the
             # rollout API's step count the same thing.
             body["version"] = step
         try:
-            resp = httpx.post(
-                f"{self.url}/update_weights",
-                json=body,
-                timeout=self.config.sync_timeout,
-            )
+            resp = httpx.post(f"{url}/update_weights", json=body, timeout=self.config.sync_timeout)
         except httpx.TimeoutException as exc:
             raise WeightSyncError(
-                f"http_reload: /update_weights timed out after {self.config.sync_timeout:.0f}s"
+                f"http_reload: {url}/update_weights timed out after {self.config.sync_timeout:.0f}s"
             ) from exc
         except httpx.HTTPError as exc:
-            raise WeightSyncError(f"http_reload: /update_weights failed: {exc}") from exc
+            raise WeightSyncError(f"http_reload: {url}/update_weights failed: {exc}") from exc
         if resp.status_code == 404:
             raise WeightSyncError(
-                f"http_reload: {self.url} has no /update_weights (is it atropos-serve-model?)"
+                f"http_reload: {url} has no /update_weights (is it atropos-serve-model?)"
             )
         if resp.status_code >= 400:
             raise WeightSyncError(
-                f"http_reload: /update_weights answered {resp.status_code}: {resp.text[:300]}"
+                f"http_reload: {url}/update_weights answered {resp.status_code}: {resp.text[:300]}"
             )
         try:
             return resp.json()
         except ValueError:
             return {}
 
-    def _control(self, route: str, body: dict) -> dict:
+    def _control(self, url: str, route: str, body: dict) -> dict:
         """``POST /pause`` or ``/resume`` (``--sync-mode pause``); errors are WeightSyncError."""
         try:
-            resp = httpx.post(f"{self.url}{route}", json=body, timeout=self.config.sync_timeout)
+            resp = httpx.post(f"{url}{route}", json=body, timeout=self.config.sync_timeout)
         except httpx.HTTPError as exc:
-            raise WeightSyncError(f"http_reload: {route} failed: {exc}") from exc
+            raise WeightSyncError(f"http_reload: {url}{route} failed: {exc}") from exc
         if resp.status_code >= 400:
             raise WeightSyncError(
-                f"http_reload: {route} answered {resp.status_code}: {resp.text[:300]} "
+                f"http_reload: {url}{route} answered {resp.status_code}: {resp.text[:300]} "
                 "(does the server support --sync-mode pause?)"
             )
         return resp.json()
 
-    def sync(self, step: int, state_dict: dict | None = None) -> float:
-        if self.vllm is not None:
-            return self._sync_vllm(self.vllm, step, state_dict)
-        if self.config.sync_mode != "pause":
-            return self._sync(step, state_dict)
-        t0 = time.perf_counter()
-        paused = self._control(
-            "/pause",
-            {"mode": "finish", "timeout": self.config.sync_timeout},
-        )
-        if not paused.get("drained", True):
-            logger.warning("http_reload: %s request(s) still in flight", paused.get("in_flight"))
+    def _update(self, url: str, target: Path, step: int) -> None:
+        """Have one server load ``target`` as version ``step``."""
+        vllm = self.vllm_clients.get(url)
+        if vllm is not None:
+            try:
+                vllm.reload(target, step)
+            except VLLMWeightError as exc:
+                raise WeightSyncError(
+                    f"http_reload: vLLM at {url} did not take the weights of step {step} "
+                    f"(it still serves the previous ones): {exc}"
+                ) from exc
+            self.versions[url] = step
+            return
+        paused = self.config.sync_mode == "pause"
+        if paused:
+            state = self._control(
+                url, "/pause", {"mode": "finish", "timeout": self.config.sync_timeout}
+            )
+            if not state.get("drained", True):
+                logger.warning(
+                    "http_reload: %s: %s request(s) still in flight", url, state.get("in_flight")
+                )
         try:
-            self._sync(step, state_dict)
+            version = self._post(url, target, step).get("version")
         finally:
-            self._control("/resume", {})
-        return time.perf_counter() - t0
-
-    def _sync_vllm(self, vllm: VLLMWeightClient, step: int, state_dict: dict | None) -> float:
-        """Save, then pause → reload in place → version ``step`` → resume (vLLM's own server)."""
-        t0 = time.perf_counter()
-        target = self.live_root / f"step_{step}"
-        save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
-        write_tied_lm_head(target)  # vLLM's in-place reload leaves a tied head stale otherwise
-        try:
-            vllm.reload(target, step)
-        except VLLMWeightError as exc:
+            if paused:
+                self._control(url, "/resume", {})
+        known = self.versions.get(url)
+        if isinstance(version, int) and known is not None and version <= known:
             raise WeightSyncError(
-                f"http_reload: vLLM did not take the weights of step {step} "
-                f"(it still serves the previous ones): {exc}"
-            ) from exc
-        self.last_version = step
-        if self._previous is not None and self._previous != target:
-            shutil.rmtree(self._previous, ignore_errors=True)
-        self._previous = target
-        self.syncs += 1
-        return time.perf_counter() - t0
+                f"http_reload: {url}: server version did not advance ({known} → {version})"
+            )
+        if isinstance(version, int):
+            self.versions[url] = version
 
-    def _sync(self, step: int, state_dict: dict | None = None) -> float:
+    # -- the fleet
+    def _each(self, urls: List[str], fn: Callable[[str], None]) -> Dict[str, WeightSyncError]:
+        """Run ``fn(url)`` for every server at once; the errors by server."""
+        errors: Dict[str, WeightSyncError] = {}
+
+        def one(url: str) -> None:
+            try:
+                fn(url)
+            except WeightSyncError as exc:
+                errors[url] = exc
+
+        if len(urls) == 1:
+            one(urls[0])
+            return errors
+        with ThreadPoolExecutor(max_workers=min(len(urls), 32)) as pool:
+            list(pool.map(one, urls))
+        return errors
+
+    def _settle(self, errors: Dict[str, WeightSyncError], what: str, total: int) -> None:
+        """Raise when every server failed (one server: its own error); log the others."""
+        self.failed = {u: str(e) for u, e in errors.items()}
+        self.failures += len(errors)
+        if not errors:
+            return
+        if total == 1:
+            raise next(iter(errors.values()))
+        if len(errors) == total:
+            raise WeightSyncError(
+                f"http_reload: {what} failed on all {total} inference servers: "
+                + "; ".join(self.failed.values())
+            )
+        for url, why in self.failed.items():
+            logger.warning("http_reload: %s: %s did not take part: %s", what, url, why)
+        logger.warning(
+            "http_reload: %s reached %d of %d inference servers; failed: %s",
+            what,
+            total - len(errors),
+            total,
+            ", ".join(self.failed),
+        )
+
+    def sync(self, step: int, state_dict: dict | None = None) -> float:
         t0 = time.perf_counter()
         target = self.live_root / f"step_{step}"
         save_model_dir(merged_copy(self.model), self.tokenizer, target, state_dict)
         write_weights_version(target, step)
-        data = self._post(target, step)
-        version = data.get("version")
-        if (
-            isinstance(version, int)
-            and self.last_version is not None
-            and version <= self.last_version
-        ):
-            raise WeightSyncError(
-                f"http_reload: server version did not advance ({self.last_version} → {version})"
-            )
-        self.last_version = version if isinstance(version, int) else self.last_version
+        if self.vllm_clients:
+            write_tied_lm_head(target)  # vLLM's in-place reload leaves a tied head stale otherwise
+        errors = self._each(self.urls, lambda url: self._update(url, target, step))
+        self._settle(errors, f"weight sync of step {step}", len(self.urls))
+        reported = [v for u, v in self.versions.items() if u not in errors and v is not None]
+        self.last_version = max(reported) if reported else self.last_version
         if self._previous is not None and self._previous != target:
             shutil.rmtree(self._previous, ignore_errors=True)
         self._previous = target
@@ -283,7 +344,16 @@ class RestartSync(WeightSync):
 
 class LoraOnlySync(HttpReloadSync):
     """Hot-swap the adapter through ``POST /lora/load``; merged ``/update_weights`` fallback.
-    Against vLLM's own server: its ``/v1/load_lora_adapter``, in place under one name."""
+    Against vLLM's own server: its ``/v1/load_lora_adapter``, in place under one name.
+    One inference server only (an adapter swap has no fleet-wide fallback yet)."""
+
+    def __init__(self, config: TrainingConfig, model: Any, tokenizer: Any) -> None:
+        super().__init__(config, model, tokenizer)
+        if len(self.urls) > 1:
+            raise WeightSyncError(
+                f"lora_only updates one inference server; got {len(self.urls)} "
+                "(inference_urls): use http_reload for a fleet"
+            )
 
     def start(self) -> None:
         super().start()
