@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List
 import httpx
 
 from atroposlib.serving.weights_version import write_weights_version
+from atroposlib.utils.io import auth_headers
 
 from .checkpointing import save_model_dir
 from .config import TrainingConfig
@@ -132,7 +133,7 @@ class HttpReloadSync(WeightSync):
     def _probe(self, url: str) -> None:
         timeout = min(10.0, self.config.sync_timeout)
         try:
-            resp = httpx.get(f"{url}/health", timeout=timeout)
+            resp = httpx.get(f"{url}/health", headers=auth_headers(), timeout=timeout)
         except httpx.HTTPError as exc:
             raise WeightSyncError(
                 f"http_reload: inference server {url} not reachable: {exc}"
@@ -170,7 +171,12 @@ class HttpReloadSync(WeightSync):
             # rollout API's step count the same thing.
             body["version"] = step
         try:
-            resp = httpx.post(f"{url}/update_weights", json=body, timeout=self.config.sync_timeout)
+            resp = httpx.post(
+                f"{url}/update_weights",
+                json=body,
+                headers=auth_headers(),  # servers started with --api-key take the run's key
+                timeout=self.config.sync_timeout,
+            )
         except httpx.TimeoutException as exc:
             raise WeightSyncError(
                 f"http_reload: {url}/update_weights timed out after {self.config.sync_timeout:.0f}s"
@@ -193,7 +199,9 @@ class HttpReloadSync(WeightSync):
     def _control(self, url: str, route: str, body: dict) -> dict:
         """``POST /pause`` or ``/resume`` (``--sync-mode pause``); errors are WeightSyncError."""
         try:
-            resp = httpx.post(f"{url}{route}", json=body, timeout=self.config.sync_timeout)
+            resp = httpx.post(
+                f"{url}{route}", json=body, headers=auth_headers(), timeout=self.config.sync_timeout
+            )
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"http_reload: {url}{route} failed: {exc}") from exc
         if resp.status_code >= 400:
