@@ -26,11 +26,25 @@ Switching Protocols`` is not interim here (this client never asks to switch): it
 ``Content-Encoding`` (gzip, deflate) without ever holding more than a given number of
 inflated bytes, so a small compressed answer cannot grow into gigabytes.
 
-Failures raise ``OSError`` subclasses (``ConnectionError``, :class:`PeerRefused`, TLS and
-name-resolution errors) or ``asyncio.TimeoutError``; each user maps them once (to "server
-unavailable" for inference, to ``httpx`` errors for the rollout API). An
-answer that is too large or malformed raises :class:`AnswerTooLarge` /
-:class:`MalformedAnswer` (the server answered, wrongly).
+Failures are this module's own errors, all :class:`TransportError`, each saying where the
+call failed (each user maps them with one table: :mod:`atroposlib.http.httpx_transport` to
+``httpx``'s errors, ``envs/server_handling/errors.py`` to the ``openai`` client's):
+
+============================  ===============================================  ===========================
+error                         when                                             also a
+============================  ===============================================  ===========================
+:class:`ConnectError`         no connection: refused, unreachable, unknown     ``ConnectionError``
+                              host, TLS handshake, :class:`PeerRefused`
+:class:`ConnectTimeout`       no connection within the connect timeout         ``asyncio.TimeoutError``
+:class:`ReadError`            the connection broke after the request was       ``ConnectionResetError``
+                              sent (reset, closed mid-answer)
+:class:`ReadTimeout`          no (complete) answer within the call's timeout   ``asyncio.TimeoutError``
+:class:`ProtocolError`        the server answered, wrongly:                    ``RuntimeError``
+                              :class:`AnswerTooLarge`, :class:`MalformedAnswer`
+============================  ===============================================  ===========================
+
+The builtin bases are the errors this client raised before it had its own, so code that
+catches ``OSError`` or ``asyncio.TimeoutError`` still catches the same failures.
 A request whose reused keep-alive connection turns out to be closed before any answer
 byte arrived is resent once on a fresh connection (the server never saw it).
 """
@@ -44,7 +58,8 @@ import os
 import socket
 import ssl
 import zlib
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, TypeVar
 
 import httptools
 
@@ -67,24 +82,46 @@ PeerCheck = Callable[[str, str], bool]
 allowed. Given to :class:`RawHttpClient`, it is applied to the address actually connected to."""
 
 
-class StaleConnection(ConnectionResetError):
-    """The connection closed before any byte of the answer arrived."""
+class TransportError(Exception):
+    """A call of :class:`RawHttpClient` failed; the subclass says where."""
 
 
-class AnswerTooLarge(RuntimeError):
-    """The server's answer exceeds the client's bound (declared or streamed)."""
+class ConnectError(TransportError, ConnectionError):
+    """No connection could be opened, so nothing was sent (the low-level error is the
+    cause): refused, unreachable, unknown host, TLS handshake, the peer check."""
 
 
-class MalformedAnswer(RuntimeError):
-    """The server's answer is not valid HTTP/1.1 (bad status line, chunk size, headers)."""
+class PeerRefused(ConnectError, PermissionError):
+    """Every address the host name resolves to is refused by the client's peer check."""
 
 
-class ConnectTimeout(asyncio.TimeoutError):
+class ConnectTimeout(TransportError, asyncio.TimeoutError):
     """No connection to the server within the connect timeout (nothing was sent)."""
 
 
-class PeerRefused(PermissionError):
-    """Every address the host name resolves to is refused by the client's peer check."""
+class ReadError(TransportError, ConnectionResetError):
+    """The connection broke after the request was sent: reset or closed before the answer
+    was complete."""
+
+
+class StaleConnection(ReadError):
+    """The connection closed before any byte of the answer arrived."""
+
+
+class ReadTimeout(TransportError, asyncio.TimeoutError):
+    """No complete answer within the call's timeout."""
+
+
+class ProtocolError(TransportError, RuntimeError):
+    """The server answered, but not with what HTTP/1.1 and the client's bounds allow."""
+
+
+class AnswerTooLarge(ProtocolError):
+    """The server's answer exceeds the client's bound (declared or streamed)."""
+
+
+class MalformedAnswer(ProtocolError):
+    """The server's answer is not valid HTTP/1.1 (bad status line, chunk size, headers)."""
 
 
 MAX_INTERIM_ANSWERS = 32
@@ -145,7 +182,7 @@ class _Conn(asyncio.Protocol):
             elif not self.got_bytes:
                 waiter.set_exception(StaleConnection("connection closed before the answer"))
             else:
-                waiter.set_exception(ConnectionResetError(f"connection lost mid-answer: {exc}"))
+                waiter.set_exception(ReadError(f"connection lost mid-answer: {exc}"))
         self._release()
 
     def send(
@@ -415,6 +452,19 @@ class RawHttpClient:
                 return conn
         return None
 
+    async def _open(self, host: str, port: int, tls: bool, within_s: float) -> _Conn:
+        """A fresh connection; :class:`ConnectTimeout` after ``within_s``, :class:`ConnectError`
+        for any other failure (asyncio's combined ``OSError("Multiple exceptions...")`` of a
+        name whose every address refuses, a bare ``OSError`` for an unreachable network)."""
+        try:
+            return await within(self._connect(host, port, tls), within_s)
+        except (asyncio.TimeoutError, TimeoutError):  # ours, or the system's (ETIMEDOUT)
+            raise ConnectTimeout(f"no connection to {host}:{port} within {within_s:.3g}s") from None
+        except ConnectError:
+            raise
+        except OSError as e:  # refused, unreachable, unknown host, TLS
+            raise ConnectError(f"{type(e).__name__}: {e}") from e
+
     async def request(
         self,
         method: str,
@@ -430,7 +480,8 @@ class RawHttpClient:
         """Send one request; the answer's status, lower-cased headers and body.
 
         ``timeout`` bounds the whole call; ``connect_timeout``, when given, also bounds
-        opening a connection (:class:`ConnectTimeout` when it runs out).
+        opening a connection (:class:`ConnectTimeout` when it runs out). Failures are
+        :class:`TransportError` subclasses (see the module's table).
         """
         head = [
             f"{method} {target} HTTP/1.1\r\nHost: {_host_header(host, port, tls)}\r\n"
@@ -451,12 +502,7 @@ class RawHttpClient:
                     remaining = min(remaining, connect_timeout)
                 if remaining <= 0:
                     raise ConnectTimeout(f"no connection to {host}:{port} within {timeout}s")
-                try:
-                    conn = await within(self._connect(host, port, tls), remaining)
-                except asyncio.TimeoutError:
-                    raise ConnectTimeout(
-                        f"no connection to {host}:{port} within {remaining:.3g}s"
-                    ) from None
+                conn = await self._open(host, port, tls, remaining)
             waiter = conn.send(data, bodiless=method == "HEAD")
             timer = self.loop.call_at(deadline, _expire, waiter, timeout)
             try:
@@ -490,6 +536,45 @@ class RawHttpClient:
         self._idle.clear()
 
 
+class LoopClient:
+    """One :class:`RawHttpClient` per event loop: made by ``factory`` on first use in the
+    running loop, made anew when the loop changed (connections cannot cross loops).
+
+        clients = LoopClient(lambda: RawHttpClient(max_answer_bytes=1 << 20))
+        status, headers, body = await clients.get().request(...)
+    """
+
+    def __init__(self, factory: Callable[[], RawHttpClient]) -> None:
+        self._factory = factory
+        self._client: RawHttpClient | None = None
+
+    def get(self) -> RawHttpClient:
+        """The running loop's client."""
+        client = self._client
+        if client is None or client.loop is not asyncio.get_running_loop():
+            client = self._client = self._factory()
+        return client
+
+    def close(self) -> None:
+        """Close the idle connections (those of a closed loop are dropped with it)."""
+        client, self._client = self._client, None
+        if client is not None and not client.loop.is_closed():
+            client.close()
+
+
+E = TypeVar("E")
+
+
+def error_for(exc: TransportError, table: Mapping[type[TransportError], E]) -> E | None:
+    """What ``table`` maps ``exc`` to: the entry of the most specific class ``exc`` is an
+    instance of (its own class first, then its bases in method resolution order), or None.
+    Users map this module's errors with such a table, in any order of its entries."""
+    for cls in type(exc).__mro__:
+        if cls in table:
+            return table[cls]  # type: ignore[index]
+    return None
+
+
 def _expire(waiter: asyncio.Future[Any], timeout: float) -> None:
     if not waiter.done():
-        waiter.set_exception(asyncio.TimeoutError(f"no answer within {timeout}s"))
+        waiter.set_exception(ReadTimeout(f"no answer within {timeout}s"))

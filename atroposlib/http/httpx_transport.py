@@ -14,12 +14,13 @@ What it keeps from ``httpx``'s transport:
 * the ``connect`` timeout bounds opening a connection; the largest of the ``read`` and
   ``write`` timeouts bounds the rest of the call (sending and the whole answer), where
   ``httpcore`` bounds each read and write;
-* failures as ``httpx`` exceptions, mapped here and nowhere else: no connection (refused,
-  unknown host, TLS failure, an address the peer check refuses) → ``httpx.ConnectError``,
-  none in time → ``httpx.ConnectTimeout``; the connection lost during the call →
-  ``httpx.ReadError``; no answer in time → ``httpx.ReadTimeout``; an answer that is not
-  valid HTTP/1.1 or exceeds ``max_answer_bytes`` (sent, or once its ``Content-Encoding`` is
-  undone: :func:`~atroposlib.http.client.decode_content`) → ``httpx.RemoteProtocolError``;
+* failures as ``httpx`` exceptions, mapped here and nowhere else, by one table
+  (:data:`HTTPX_ERRORS`) from the client's own: no connection (refused, unknown host, TLS
+  failure, an address the peer check refuses) → ``httpx.ConnectError``, none in time →
+  ``httpx.ConnectTimeout``; the connection lost during the call → ``httpx.ReadError``; no
+  answer in time → ``httpx.ReadTimeout``; an answer that is not valid HTTP/1.1 or exceeds
+  ``max_answer_bytes`` (sent, or once its ``Content-Encoding`` is undone:
+  :func:`~atroposlib.http.client.decode_content`) → ``httpx.RemoteProtocolError``;
 * what ``h11`` refuses to send: a method or header name that is not a token, a header value
   with CR, LF or NUL → ``httpx.LocalProtocolError``, nothing sent.
 
@@ -46,19 +47,20 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from atroposlib.http import client as raw_errors
 from atroposlib.http.client import (
     ACCEPT_ENCODING,
     DECODED_ENCODINGS,
     DEFAULT_MAX_ANSWER_BYTES,
-    AnswerTooLarge,
-    ConnectTimeout,
-    MalformedAnswer,
+    LoopClient,
     RawHttpClient,
+    TransportError,
     decode_content,
+    error_for,
 )
 from atroposlib.utils.aio import within
 
-__all__ = ["RawHttpTransport", "proxied"]
+__all__ = ["HTTPX_ERRORS", "RawHttpTransport", "proxied"]
 
 _NO_DEADLINE_S = 365 * 24 * 3600.0
 _SET_BY_CLIENT = frozenset({"host", "content-length", "transfer-encoding"})
@@ -68,22 +70,21 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
-class _ConnectFailed(ConnectionError):
-    """No connection could be opened, so nothing was sent (the cause is chained)."""
+HTTPX_ERRORS: dict[type[TransportError], type[httpx.TransportError]] = {
+    raw_errors.ConnectError: httpx.ConnectError,
+    raw_errors.ConnectTimeout: httpx.ConnectTimeout,
+    raw_errors.ReadError: httpx.ReadError,
+    raw_errors.ReadTimeout: httpx.ReadTimeout,
+    raw_errors.ProtocolError: httpx.RemoteProtocolError,
+}
+"""The ``httpx`` error each of the keep-alive client's errors becomes (the most specific
+entry for an error's class wins: :func:`~atroposlib.http.client.error_for`)."""
 
 
-class _RawClient(RawHttpClient):
-    """:class:`RawHttpClient` whose failures to connect say so, whatever the ``OSError``: a
-    name whose every address refuses gives asyncio's combined ``OSError("Multiple
-    exceptions...")``, an unreachable network a bare ``OSError``, neither a read failure."""
-
-    async def _connect(self, host: str, port: int, tls: bool = False) -> Any:
-        try:
-            return await super()._connect(host, port, tls)
-        except asyncio.TimeoutError:
-            raise
-        except OSError as e:  # refused, unreachable, unknown host, TLS, the peer check
-            raise _ConnectFailed(f"{type(e).__name__}: {e}") from e
+def _httpx_error(exc: TransportError, request: httpx.Request) -> httpx.TransportError:
+    """``exc`` as the ``httpx`` error :data:`HTTPX_ERRORS` names for it."""
+    cls = error_for(exc, HTTPX_ERRORS) or httpx.TransportError
+    return cls(str(exc) or type(exc).__name__, request=request)
 
 
 def proxied(url: str) -> bool:
@@ -120,15 +121,15 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self.max_connections = int(max_connections)
         self.max_answer_bytes = int(max_answer_bytes)
-        self._raw: RawHttpClient | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._raw = LoopClient(lambda: RawHttpClient(self.max_answer_bytes))
+        self._slots: tuple[RawHttpClient, asyncio.Semaphore] | None = None
 
     def _client(self) -> tuple[RawHttpClient, asyncio.Semaphore]:
-        loop = asyncio.get_running_loop()
-        if self._raw is None or self._raw.loop is not loop or self._slots is None:
-            self._raw = _RawClient(self.max_answer_bytes)
-            self._slots = asyncio.Semaphore(self.max_connections)
-        return self._raw, self._slots
+        """The running loop's client and its slots (both made anew for a new loop)."""
+        raw = self._raw.get()
+        if self._slots is None or self._slots[0] is not raw:
+            self._slots = (raw, asyncio.Semaphore(self.max_connections))
+        return self._slots
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -177,16 +178,8 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
                 answer = decode_content(answer_headers, answer, self.max_answer_bytes)
                 del answer_headers["content-encoding"]
                 answer_headers["content-length"] = str(len(answer))
-        except ConnectTimeout as e:
-            raise httpx.ConnectTimeout(str(e) or "connect timed out", request=request) from e
-        except asyncio.TimeoutError as e:
-            raise httpx.ReadTimeout(str(e) or "no answer in time", request=request) from e
-        except _ConnectFailed as e:
-            raise httpx.ConnectError(str(e), request=request) from e.__cause__
-        except OSError as e:
-            raise httpx.ReadError(f"{type(e).__name__}: {e}", request=request) from e
-        except (AnswerTooLarge, MalformedAnswer) as e:
-            raise httpx.RemoteProtocolError(str(e), request=request) from e
+        except TransportError as e:
+            raise _httpx_error(e, request) from e
         finally:
             slots.release()
         return httpx.Response(
@@ -198,6 +191,5 @@ class RawHttpTransport(httpx.AsyncBaseTransport):
         )
 
     async def aclose(self) -> None:
-        raw, self._raw = self._raw, None
-        if raw is not None and not raw.loop.is_closed():
-            raw.close()
+        self._raw.close()
+        self._slots = None

@@ -8,8 +8,8 @@ client such as the ``openai`` SDK over httpx spends milliseconds), JSON encoded 
 with ``orjson``, every call bounded by a timeout.
 
 Failures are mapped in one place, :func:`~atroposlib.envs.server_handling.errors.mapped_errors`:
-the server could not be reached → ``ServerConnectionError``, no answer in time →
-``ServerTimeoutError``, an HTTP error answer → the ``openai.APIStatusError`` subclass for
+the server could not be reached → ``ServerConnectionError``, the connection broke
+mid-answer → ``ServerReadError``, no answer in time → ``ServerTimeoutError``, an HTTP error answer → the ``openai.APIStatusError`` subclass for
 its status. Redirects are not followed: a 3xx answer raises ``openai.APIStatusError`` too (a
 POST to an inference server that moved is a configuration error, and following it would take
 requests to a host nobody allowed). Answers are bounded by ``max_answer_bytes``
@@ -18,7 +18,6 @@ requests to a host nobody allowed). Answers are bounded by ``max_answer_bytes``
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,11 +27,7 @@ from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.errors import mapped_errors, status_error
 from atroposlib.envs.server_handling.session_affinity import CURRENT_SESSION
-from atroposlib.http.client import (
-    DEFAULT_MAX_ANSWER_BYTES,
-    PeerCheck,
-    RawHttpClient,
-)
+from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES, LoopClient, PeerCheck, RawHttpClient
 from atroposlib.http.headers import SESSION_ID_HEADER
 
 logger = logging.getLogger(__name__)
@@ -78,7 +73,7 @@ class JsonTransport:
     def __init__(self, headers: dict[str, str] | None = None, timeout: float = 1200.0):
         self.headers = {**_JSON_HEADERS, **(headers or {})}
         self.timeout = float(timeout)
-        self._raw: RawHttpClient | None = None
+        self._clients = LoopClient(lambda: RawHttpClient(self.max_answer_bytes, self.peer_check))
         self._targets: dict[str, Target] = {}
         self.max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
         self.peer_check: PeerCheck | None = None
@@ -106,10 +101,7 @@ class JsonTransport:
 
     def raw_client(self) -> RawHttpClient:
         """The keep-alive client of the running loop (recreated when the loop changed)."""
-        loop = asyncio.get_running_loop()
-        if self._raw is None or self._raw.loop is not loop:
-            self._raw = RawHttpClient(self.max_answer_bytes, self.peer_check)
-        return self._raw
+        return self._clients.get()
 
     async def request(
         self,
@@ -179,6 +171,4 @@ class JsonTransport:
 
     async def close(self) -> None:
         """Close the idle connections (those of a closed loop are dropped with it)."""
-        raw, self._raw = self._raw, None
-        if raw is not None and not raw.loop.is_closed():
-            raw.close()
+        self._clients.close()

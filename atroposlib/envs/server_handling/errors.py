@@ -4,15 +4,19 @@ failure is classified (server unavailable, the caller's fault, worth retrying).
 Every call to an inference server goes through :class:`~._transport.JsonTransport`, whose
 failures are mapped here, once, by :func:`mapped_errors`:
 
-- the server could not be reached, or the connection broke before the answer was complete
-  → :class:`ServerConnectionError` (an ``openai.APIConnectionError`` and a
-  ``ConnectionError``);
-- no answer within the timeout → :class:`ServerTimeoutError` (an ``openai.APITimeoutError``
-  and an ``asyncio.TimeoutError``);
+- the server could not be reached → :class:`ServerConnectionError` (an
+  ``openai.APIConnectionError`` and a ``ConnectionError``);
+- the connection broke after the request was sent (reset, closed mid-answer) →
+  :class:`ServerReadError` (a :class:`ServerConnectionError`, so what caught that still does);
+- no connection or no answer within the timeout → :class:`ServerTimeoutError` (an
+  ``openai.APITimeoutError`` and an ``asyncio.TimeoutError``);
 - an HTTP error answer or a redirect → the ``openai.APIStatusError`` subclass the ``openai``
   client raises for that status (``openai.BadRequestError`` for 400, ...), with the answer's
   headers and body on ``.response``.
 
+The keep-alive client's own errors are mapped by one table, :data:`CLIENT_ERRORS`; an
+answer that is not what HTTP allows (:class:`~atroposlib.http.client.ProtocolError`: too
+large, malformed) passes through unchanged: the server answered, wrongly.
 So code written against the ``openai`` client catches what it caught before, whichever
 backend answered. :func:`is_transport_error`, :func:`status_code` and :func:`is_transient`
 also recognise the errors of other HTTP clients (``httpx``, ``aiohttp``) that user code may
@@ -31,9 +35,14 @@ import httpx
 import openai
 import orjson
 
+from atroposlib.http import client as raw_errors
+from atroposlib.http.client import TransportError, error_for
+
 __all__ = [
+    "CLIENT_ERRORS",
     "NoHealthyServerError",
     "ServerConnectionError",
+    "ServerReadError",
     "ServerTimeoutError",
     "ServerUnavailableError",
     "causes",
@@ -84,6 +93,20 @@ class ServerConnectionError(openai.APIConnectionError, ConnectionError):
             message=f"{method} {url}: cannot reach the inference server: {detail}",
             request=httpx.Request(method, url),
         )
+
+
+class ServerReadError(ServerConnectionError):
+    """The connection to the inference server broke after the request was sent (reset, or
+    closed before the answer was complete): the server may have seen the request."""
+
+    def __init__(self, method: str, url: str, cause: BaseException):
+        super().__init__(method, url, cause)
+        detail = str(cause) or type(cause).__name__
+        self.message = (
+            f"{method} {url}: the connection to the inference server broke before its "
+            f"answer was complete: {detail}"
+        )
+        self.args = (self.message,)
 
 
 class ServerTimeoutError(openai.APITimeoutError, asyncio.TimeoutError):
@@ -137,6 +160,26 @@ def status_error(
     return cls(message, response=response, body=data)
 
 
+CLIENT_ERRORS: dict[type[TransportError], type[openai.APIConnectionError]] = {
+    raw_errors.ConnectError: ServerConnectionError,
+    raw_errors.ConnectTimeout: ServerTimeoutError,
+    raw_errors.ReadError: ServerReadError,
+    raw_errors.ReadTimeout: ServerTimeoutError,
+}
+"""The error each failure of the keep-alive client becomes (the most specific entry for an
+error's class wins: :func:`~atroposlib.http.client.error_for`). ``ProtocolError`` is not
+here: an answer that is too large or malformed passes through."""
+
+
+def _foreign_error(exc: BaseException) -> type[openai.APIConnectionError] | None:
+    """The error a failure of another HTTP client (or a bare ``OSError``) becomes."""
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return ServerTimeoutError
+    if isinstance(exc, (OSError, aiohttp.ClientConnectionError)):
+        return ServerConnectionError
+    return None
+
+
 class _MappedErrors:
     """The context of :func:`mapped_errors`. A class rather than a generator-based context
     manager: it wraps every request to an inference server, and the generator machinery
@@ -154,19 +197,24 @@ class _MappedErrors:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if exc is None or isinstance(exc, openai.APIError):  # openai's: already mapped
             return False
-        if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-            raise ServerTimeoutError(self.method, self.url, exc) from exc
-        if isinstance(exc, (OSError, aiohttp.ClientConnectionError)):
-            raise ServerConnectionError(self.method, self.url, exc) from exc
-        return False
+        if isinstance(exc, TransportError):
+            cls = error_for(exc, CLIENT_ERRORS)
+            cause = exc.__cause__ or exc  # the low-level error, where there is one
+        else:
+            cls, cause = _foreign_error(exc), exc
+        if cls is None:
+            return False
+        raise cls(self.method, self.url, cause) from cause
 
 
 def mapped_errors(method: str, url: str) -> contextlib.AbstractContextManager[None]:
     """Turn the low-level failures of a call to ``url`` into this module's errors.
 
-    Timeouts become :class:`ServerTimeoutError`; connection failures (any ``OSError``, and
-    ``aiohttp``'s connection errors) :class:`ServerConnectionError`. Errors that mean the
-    server answered, wrongly (too large, not HTTP, not JSON), pass through unchanged.
+    The keep-alive client's errors become what :data:`CLIENT_ERRORS` says; of other
+    clients, timeouts become :class:`ServerTimeoutError` and connection failures (any
+    ``OSError``, and ``aiohttp``'s connection errors) :class:`ServerConnectionError`. Errors
+    that mean the server answered, wrongly (too large, not HTTP, not JSON), pass through
+    unchanged.
     """
     return _MappedErrors(method, url)
 
