@@ -33,8 +33,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from atroposlib.http.openai_protocol import (
     MIN_TEMPERATURE,
-    GenerateRequest,
     InvalidRequest,
+    StrictGenerateRequest,
     validation_error,
 )
 
@@ -58,7 +58,7 @@ LOGPROB_FLOOR = -9999.0
 MAX_N = 256
 """Most completions one ``/generate`` asks for (``n``); more is a 400 naming ``n``."""
 
-# Fields GenerateRequest checks and hands to vLLM under the same name. ``top_k`` -1 (ours and
+# Fields StrictGenerateRequest checks and hands to vLLM under the same name. ``top_k`` -1 (ours and
 # the original's "all") is vLLM's 0.
 _CHECKED = (
     "n",
@@ -78,7 +78,7 @@ _CHECKED = (
     "logprobs",
     "prompt_logprobs",
 )
-# Accepted by GenerateRequest but meaningless to vLLM's SamplingParams.
+# Accepted by StrictGenerateRequest but meaningless to vLLM's SamplingParams.
 _NOT_SAMPLING = {"model", "prompt", "stream", "stream_options", "user", "best_of"}
 # SamplingParams fields a client must not set: how outputs come back is the server's choice.
 _SERVER_OWNED = {"output_kind", "detokenize", "flat_logprobs", "skip_clone", "extra_args"}
@@ -141,7 +141,7 @@ def parse_generate(body: Any, sampling_fields: Iterable[str]) -> GenerateCall:
     """Check a ``/generate`` body and turn it into vLLM's prompt and sampling keywords.
 
     Every field the original passed to ``SamplingParams`` is accepted; the common ones are
-    checked against their bounds here (:class:`~atroposlib.http.openai_protocol.GenerateRequest`:
+    checked against their bounds here (:class:`~atroposlib.http.openai_protocol.StrictGenerateRequest`:
     ``temperature`` 0-100, ``top_p`` in (0, 1], ``logprobs`` 0-20, ...), the others
     (``sampling_fields``: the names vLLM's ``SamplingParams`` has, e.g. ``min_tokens``) go
     through for vLLM to check. Anything else is a 400 naming it (:class:`InvalidRequest`).
@@ -150,10 +150,10 @@ def parse_generate(body: Any, sampling_fields: Iterable[str]) -> GenerateCall:
         raise InvalidRequest("request body must be a JSON object")
     if "prompt" not in body:
         raise InvalidRequest("'prompt' is required", param="prompt")
-    known = GenerateRequest.model_fields
+    known = StrictGenerateRequest.model_fields
     extras = {k: v for k, v in body.items() if k not in known}
     try:
-        req = GenerateRequest.model_validate({k: v for k, v in body.items() if k in known})
+        req = StrictGenerateRequest.model_validate({k: v for k, v in body.items() if k in known})
     except ValidationError as e:
         raise validation_error(e) from None
     except InvalidRequest:

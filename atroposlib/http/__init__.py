@@ -12,9 +12,10 @@ One module per job:
   stack (guard -> CORS -> auth -> size limit) in front of every server;
 * :mod:`~atroposlib.http.transport`: the write-coalescing, bounded uvicorn protocol;
 * :mod:`~atroposlib.http.headers`: header names our servers and clients agree on;
-* :mod:`~atroposlib.http.openai_protocol`: the OpenAI request models and error envelope;
+* :mod:`~atroposlib.http.openai_protocol`: the OpenAI request models, and
+  :mod:`~atroposlib.http.openai_errors`, the error envelope (imported through it);
 * :mod:`~atroposlib.http.client`: the keep-alive HTTP/1.1 client of environments (their
-  inference calls), and :mod:`~atroposlib.http.httpx_transport`, the same client as an
+  inference calls) with its own error taxonomy, and :mod:`~atroposlib.http.httpx_transport`, the same client as an
   ``httpx`` transport (their rollout-API calls).
 
 This package imports nothing from ``atroposlib`` outside it and ``atroposlib.utils``.

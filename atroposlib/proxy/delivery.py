@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.http.openai_protocol import ClientGone
 from atroposlib.utils.aio import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ STORED: contextvars.ContextVar[Stored | None] = contextvars.ContextVar(
     "proxy_stored_nodes", default=None
 )
 """Per request: where :class:`RecordingManagedServer` notes what the request stored."""
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was delivered."""
 
 
 class RecordingManagedServer(ManagedServer):
@@ -134,7 +131,7 @@ class ClientWatch:
             raise
         if not task.done():
             await cancel_and_wait(task)
-            raise ClientGone("the client disconnected before the answer was ready")
+            raise ClientGone()
         return task.result()
 
     def stop(self) -> None:

@@ -15,8 +15,8 @@ from typing import Any, Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import Response
 
-from atroposlib.http.openai_protocol import OpenAIError
-from atroposlib.proxy.delivery import STORED, ClientGone, ClientWatch, Stored
+from atroposlib.http.openai_protocol import ClientGone, OpenAIError
+from atroposlib.proxy.delivery import STORED, ClientWatch, Stored
 from atroposlib.proxy.state import ProxyState, SessionState
 from atroposlib.proxy.upstream import UPSTREAM_REACHED, UPSTREAM_USAGE, proxy_error_for
 

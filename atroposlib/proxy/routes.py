@@ -17,6 +17,7 @@ from fastapi.responses import Response
 
 from atroposlib.envs.server_handling.server_baseline import config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager, supports_tokens
+from atroposlib.http.answers import openai_error_type
 from atroposlib.http.openai_protocol import OpenAIError, model_list, passthrough
 from atroposlib.proxy.delivery import RecordingManagedServer
 from atroposlib.proxy.generation import answer, run_call
@@ -132,7 +133,7 @@ async def create_session(request: Request) -> dict[str, Any]:
     try:
         server = manager._server_for_managed(body.base_url)
     except ValueError as e:
-        raise OpenAIError(str(e), param="base_url", status=404, type="not_found_error") from e
+        raise OpenAIError(str(e), param="base_url", status=404, type=openai_error_type(404)) from e
     if not supports_tokens(server):
         raise OpenAIError(
             f"server {server.name} cannot return tokens/logprobs (use vllm or sglang)",

@@ -23,6 +23,7 @@ from atroposlib.envs.server_handling.managed_server import ManagedServer, resolv
 from atroposlib.envs.server_handling.server_baseline import config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+from atroposlib.http.answers import openai_error_type
 from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.http.openai_protocol import OpenAIError
 from atroposlib.proxy.upstream import UpstreamPolicy
@@ -173,7 +174,7 @@ class SessionStore:
                 f"{self.limits.session_idle_s:g}s idle)",
                 param="uuid",
                 status=404,
-                type="not_found_error",
+                type=openai_error_type(404),
             )
         self._touch(session)
         return session

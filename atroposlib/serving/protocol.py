@@ -69,13 +69,13 @@ class _ToEngine:
         )
 
 
-class CompletionRequest(protocol.CompletionRequest, _ToEngine):
+class CompletionRequest(protocol.StrictCompletionRequest, _ToEngine):
     """``POST /v1/completions``."""
 
 
-class ChatCompletionRequest(protocol.ChatCompletionRequest, _ToEngine):
+class ChatCompletionRequest(protocol.StrictChatRequest, _ToEngine):
     """``POST /v1/chat/completions``."""
 
 
-class GenerateRequest(protocol.GenerateRequest, _ToEngine):
+class GenerateRequest(protocol.StrictGenerateRequest, _ToEngine):
     """vLLM-style ``POST /generate``."""

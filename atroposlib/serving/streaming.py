@@ -18,7 +18,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from atroposlib.http.openai_protocol import OpenAIError, completion_body, error_body
+from atroposlib.http.answers import error_body
+from atroposlib.http.openai_protocol import OpenAIError, completion_body
 from atroposlib.serving.engine import Engine, GenerationResult, SequenceOutput, TokenEvent
 from atroposlib.serving.protocol import ChatCompletionRequest, CompletionRequest
 from atroposlib.serving.responses import chat_logprobs, completion_logprobs, usage

@@ -37,13 +37,13 @@ from typing import Any, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from atroposlib.http.answers import error_body
 from atroposlib.http.asgi import answer_lifespan
 from atroposlib.http.headers import POLICY_VERSION_HEADER, SESSION_ID_HEADER
 from atroposlib.http.openai_protocol import (
     PassThroughChatRequest,
     PassThroughCompletionRequest,
     completion_body,
-    error_body,
     model_list,
     usage_body,
 )
@@ -84,7 +84,7 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ChatRequest(PassThroughChatRequest):
+class FakeChatRequest(PassThroughChatRequest):
     """Body of ``POST /v1/chat/completions``: the shared OpenAI model, with the fake's bounds
     (unknown OpenAI fields are accepted and ignored)."""
 
@@ -93,7 +93,7 @@ class ChatRequest(PassThroughChatRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
 
-class CompletionRequest(PassThroughCompletionRequest):
+class FakeCompletionRequest(PassThroughCompletionRequest):
     """Body of ``POST /v1/completions``: the shared OpenAI model, with the fake's bounds."""
 
     n: int = Field(1, ge=1, le=MAX_N)
@@ -216,7 +216,7 @@ def _parse_json(body: bytes) -> Any:
         raise _BadBody(f"body is not valid JSON: {e}") from e
 
 
-def chat_payload(req: ChatRequest, state: FakeServerSettings) -> dict[str, Any]:
+def chat_payload(req: FakeChatRequest, state: FakeServerSettings) -> dict[str, Any]:
     """The ``/v1/chat/completions`` answer for a validated request."""
     prompt_ids = fake_tokenize(render_messages(req.message_dicts()))
     max_tokens = req.max_completion_tokens or req.max_tokens or 16
@@ -257,7 +257,7 @@ def chat_payload(req: ChatRequest, state: FakeServerSettings) -> dict[str, Any]:
     )
 
 
-def completion_payload(req: CompletionRequest, state: FakeServerSettings) -> Reply:
+def completion_payload(req: FakeCompletionRequest, state: FakeServerSettings) -> Reply:
     """The ``/v1/completions`` answer for a validated request."""
     if isinstance(req.prompt, str):
         prompts = [fake_tokenize(req.prompt)]
@@ -459,11 +459,11 @@ class FakeBackend:
                 }
         elif method == "POST":
             if path == "/v1/chat/completions":
-                req = ChatRequest.model_validate(_parse_json(body))
+                req = FakeChatRequest.model_validate(_parse_json(body))
                 await self._simulate()
                 return self._with_version((200, chat_payload(req, state)))
             if path == "/v1/completions":
-                creq = CompletionRequest.model_validate(_parse_json(body))
+                creq = FakeCompletionRequest.model_validate(_parse_json(body))
                 await self._simulate()
                 return self._with_version(completion_payload(creq, state))
             if path in ("/generate", "/generate/"):

@@ -7,13 +7,16 @@ import pytest
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from atroposlib.http.answers import openai_error_type
 from atroposlib.http.openai_protocol import (
-    ChatCompletionRequest,
+    ClientGone,
     Forbidden,
     InvalidRequest,
+    ModelNotFound,
     OpenAIError,
     PassThroughChatRequest,
     PassThroughCompletionRequest,
+    StrictChatRequest,
     completion_body,
     install_error_handlers,
     model_list,
@@ -40,7 +43,7 @@ def _app() -> FastAPI:
         raise RuntimeError("boom")
 
     @app.post("/chat")
-    async def chat(body: ChatCompletionRequest) -> dict:
+    async def chat(body: StrictChatRequest) -> dict:
         return {"n": body.n}
 
     return app
@@ -82,12 +85,12 @@ def test_strict_models_refuse_what_pass_through_models_keep():
     kept = PassThroughChatRequest.model_validate(wire)
     assert kept.message_dicts() == [{"role": "narrator", "content": "hi"}]
     with pytest.raises(ValidationError):
-        ChatCompletionRequest.model_validate(wire)  # no such role for a chat template
+        StrictChatRequest.model_validate(wire)  # no such role for a chat template
 
 
 def test_strict_models_raise_openai_errors_naming_the_field():
     with pytest.raises(InvalidRequest) as info:
-        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "\ud800"}]})
+        StrictChatRequest.model_validate({"messages": [{"role": "user", "content": "\ud800"}]})
     assert info.value.param == "messages.0.content"
 
 
@@ -127,3 +130,16 @@ def test_completion_body_keeps_a_given_id_and_time_even_when_empty():
         "choices": [],
         "usage": None,
     }
+
+
+def test_one_error_type_per_status_whoever_raises_it():
+    """A 404 was "NotFoundError" from serve-model and "not_found_error" from the proxy and
+    the refusal middleware; the type of each status comes from one table."""
+    assert ModelNotFound("gone").type == openai_error_type(404) == "not_found_error"
+    assert ModelNotFound("gone").body()["error"]["type"] == "not_found_error"
+    assert Forbidden("no").type == openai_error_type(403) == "permission_error"
+
+
+def test_client_gone_is_a_499_that_needs_no_message():
+    gone = ClientGone()
+    assert gone.status == 499 and gone.message == "client closed the request"
