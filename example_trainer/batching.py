@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
 from .data import (
     GroupError,
@@ -30,6 +30,16 @@ from .distributed import balance
 from .off_policy import policy_version_summary
 
 logger = logging.getLogger(__name__)
+
+
+def groups_per_env(batch: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
+    """``train/groups_env_<env_id>``: how many of the batch's groups each environment sent
+    (which environments a multi-environment run is really training on)."""
+    counts: Dict[str, float] = {}
+    for group in batch:
+        key = f"train/groups_env_{group.get('env_id', 'none')}"
+        counts[key] = counts.get(key, 0.0) + 1.0
+    return counts
 
 
 @dataclass
@@ -156,6 +166,7 @@ def prepare_batch(
             "train/truncated_sequences": float(sum(s.truncated for s in samples)),
             "train/short_inference_logprobs": float(short),
             "train/rejected_groups": float(rejected),
+            **groups_per_env(batch),
         },
         minis=minis,
         scores=[s.score for s in samples],
