@@ -21,6 +21,9 @@ os.environ.pop("ATROPOS_PROXY_URL", None)
 
 from atroposlib.testing.ports import free_port  # noqa: E402
 
+# Per-file times (.cache/test-times.json) and the default tier's budget (make test's --budget).
+pytest_plugins = ["tests._timing", "pytester"]
+
 
 @pytest.fixture
 def port() -> int:
