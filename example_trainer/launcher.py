@@ -135,7 +135,9 @@ class Launcher:
         self.api_url = config.resolved_api_url(self.api_port)
         self.inference_urls = external_inference_urls(config)
         self.inf_url = (
-            self.inference_urls[0] if self.inference_urls else f"http://127.0.0.1:{self.inf_port}"
+            self.inference_urls[0]
+            if self.inference_urls
+            else f"http://{config.services_host}:{self.inf_port}"
         )
         self.evaluator = Evaluator(None if config.only_trainer else config.eval, self.inf_url)
         self.inference_version: int | None = None

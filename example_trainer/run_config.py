@@ -75,7 +75,13 @@ class RunConfig(BaseModel):
     )
     api_port: int = Field(8000, ge=0, le=65535, description="run-api port (0 = any free port).")
     inference_port: int = Field(
-        9001, ge=0, le=65535, description="Inference server port (0 = any free port)."
+        9001,
+        ge=0,
+        le=65535,
+        description=(
+            "Inference server port (0 = any free port). With nnodes > 1 the trainer on every "
+            "node reaches it at node 0's address: add --host 0.0.0.0 to inference_args there."
+        ),
     )
     max_staleness: int | None = Field(
         None,
@@ -222,6 +228,17 @@ class RunConfig(BaseModel):
             host, sep, port = self.rdzv_endpoint.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"rdzv_endpoint must be host:port, got {self.rdzv_endpoint!r}")
+        if self.nnodes > 1 and self.api_port == 0 and self.api_url is None:
+            raise ValueError("nnodes > 1 needs a fixed api_port (other nodes connect to it)")
+        if (
+            self.nnodes > 1
+            and self.inference_port == 0
+            and self.owns_inference
+            and not self.external_inference
+        ):
+            raise ValueError(
+                "nnodes > 1 needs a fixed inference_port (rank 0 may push weights from any node)"
+            )
         if self.nnodes > 1 and self.warmup is not None:
             raise ValueError(
                 "warmup runs on one node; with nnodes > 1 run it first and give its model"
@@ -248,14 +265,19 @@ class RunConfig(BaseModel):
         """Whether this node starts the trainer alone (``trainer_only``, default node_rank > 0)."""
         return self.node_rank > 0 if self.trainer_only is None else self.trainer_only
 
+    @property
+    def services_host(self) -> str:
+        """Where run-api and the launcher's inference server are: 127.0.0.1 on the node that
+        starts them, the rendezvous host (node 0) elsewhere."""
+        if self.node_rank > 0 and self.rdzv_endpoint:
+            return self.rdzv_endpoint.rpartition(":")[0]
+        return "127.0.0.1"
+
     def resolved_api_url(self, port: int) -> str:
         """The run-api URL of the run (see ``api_url``)."""
         if self.api_url:
             return self.api_url.rstrip("/")
-        host = "127.0.0.1"
-        if self.node_rank > 0 and self.rdzv_endpoint:
-            host = self.rdzv_endpoint.rpartition(":")[0]
-        return f"http://{host}:{port}"
+        return f"http://{self.services_host}:{port}"
 
     def trainer_device(self) -> str:
         """``device``, or cuda when a GPU is visible."""

@@ -163,6 +163,20 @@ def test_node_one_runs_the_trainer_alone_under_a_torchrun_of_the_run(tmp_path):
     assert not launcher.starts_inference
 
 
+def test_a_trainer_only_node_reaches_node_zeros_services(tmp_path):
+    # Under c10d global rank 0 may be on this node: it must push to node 0's server.
+    cfg = _run_config(
+        tmp_path, nnodes=2, node_rank=1, rdzv_endpoint="10.1.0.1:29400", rdzv_backend="c10d"
+    )
+    cmd = Launcher(cfg).trainer_cmd(str(tmp_path))
+    assert cmd[cmd.index("--inference-url") + 1] == "http://10.1.0.1:9001"
+    assert cmd[cmd.index("--atropos-url") + 1] == "http://10.1.0.1:8000"
+    with pytest.raises(ValueError, match="fixed inference_port"):
+        RunConfig(nnodes=2, rdzv_endpoint="h:1", inference_port=0)
+    with pytest.raises(ValueError, match="fixed api_port"):
+        RunConfig(nnodes=2, rdzv_endpoint="h:1", api_port=0)
+
+
 def test_c10d_rendezvous_leaves_the_node_rank_to_torchrun(tmp_path):
     cfg = _run_config(tmp_path, nnodes=2, rdzv_endpoint="h:1", rdzv_backend="c10d")
     flags = rendezvous_flags(cfg)
