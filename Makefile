@@ -1,6 +1,7 @@
 # atroposlib — developer entry points.
 #   make demo   install, then run the whole RL loop on the embedded tiny model (CPU)
-#   make test   install, then run the test suite
+#   make test   install, then run the default tier of the test suite (minutes)
+#   make test-tier2 / test-all   the second tier (full stacks, vLLM, multi-node) / both
 #   make lint   ruff over the code
 #   make lock   regenerate requirements.lock from pyproject.toml (newest allowed versions)
 #   make test-latest / test-oldest   the smoke checks on the newest / lowest allowed versions
@@ -19,7 +20,7 @@ SMOKE  := tests/serve_model/test_transformers_contract.py tests/serve_model/test
 	tests/tools/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
 SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: install test demo lint format config-docs bench browser clean lock test-latest test-oldest
+.PHONY: install test test-tier2 test-all demo lint format config-docs bench browser clean lock test-latest test-oldest
 
 install: $(STAMP)
 
@@ -128,8 +129,18 @@ browser:
 	      || echo "chromium could not be installed; the browser test will be skipped"; \
 	  else echo "chromium not found; the browser test will be skipped"; fi; }
 
-test: install browser $(VF_STAMP) $(VLLM_STAMP)
-	WANDB_MODE=disabled $(PY) -m pytest -q --durations=20
+# The default tier, within its time budget (time_budget_s in pyproject.toml; ATROPOS_TEST_BUDGET_S
+# raises it on a slow machine). Both tiers print the slowest tests and test files.
+test: install browser $(VF_STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m "not tier2" --budget --durations=20
+
+# The second tier (tests marked tier2, slow, vllm or multinode): full stacks, real vLLM from
+# .venv-vllm, multi-node rehearsals. CI runs it after `make test`.
+test-tier2: install browser $(VF_STAMP) $(VLLM_STAMP)
+	WANDB_MODE=disabled $(PY) -m pytest -q -m tier2 --durations=20 \
+	  --file-times=.cache/test-times-tier2.json
+
+test-all: test test-tier2
 
 demo: install
 	WANDB_MODE=offline $(VENV)/bin/atropos-grpo-run --config example_trainer/configs/demo_cpu.yaml

@@ -37,3 +37,14 @@ def tiny_model_dir() -> Path:
     from atroposlib.tiny_model import ensure_tiny_model
 
     return Path(ensure_tiny_model())
+
+
+# The second tier (make test-tier2): full stacks, floods, real vLLM, multi-node rehearsals.
+# `make test` runs `-m "not tier2"` under its time budget. These markers put a test there too.
+TIER2_IMPLIED_BY = ("slow", "vllm", "multinode")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in TIER2_IMPLIED_BY):
+            item.add_marker(pytest.mark.tier2)
