@@ -12,6 +12,8 @@ median and range over the repeats, and the ratio vLLM / serve-model::
     python benchmarks/vllm_bench.py                                  # tiny model, head_dim 32
     python benchmarks/vllm_bench.py --concurrency 1 16 64 --repeats 3 --json out.json
     python benchmarks/vllm_bench.py --build-qwen2-0.5b /tmp/qwen-0.5b --new-tokens 32
+    python benchmarks/vllm_bench.py --build-qwen2-0.5b /tmp/qwen-0.5b --enforce-eager \
+        --max-model-len 256 --max-num-seqs 16 --concurrency 1 16
 
 The default model is the offline tiny model shaped for vLLM's CPU attention (2 heads of 32,
 ``atropos-tiny-model --num-attention-heads 2 --num-key-value-heads 1``); ``--build-qwen2-0.5b``
@@ -28,6 +30,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +67,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="Alternating runs per level.")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM --enforce-eager: no torch.compile/inductor pass at start "
+                        "(compilation mode NONE), the bulk of vLLM's CPU start-up.")  # fmt: skip
+    p.add_argument("--max-num-seqs", type=int, default=None, help="vLLM --max-num-seqs.")
+    p.add_argument("--kv-cache-gib", default="1", help="VLLM_CPU_KVCACHE_SPACE (GiB).")
+    p.add_argument("--startup-timeout", type=float, default=900.0,
+                   help="Seconds vLLM may take to answer /health.")  # fmt: skip
     p.add_argument("--json", default=None, help="Also write the figures to this file.")
     args = p.parse_args()
 
@@ -81,11 +91,29 @@ def main() -> None:
         f"level, {args.repeats} alternating repeats; load average {os.getloadavg()}",
         flush=True,
     )
+    vllm_args = list(common)
+    if args.enforce_eager:
+        vllm_args.append("--enforce-eager")
+    if args.max_num_seqs is not None:
+        vllm_args += ["--max-num-seqs", str(args.max_num_seqs)]
     serve = Server(ROOT, model, args.device, common)
     vllm = None
     try:
         serve.wait()
-        vllm = start_vllm_server(python, model, work / "vllm.log", extra_args=common)
+        t0 = time.monotonic()
+        vllm = start_vllm_server(
+            python,
+            model,
+            work / "vllm.log",
+            extra_args=vllm_args,
+            env={"VLLM_CPU_KVCACHE_SPACE": args.kv_cache_gib},
+            timeout=args.startup_timeout,
+        )
+        startup_s = time.monotonic() - t0
+        print(
+            f"vLLM {' '.join(vllm_args)} up in {startup_s:.0f} s (load average {os.getloadavg()})",
+            flush=True,
+        )
         targets = {
             "atropos-serve-model": (serve.url, serve.proc.pid),
             "vllm": (vllm.base_url, vllm.process.pid),
@@ -107,7 +135,13 @@ def main() -> None:
         if vllm is not None:
             vllm.stop()
     load = os.getloadavg()
-    report: dict[str, object] = {"model": model, "load_average_end": load, "levels": {}}
+    report: dict[str, object] = {
+        "model": model,
+        "vllm_args": vllm_args,
+        "vllm_startup_s": startup_s,
+        "load_average_end": load,
+        "levels": {},
+    }
     print(f"\nload average at the end {load}")
     print("| concurrency | serve-model tok/s | vLLM tok/s | vLLM/serve-model | "
           "serve-model CPU ms/token | vLLM CPU ms/token |")  # fmt: skip
