@@ -20,7 +20,7 @@ SMOKE  := tests/serve_model/test_transformers_contract.py tests/serve_model/test
 	tests/tools/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
 SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: install test test-tier2 test-all demo lint format config-docs bench browser clean lock test-latest test-oldest
+.PHONY: install test test-tier2 test-all demo lint format config-docs bench browser slurm clean lock test-latest test-oldest
 
 install: $(STAMP)
 
@@ -129,14 +129,23 @@ browser:
 	      || echo "chromium could not be installed; the browser test will be skipped"; \
 	  else echo "chromium not found; the browser test will be skipped"; fi; }
 
+# The Slurm test (tests/slurm) runs examples/slurm/atropos.sbatch under Debian's slurm-wlm,
+# whose daemons it starts itself; install it when we can (root with apt-get).
+slurm:
+	@command -v sbatch >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm) >/dev/null 2>&1 \
+	      || echo "slurm-wlm could not be installed; the Slurm test will be skipped"; \
+	  else echo "sbatch not found; the Slurm test will be skipped"; fi; }
+
 # The default tier, within its time budget (time_budget_s in pyproject.toml; ATROPOS_TEST_BUDGET_S
 # raises it on a slow machine). Both tiers print the slowest tests and test files.
 test: install browser $(VF_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not tier2" --budget --durations=20
 
-# The second tier (tests marked tier2, slow, vllm or multinode): full stacks, real vLLM from
-# .venv-vllm, multi-node rehearsals. CI runs it after `make test`.
-test-tier2: install browser $(VF_STAMP) $(VLLM_STAMP)
+# The second tier (tests marked tier2, slow, vllm, multinode or slurm): full stacks, real vLLM
+# from .venv-vllm, multi-node rehearsals, the Slurm template under slurm-wlm. CI runs it after `make test`.
+test-tier2: install browser slurm $(VF_STAMP) $(VLLM_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m tier2 --durations=20 \
 	  --file-times=.cache/test-times-tier2.json
 

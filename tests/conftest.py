@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Dict, Iterator
 
 import pytest
 
@@ -39,9 +40,27 @@ def tiny_model_dir() -> Path:
     return Path(ensure_tiny_model())
 
 
+@pytest.fixture(scope="session")
+def serve_model(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Dict[str, str]]:
+    """``{"base_url", "model"}`` of one running ``atropos-serve-model`` on the tiny model
+    (seed 0), shared by every test of the session that asks for it."""
+    from atroposlib.testing.launch import serve_model_cmd
+    from atroposlib.testing.processes import running_process
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve_model") / "serve.log"
+    cmd = serve_model_cmd(tiny_model_dir, port, "--seed", "0")
+    with running_process(
+        cmd, health_url=f"http://127.0.0.1:{port}/health", timeout=180, log_path=log
+    ):
+        yield {"base_url": f"http://127.0.0.1:{port}/v1", "model": str(tiny_model_dir)}
+
+
 # The second tier (make test-tier2): full stacks, floods, real vLLM, multi-node rehearsals.
 # `make test` runs `-m "not tier2"` under its time budget. These markers put a test there too.
-TIER2_IMPLIED_BY = ("slow", "vllm", "multinode")
+TIER2_IMPLIED_BY = ("slow", "vllm", "multinode", "slurm")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
