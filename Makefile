@@ -98,6 +98,21 @@ lock-vllm:
 	  --constraint $(TORCH) --output-file $(VLLM_LOCK) pyproject.toml
 	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(VLLM_LOCK)
 
+# vllm-router (the registry's Rust router) for tests/routers: it runs as its own program in
+# front of our servers and imports nothing of the project, so a small venv of its own holds it.
+ROUTER_VENV  := .venv-router
+ROUTER_PIN   := vllm-router==0.1.17
+ROUTER_STAMP := $(ROUTER_VENV)/.installed-stamp
+.PHONY: $(ROUTER_VENV)
+
+$(ROUTER_VENV): $(ROUTER_STAMP)
+
+$(ROUTER_STAMP): Makefile
+	@test -x $(ROUTER_VENV)/bin/python || $(PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ROUTER_VENV)/bin/python -m pip install -q $(ROUTER_PIN)
+	@touch $(ROUTER_STAMP)
+
 # $(call smoke_in,VENV,PIP_ARGS): a fresh venv at VENV, the torch pin, the project with PIP_ARGS,
 # its versions written to VENV/versions.txt, then the smoke subset.
 define smoke_in
@@ -145,7 +160,7 @@ test: install browser $(VF_STAMP)
 
 # The second tier (tests marked tier2, slow, vllm, multinode or slurm): full stacks, real vLLM
 # from .venv-vllm, multi-node rehearsals, the Slurm template under slurm-wlm. CI runs it after `make test`.
-test-tier2: install browser slurm $(VF_STAMP) $(VLLM_STAMP)
+test-tier2: install browser slurm $(VF_STAMP) $(VLLM_STAMP) $(ROUTER_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m tier2 --durations=20 \
 	  --file-times=.cache/test-times-tier2.json
 
@@ -173,4 +188,4 @@ bench: install
 	$(PY) benchmarks/trainer_bench.py
 
 clean:
-	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock $(VF_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-latest .venv-oldest .venv-lock $(VF_VENV) $(VLLM_VENV) $(ROUTER_VENV) .pytest_cache .ruff_cache .hypothesis
