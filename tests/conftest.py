@@ -63,7 +63,41 @@ def serve_model(
 TIER2_IMPLIED_BY = ("slow", "vllm", "multinode", "slurm")
 
 
+# Files and tests of the second tier, by node-id prefix, with their reason. Their seconds are
+# the per-file report's (.cache/test-times.json) on a loaded 2-core machine, 2026-11-28.
+TIER2_TESTS = (
+    # full stacks: atropos-grpo-run / torchrun with run-api, serve-model and environments
+    "tests/trainer/test_supervision.py",  # 270 s: three torchrun runs, ended three ways
+    "tests/trainer/test_e2e.py",  # 150 s: the one-command run, and the launcher killed twice
+    "tests/trainer/test_grad_parity.py",  # 100 s: two torchrun ranks vs one process
+    "tests/trainer/test_distributed.py",  # 55 s: the same loss curve on two processes
+    "tests/envs/test_async_versions.py",  # 35 s: a trainer, serve-model and an environment
+    "tests/envs/test_serve_loop.py",  # 30 s: no group lost across 503s and an API restart
+    # server restarts
+    "tests/trainer/test_sync_and_api.py::test_lora_restart_serves_the_merged_adapter",  # 50 s
+    "tests/trainer/test_sync_and_api.py::test_restart_mode_restarts_a_real_server",  # 50 s
+    "tests/trainer/test_original_interface.py::test_vllm_manager_functions_over_a_real_server",
+    "tests/environments/test_textarena_opponent.py::test_process_mode_against_a_second_serve",
+    "tests/environments/test_gsm8k_teacher_distill.py",  # 18 s: a second serve-model as teacher
+    "tests/server_handling/test_proxy_abandoned.py",  # 28 s: its own slot-limited serve-model
+    "tests/compat/test_verifiers_server.py",  # 32 s: the original's verifiers env, in processes
+    # long demos: the README's and the tutorial's commands run as written
+    "tests/docs/test_readme_commands.py",  # 85 s
+    "tests/docs/test_tutorial.py",  # 40 s
+    # processes started to time out or hang, and a browser
+    "tests/environments/test_reasoning_gym.py::test_items_are_the_same_in_processes_with_",
+    "tests/environments/test_reasoning_gym.py::test_generator_pool_raises_on_a_failing_call",
+    "tests/environments/test_textarena_workers.py::test_games_hung_in_c_end_at_the_limit",
+    "tests/compat/test_env_files.py::test_env_stops_after_max_server_downtime",
+    "tests/server_handling/test_proxy_body_timeout.py",  # 20 s: bodies that trickle to a timeout
+    "tests/serve_model/test_swap_in_place.py::test_in_place_loader_holds_one_tensor_at_a_time",
+    "tests/tools/test_view_run.py::test_file_mode_page_shows_group_text_and_score_in_chromium",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(name) for name in TIER2_IMPLIED_BY):
+        if any(item.get_closest_marker(name) for name in TIER2_IMPLIED_BY) or any(
+            item.nodeid.startswith(prefix) for prefix in TIER2_TESTS
+        ):
             item.add_marker(pytest.mark.tier2)

@@ -1,4 +1,2 @@
-"""Fixtures of the drop-in tests: the real ``atropos-serve-model`` on the tiny model, shared
-with the environment tests."""
-
-from tests.environments.conftest import serve_model  # noqa: F401  (a session fixture)
+"""The drop-in tests share the session's ``serve_model`` (tests/conftest.py) with the
+environment tests."""

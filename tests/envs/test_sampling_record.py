@@ -24,9 +24,6 @@ from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process, start_process, stop_process
 from atroposlib.testing.trainer import FakeTrainer
 from tests.compat.test_env_files import clean_env, run_env, wait_exit
-from tests.environments import conftest as env_fixtures
-
-serve_model = env_fixtures.serve_model  # the session fixture: one atropos-serve-model
 
 SAMPLING_ENV = Path(__file__).resolve().parent / "sampling_env.py"
 
