@@ -108,7 +108,7 @@ def test_device_precision_and_trainer_procs_reach_the_trainer_command(tmp_path):
     assert flags["--model-name"] == "/m"
 
 
-def test_inference_command_is_server_command_with_device_and_dtype(tmp_path):
+def test_inference_command_is_server_command_with_device_and_dtype(tmp_path, monkeypatch):
     from example_trainer.launcher import Launcher
     from example_trainer.vllm_manager import server_command
 
@@ -129,6 +129,8 @@ def test_inference_command_is_server_command_with_device_and_dtype(tmp_path):
     assert cmd[: len(base)] == base
     assert ["--device", "cuda"] == cmd[cmd.index("--device") : cmd.index("--device") + 2]
     assert env == {"CUDA_VISIBLE_DEVICES": "1"}
+    # The vLLM command is built without vLLM installed: only its interpreter is named.
+    monkeypatch.setenv("ATROPOS_VLLM_PYTHON", "/opt/vllm/bin/python")
     vllm = server_command("vllm", "/m", 9123, dtype="float16")
     assert vllm[vllm.index("--dtype") + 1] == "float16"
 

@@ -284,8 +284,11 @@ def test_restart_mode_refuses_busy_port_with_clear_error(fake_server, tiny, tmp_
     sync.close()
 
 
-def test_server_commands_for_both_backends():
+def test_server_commands_for_both_backends(monkeypatch):
     from example_trainer.vllm_manager import server_command
+
+    # The vLLM command is built without vLLM installed: only its interpreter is named.
+    monkeypatch.setenv("ATROPOS_VLLM_PYTHON", "/opt/vllm/bin/python")
 
     sm = server_command("serve_model", "/m", 9100, served_model_name="name")
     assert sm[1:4] == ["-m", "atroposlib.cli.serve_model", "/m"] and sm[-2:] == [
@@ -293,7 +296,7 @@ def test_server_commands_for_both_backends():
         "name",
     ]
     vl = server_command("vllm", "/m", 9100, gpu_memory_utilization=0.3)
-    assert (
+    assert vl[0] == "/opt/vllm/bin/python" and (
         "vllm.entrypoints.openai.api_server" in vl
         and vl[vl.index("--gpu-memory-utilization") + 1] == "0.3"
     )
