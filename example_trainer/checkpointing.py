@@ -94,11 +94,9 @@ def save_checkpoint(
     ...)``. The original's form, ``save_checkpoint(model, tokenizer, save_path, step,
     is_final=False, safe_mode=True)`` (a path third), saves the model and tokenizer only
     and returns the directory as a string
-    (:func:`example_trainer.original.save_model_checkpoint`).
+    (:func:`save_model_checkpoint`).
     """
     if isinstance(save_path, (str, os.PathLike)):
-        from .original import save_model_checkpoint
-
         return save_model_checkpoint(model, tokenizer, save_path, step, is_final, safe_mode)
     optimizer, scheduler, step, save_path = save_path, step, is_final, safe_mode
     out = Path(save_path) / (name or f"step_{step}")
@@ -167,4 +165,31 @@ def load_trainer_state(checkpoint_dir: str | Path, with_optimizer: bool = True) 
     )
 
 
-from .original import save_lora_checkpoint  # noqa: E402, F401
+def save_model_checkpoint(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    save_path: str,
+    step: int,
+    is_final: bool = False,
+    safe_mode: bool = True,
+) -> str:
+    """The original's ``save_checkpoint``: the model (and tokenizer) in
+    ``save_path/step_{step}`` (``final_model`` when ``is_final``), safetensors when
+    ``safe_mode``; returns the directory."""
+    out = Path(save_path) / ("final_model" if is_final else f"step_{step}")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=safe_mode)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def save_lora_checkpoint(
+    model: torch.nn.Module, save_path: str, step: int, is_final: bool = False
+) -> str:
+    """The LoRA adapter alone in ``save_path/adapter_step_{step}`` (``final_adapter`` when
+    ``is_final``); returns the directory."""
+    out = Path(save_path) / ("final_adapter" if is_final else f"adapter_step_{step}")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    return str(out)

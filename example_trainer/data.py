@@ -1,6 +1,7 @@
 """Turn an API batch (a list of scored groups) into padded training tensors.
 
-Pure functions of their inputs. Conventions (docs/design.md, "Trainer data conventions"):
+Pure functions of their inputs, except :func:`get_data` (the original's fetch-and-pad, which
+waits on the API). Conventions (docs/design.md, "Trainer data conventions"):
 
 - inputs are ``tokens[:-1]``, labels are ``masks[1:]`` (−100 = no loss), padded with
   −100; the causal shift is done here, so the model never sees the last token as input;
@@ -33,22 +34,23 @@ padded to its own longest sequence (rounded up to ``pad_to_multiple``).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Sequence
+from typing import Any, Dict, List, Literal, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
 
-IGNORE_INDEX = -100
+from .api import get_batch
+from .conventions import IGNORE_INDEX, GroupError
+from .distill import distill_rows, distill_tensors
+
+DEFAULT_ATROPOS_URL = "http://localhost:8000"
 ADVANTAGE_EPS = 1e-4
 """Added to the standard deviation that scales advantages (TRL's value): a group whose
 scores differ by rounding noise gets advantages near 0, not ±1."""
 
 ScaleRewards = Literal["group", "batch", "none"]
-
-
-class GroupError(ValueError):
-    """A group of the batch that cannot be trained on; the message names the field."""
 
 
 @dataclass
@@ -273,7 +275,7 @@ def group_to_samples(
         labels = list(mask[1:])
         inference, short = _shift(inf_lp, i, n, labels)
         ref, _ = _shift(ref_lp, i, n, labels)
-        d_ids, d_lps = _distill().distill_rows(group, i, n, labels)
+        d_ids, d_lps = distill_rows(group, i, n, labels)
         keep = n if max_len is None else min(n, max_len)
         cut = keep < n
         truncated = cut or _override(i, overrides, "finish_reason") == "length"
@@ -317,13 +319,6 @@ def _shift(
     return [v if math.isfinite(v) and v <= 0 else math.nan for v in row], short
 
 
-def _distill() -> Any:
-    # example_trainer.distill imports this module (GroupError), so it is imported late.
-    from . import distill
-
-    return distill
-
-
 def _pad(
     rows: Sequence[Sequence[Any]], length: int, value: Any, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -352,7 +347,7 @@ def collate(
         length = min(length, max_len)
     inference, inference_mask = _pad_optional([s.inference_logprobs for s in samples], length)
     ref, ref_mask = _pad_optional([s.ref_logprobs for s in samples], length)
-    d_ids, d_lps, d_mask = _distill().distill_tensors(
+    d_ids, d_lps, d_mask = distill_tensors(
         [(s.distill_token_ids, s.distill_logprobs) for s in samples],
         [s.labels for s in samples],
         length,
@@ -383,6 +378,71 @@ def _pad_optional(
     return values.masked_fill(~present, 1.0), present
 
 
+Batches = Tuple[
+    List[torch.Tensor],
+    List[torch.Tensor],
+    List[torch.Tensor],
+    List[torch.Tensor],
+    List[torch.Tensor] | None,
+]
+"""The original's padded batch: lists (one tensor per micro-batch) of tokens, labels,
+advantages, temperatures and inference log-probs (None when there are none)."""
+
+
+def pad_groups(
+    groups: Sequence[Mapping[str, Any]],
+    batch_size: int,
+    pad_token_id: int = 0,
+    pad_to_multiple: int = 64,
+    max_len: int | None = None,
+) -> List[MicroBatch]:
+    """Split scored groups into padded :class:`MicroBatch` es of at most ``batch_size``
+    sequences, each padded to its own longest sequence (rounded up to ``pad_to_multiple``)."""
+    samples: List[Sample] = []
+    for group in groups:
+        samples.extend(group_to_samples(group, max_len=max_len))
+    return [
+        collate(samples[i : i + batch_size], pad_token_id, pad_to_multiple, max_len)
+        for i in range(0, len(samples), batch_size)
+    ]
+
+
+def pad_batches(
+    data: Any,
+    batch_size: int,
+    extract_inference_logprobs: bool = True,
+    max_len: int | None = None,
+) -> Batches:
+    """The original's ``pad_data_to_good_offset``: ``data`` (the ``/batch`` answer, or its
+    list of groups) as micro-batches of at most ``batch_size`` sequences:
+    ``(tokens, labels, advantages, temperatures, inference_logprobs)`` lists of tensors
+    (the last None unless ``extract_inference_logprobs`` and some sequence has them).
+
+    Labels are the next tokens (-100 where no loss is taken), advantages per token,
+    temperatures one per sequence; a token without a sampler log-prob holds 1.0.
+    """
+    groups = data.get("batch") if isinstance(data, Mapping) else data
+    tokens, labels, advantages, temperatures, logprobs = [], [], [], [], []
+    any_logprobs = False
+    for mb in pad_groups(groups or [], batch_size, max_len=max_len):
+        tokens.append(mb.input_ids)
+        labels.append(mb.labels)
+        advantages.append(mb.advantages)
+        temperatures.append(mb.temperatures)
+        if mb.inference_logprobs is not None:
+            any_logprobs = True
+            logprobs.append(mb.inference_logprobs)
+        else:
+            logprobs.append(torch.ones_like(mb.labels, dtype=torch.float32))
+    return (
+        tokens,
+        labels,
+        advantages,
+        temperatures,
+        logprobs if extract_inference_logprobs and any_logprobs else None,
+    )
+
+
 def pad_data_to_good_offset(
     data: Any,
     batch_size: int,
@@ -394,28 +454,37 @@ def pad_data_to_good_offset(
 ) -> Any:
     """Split an API batch into padded micro-batches of at most ``batch_size`` sequences.
 
-    The original's form, ``data`` the ``/batch`` answer (a dict with ``batch``), returns
-    its tuple of lists of tensors (:func:`example_trainer.original.pad_batches`;
-    ``extract_inference_logprobs`` says whether the last entry is filled). A list of
-    groups returns :class:`MicroBatch` objects (an int third argument is the pad token id).
+    The original's form, ``data`` the ``/batch`` answer (a dict with ``batch``), is
+    :func:`pad_batches` (``extract_inference_logprobs`` says whether the last entry is
+    filled); a list of groups is :func:`pad_groups` (an int third argument is the pad
+    token id).
 
     Example::
 
         micro = pad_data_to_good_offset(api_batch, batch_size=4, pad_token_id=tok.pad_token_id)
     """
     if isinstance(data, Mapping):
-        from .original import pad_batches
-
         return pad_batches(data, batch_size, bool(extract_inference_logprobs), max_len=max_len)
     if not isinstance(extract_inference_logprobs, bool):
         pad_token_id = int(extract_inference_logprobs)
-    samples: List[Sample] = []
-    for group in data:
-        samples.extend(group_to_samples(group, max_len=max_len))
-    return [
-        collate(samples[i : i + batch_size], pad_token_id, pad_to_multiple, max_len)
-        for i in range(0, len(samples), batch_size)
-    ]
+    return pad_groups(data, batch_size, pad_token_id, pad_to_multiple, max_len)
+
+
+def get_data(
+    batch_size: int,
+    seq_len: int,
+    atropos_url: str = DEFAULT_ATROPOS_URL,
+    extract_inference_logprobs: bool = True,
+) -> Tuple[List[Batches], None]:
+    """The original's fetch: wait for the next batch from the API (polling once a second)
+    and return it padded by :func:`pad_batches` (``[batches]``, None), sequences cut to
+    ``seq_len``."""
+    while True:
+        batch = get_batch(atropos_url)
+        if batch:
+            break
+        time.sleep(1.0)
+    return [pad_batches(batch, batch_size, extract_inference_logprobs, max_len=seq_len)], None
 
 
 def batch_scores(batch: Sequence[Mapping[str, Any]]) -> List[float]:
@@ -429,7 +498,3 @@ def summarize_batch(batch: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
     if not scores:
         return {"mean_score": 0.0, "num_sequences": 0.0}
     return {"mean_score": float(np.mean(scores)), "num_sequences": float(len(scores))}
-
-
-# The original's fetch-and-pad helper (see example_trainer.original).
-from .original import get_data  # noqa: E402, F401

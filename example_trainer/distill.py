@@ -30,7 +30,7 @@ from typing import Any, List, Mapping, Sequence, Tuple
 
 import torch
 
-from .data import IGNORE_INDEX, GroupError
+from .conventions import IGNORE_INDEX, GroupError
 
 DISTILL_FIELDS = ("distill_token_ids", "distill_logprobs")
 

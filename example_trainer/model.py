@@ -240,9 +240,18 @@ def setup_model(
     return model, tokenizer
 
 
-# The original's loader and optimizer helpers (see example_trainer.original).
-from .original import (  # noqa: E402, F401
-    create_optimizer,
-    create_optimizer_for_params,
-    load_model_and_tokenizer,
-)
+def load_model_and_tokenizer(
+    config: TrainingConfig, single_copy: bool = False
+) -> Tuple[torch.nn.Module, Any]:
+    """The original's loader: :func:`setup_model` of ``config``.
+
+    ``single_copy`` (train on vLLM's own weights) needs the original's vLLM bridge, which
+    this trainer does not have: ImportError naming vLLM.
+    """
+    if single_copy:
+        raise ImportError(
+            "single_copy trains on vLLM's weights through the original's vLLM bridge; this "
+            "trainer does not provide it (weight_bridge_mode http_reload or lora_only work "
+            "without it)"
+        )
+    return setup_model(config)

@@ -26,9 +26,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -44,6 +46,7 @@ from .plugins import load_function
 from .processes import TRAINER_STOP_TIMEOUT
 from .run_config import EvalSection, RunConfig, WarmupSection
 from .summary import clear_previous_run, plot_curve, read_metrics
+from .vllm_manager import wait_for_vllm_ready
 
 __all__ = [
     "EvalSection",
@@ -57,6 +60,8 @@ __all__ = [
     "main",
     "plot_curve",
     "read_metrics",
+    "wait_for_bridge_config",
+    "wait_for_vllm",
 ]
 
 logger = logging.getLogger("atropos-grpo-run")
@@ -200,8 +205,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher.shutdown()
 
 
-# The original's waits (see example_trainer.original).
-from .original import wait_for_bridge_config, wait_for_vllm  # noqa: E402, F401
+# --- the original's waits --------------------------------------------------------------------
+
+
+def wait_for_vllm(port: int, timeout: int = 300) -> bool:
+    """Whether the inference server on ``port`` answers ``/health`` within ``timeout`` s."""
+    return wait_for_vllm_ready(port, float(timeout))
+
+
+def wait_for_bridge_config(config_path: str, timeout: int = 60) -> bool:
+    """Whether the JSON file ``config_path`` (written by the inference side) exists and
+    parses within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    path = Path(config_path)
+    while True:
+        try:
+            json.loads(path.read_text())
+            return True
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
 
 if __name__ == "__main__":
     sys.exit(main())

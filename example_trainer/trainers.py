@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Sequence
 
 import torch
 
@@ -876,12 +876,45 @@ def train(config: TrainingConfig) -> Path | None:
         trainer.close()
 
 
-# The original's entry points (see example_trainer.original).
-from .original import (  # noqa: E402, F401
-    create_optimizer,
-    create_optimizer_for_params,
-    train_legacy,
-    train_lora,
-    train_lora_restart,
-    train_shared_vllm,
-)
+# --- the original's entry points -------------------------------------------------------------
+
+
+def create_optimizer(model: torch.nn.Module, config: Any) -> torch.optim.Optimizer:
+    """The config's optimizer over the model's trainable parameters (weight decay groups
+    as the trainer uses them)."""
+    return build_optimizer(param_groups(model, config), config)
+
+
+def create_optimizer_for_params(
+    params: Iterable[torch.nn.Parameter], config: Any
+) -> torch.optim.Optimizer:
+    """The config's optimizer over ``params``."""
+    return build_optimizer([p for p in params if p.requires_grad], config)
+
+
+def _train_in_mode(config: TrainingConfig, mode: str) -> Path | None:
+    if config.weight_bridge_mode != mode:
+        # Validated again: a mode this trainer refuses fails here, naming the ones it has.
+        config = type(config).model_validate({**config.model_dump(), "weight_bridge_mode": mode})
+    return train(config)
+
+
+def train_legacy(config: TrainingConfig) -> Path | None:
+    """A whole run that checkpoints and restarts the inference server (mode ``none``)."""
+    return _train_in_mode(config, "none")
+
+
+def train_shared_vllm(config: TrainingConfig) -> Path | None:
+    """A whole run in mode ``shared_vllm``; this trainer refuses it (ValueError naming the
+    modes that work), as its config does."""
+    return _train_in_mode(config, "shared_vllm")
+
+
+def train_lora(config: TrainingConfig) -> Path | None:
+    """A whole LoRA run that hot-loads each adapter into the server (mode ``lora_only``)."""
+    return _train_in_mode(config, "lora_only")
+
+
+def train_lora_restart(config: TrainingConfig) -> Path | None:
+    """A whole LoRA run that merges the adapter and restarts the server (``lora_restart``)."""
+    return _train_in_mode(config, "lora_restart")

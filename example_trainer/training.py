@@ -29,17 +29,23 @@
 Nothing here reads a value back to the host: the statistics are 0-d tensors on the
 logits' device, so a GPU step runs without waiting for the host until the trainer
 reads all its metrics at once.
+
+The original's step-level functions live here too: ``compute_grpo_loss`` in its model form
+(:func:`model_grpo_loss`), ``run_training_step``, ``setup_wandb``, ``log_metrics`` and
+``finalize_training``.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, Literal
+from typing import Any, Dict, List, Literal, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .data import IGNORE_INDEX
+from .conventions import IGNORE_INDEX
 from .distill import distill_divergence
 from .kl import KLEstimator, kl_penalty
 from .off_policy import (
@@ -48,6 +54,8 @@ from .off_policy import (
     corrected_surrogate,
     truncated_weights,
 )
+
+logger = logging.getLogger(__name__)
 
 LossType = Literal["token-mean", "grpo", "dr_grpo", "seq-mean-token-sum"]
 LOSS_TYPES = ("token-mean", "grpo", "dr_grpo", "seq-mean-token-sum")
@@ -355,6 +363,34 @@ def _masked_std(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(n >= 2, var.sqrt(), torch.zeros_like(var))
 
 
+def model_grpo_loss(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    advantages: torch.Tensor,
+    temperatures: torch.Tensor,
+    gradient_accumulation_steps: int,
+    inference_logprobs: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """The original's ``compute_grpo_loss``: forward ``tokens`` through ``model`` and return
+    ``(loss / gradient_accumulation_steps, metrics)`` of :func:`grpo_loss`."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=tokens.to(device)).logits
+    temps = temperatures.reshape(-1).to(device) if temperatures is not None else None
+    out = grpo_loss(
+        logits,
+        labels.to(device),
+        advantages.to(device),
+        temps,
+        inference_logprobs.to(device) if inference_logprobs is not None else None,
+        clip_eps=clip_eps,
+    )
+    loss = out.loss / max(int(gradient_accumulation_steps), 1)
+    metrics = {k: float(v.detach().float().mean()) for k, v in out.metrics.items()}
+    return loss, metrics
+
+
 _MODEL_FORM = (
     "tokens",
     "labels",
@@ -369,17 +405,15 @@ _MODEL_FORM = (
 def compute_grpo_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
     """The GRPO loss, in either form.
 
-    The original's: ``compute_grpo_loss(model, tokens, labels, advantages, temperatures,
-    gradient_accumulation_steps, inference_logprobs=None, clip_eps=0.2)`` runs the model and
-    returns ``(loss / gradient_accumulation_steps, metrics)``
-    (:func:`example_trainer.original.model_grpo_loss`). Given logits (a tensor) first, it is
-    :func:`grpo_loss`, with its arguments by position or by their names (``labels``,
-    ``advantages``, ``temperatures``, ...), and returns a :class:`LossOutput`.
+    The original's, ``compute_grpo_loss(model, tokens, labels, advantages, temperatures,
+    gradient_accumulation_steps, inference_logprobs=None, clip_eps=0.2)``, is
+    :func:`model_grpo_loss`: it runs the model and returns ``(loss /
+    gradient_accumulation_steps, metrics)``. Given logits (a tensor) first, it is
+    :func:`grpo_loss`, with its arguments by position or by their names, and returns a
+    :class:`LossOutput`.
     """
     if isinstance(model, torch.Tensor):
         return grpo_loss(model, *args, **kwargs)
-    from .original import model_grpo_loss
-
     if len(args) > len(_MODEL_FORM):
         raise TypeError(
             f"compute_grpo_loss(model, ...) takes at most {len(_MODEL_FORM)} more arguments"
@@ -394,18 +428,117 @@ def compute_grpo_loss(model: Any, *args: Any, **kwargs: Any) -> Any:
     missing = [name for name in _MODEL_FORM[:5] if name not in values]
     if missing:
         raise TypeError(f"compute_grpo_loss(model, ...) needs {', '.join(missing)}")
-    return model_grpo_loss(
-        model,
-        *(values[name] for name in _MODEL_FORM[:5]),
-        values.get("inference_logprobs"),
-        values.get("clip_eps", 0.2),
+    return model_grpo_loss(model, **values)
+
+
+# --- the original's step-level helpers -----------------------------------------------------
+
+
+def run_training_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    token_batches: List[torch.Tensor],
+    label_batches: List[torch.Tensor],
+    advantage_batches: List[torch.Tensor],
+    temperature_batches: List[torch.Tensor],
+    config: Any,
+    step_idx: int,
+    inference_logprob_batches: List[torch.Tensor] | None = None,
+) -> dict:
+    """One optimizer step over the micro-batches (losses scaled by the config's
+    ``gradient_accumulation_steps``, gradients clipped to norm 1). Returns ``loss``,
+    ``grad_norm``, ``step`` and the mean of each loss metric."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    sums: Dict[str, float] = {}
+    accumulation = int(getattr(config, "gradient_accumulation_steps", 1) or 1)
+    for i, tokens in enumerate(token_batches):
+        logprobs = inference_logprob_batches[i] if inference_logprob_batches else None
+        loss, metrics = model_grpo_loss(
+            model,
+            tokens,
+            label_batches[i],
+            advantage_batches[i],
+            temperature_batches[i],
+            accumulation,
+            logprobs,
+            float(getattr(config, "clip_eps", 0.2)),
+        )
+        loss.backward()
+        total += float(loss.detach())
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + value
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], 1.0
     )
+    optimizer.step()
+    n = max(len(token_batches), 1)
+    return {
+        "loss": total,
+        "grad_norm": float(grad_norm),
+        "step": step_idx,
+        **{key: value / n for key, value in sums.items()},
+    }
 
 
-# The original's step-level helpers (see example_trainer.original).
-from .original import (  # noqa: E402, F401
-    finalize_training,
-    log_metrics,
-    run_training_step,
-    setup_wandb,
-)
+def setup_wandb(config: Any) -> bool:
+    """Start a W&B run for ``config`` when ``use_wandb``; whether one was started."""
+    if not getattr(config, "use_wandb", False):
+        return False
+    import wandb
+
+    wandb.init(
+        project=getattr(config, "wandb_project", None),
+        group=getattr(config, "wandb_group", None),
+        config=config.model_dump() if hasattr(config, "model_dump") else dict(vars(config)),
+    )
+    return True
+
+
+def log_metrics(
+    metrics: dict,
+    step: int,
+    use_wandb: bool,
+    extra_metrics: dict | None = None,
+    benchmark: bool = False,
+) -> None:
+    """Log one step's metrics (and ``extra_metrics``): a line to the log, and to W&B when
+    ``use_wandb``; with ``benchmark`` the step time is included when present."""
+    merged = {**metrics, **(extra_metrics or {})}
+    shown = ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in merged.items()
+        if benchmark or "time" not in k
+    )
+    logger.info("step %d: %s", step, shown)
+    if use_wandb:
+        import wandb
+
+        wandb.log({f"train/{k}": v for k, v in merged.items()}, step=step)
+
+
+def finalize_training(
+    use_wandb: bool,
+    training_start_time: float | None = None,
+    mode: str = "unknown",
+    total_steps: int = 0,
+    benchmark_stats: dict | None = None,
+    benchmark: bool = False,
+) -> None:
+    """Log the run's summary (mode, steps, wall time, benchmark numbers) and close W&B."""
+    elapsed = time.time() - training_start_time if training_start_time else None
+    summary: Dict[str, Any] = {"mode": mode, "total_steps": total_steps}
+    if elapsed is not None:
+        summary["total_time_s"] = round(elapsed, 2)
+        if total_steps:
+            summary["time_per_step_s"] = round(elapsed / total_steps, 3)
+    if benchmark and benchmark_stats:
+        summary.update(benchmark_stats)
+    logger.info("training finished: %s", summary)
+    if use_wandb:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.run.summary.update(summary)
+        wandb.finish()

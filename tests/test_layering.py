@@ -172,20 +172,6 @@ DEFERRED_CYCLES: dict[str, frozenset[str]] = {
     "trainer vllm_manager <-> vllm_process": frozenset(
         {"example_trainer.vllm_manager", "example_trainer.vllm_process"}
     ),
-    "trainer original.py's re-exports": frozenset(
-        {
-            "example_trainer.batching",
-            "example_trainer.checkpointing",
-            "example_trainer.data",
-            "example_trainer.distill",
-            "example_trainer.model",
-            "example_trainer.original",
-            "example_trainer.reward_shaping",
-            "example_trainer.trainers",
-            "example_trainer.training",
-            "example_trainer.weight_sync",
-        }
-    ),
 }
 
 

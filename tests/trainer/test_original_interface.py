@@ -19,9 +19,13 @@ from example_trainer import cli, vllm_manager
 from example_trainer.checkpointing import save_checkpoint, save_lora_checkpoint
 from example_trainer.config import TrainingConfig
 from example_trainer.data import get_data, pad_data_to_good_offset
-from example_trainer.model import create_optimizer, load_model_and_tokenizer
+from example_trainer.model import load_model_and_tokenizer
 from example_trainer.run import wait_for_bridge_config, wait_for_vllm
-from example_trainer.trainers import create_optimizer_for_params, train_shared_vllm
+from example_trainer.trainers import (
+    create_optimizer,
+    create_optimizer_for_params,
+    train_shared_vllm,
+)
 from example_trainer.training import compute_grpo_loss, run_training_step
 from tests.api.conftest import TRAINER, start_api
 
