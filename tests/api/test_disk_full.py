@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
+from atroposlib.api.salvage import shm_frames as _shm_frames
 from atroposlib.testing.persist_soak import run_rounds, small_disk
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import PYTHON
 from tests.api.conftest import start_api
-from tests.api.test_hardening import _copy, _damage, _database
+from tests.api.test_hardening import _copy, _damage, _database, _garbage
 
 
 @pytest.fixture
@@ -102,9 +104,27 @@ def test_a_second_run_api_on_the_same_database_exits_2_naming_the_first(tmp_path
         assert c.get("/status").status_code == 200
 
 
-def test_recovery_on_a_full_disk_moves_nothing_and_says_what_to_free(tmp_path, disk):
+def _garbage_in_main(tmp_path: Path, disk: Path) -> Path:
+    """A checkpointed database (no WAL) with garbage in the middle of its main file: SQLite's
+    own view is damaged, so only a fresh copy recovers it."""
+    damaged = _copy(_database(tmp_path, groups=40, how="close"), disk / "db")
+    _garbage(damaged, at=0.5)
+    return damaged
+
+
+def _garbage_in_wal(tmp_path: Path, disk: Path) -> Path:
     damaged = _copy(_database(tmp_path, groups=40), disk / "db")
     _damage("garbage mid-WAL", damaged)
+    return damaged
+
+
+@pytest.mark.parametrize(
+    "damage, how",
+    [(_garbage_in_wal, "in place"), (_garbage_in_main, "into a fresh")],
+    ids=["WAL damage (in place)", "main-file damage (fresh copy)"],
+)
+def test_recovery_on_a_full_disk_moves_nothing_and_says_what_to_free(tmp_path, disk, damage, how):
+    damaged = damage(tmp_path, disk)
     ballast = _fill(disk)
     before = _snapshot(damaged.parent)
 
@@ -120,11 +140,66 @@ def test_recovery_on_a_full_disk_moves_nothing_and_says_what_to_free(tmp_path, d
         k: v for k, v in before.items() if not k.endswith(".lock")
     }
 
-    ballast.unlink()  # space freed: the same command now recovers every group
+    ballast.unlink()  # space freed: the same command now recovers every readable group
     ctx, url = start_api(tmp_path, "--persist", str(damaged), "--persist-recover")
     with ctx, httpx.Client(base_url=url, timeout=10) as c:
-        assert c.get("/status").json()["queue_size"] == 40
-    kept = sorted(p.name for p in damaged.parent.glob("api.db.damaged-*"))
-    assert kept and any(not name.endswith(("-wal", "-shm")) for name in kept)
+        queued = c.get("/status").json()["queue_size"]
+    assert list(damaged.parent.glob("api.db.damaged-*"))
     log = "".join(p.read_text() for p in tmp_path.glob("api-*.log"))
-    assert "restored 40 groups, lost 0" in log or "restored 39 groups, lost 1" in log
+    assert f"restored {queued} groups, lost {40 - queued}" in log and how in log
+    assert queued >= (39 if how == "in place" else 1)
+
+
+def _leave_free(ballast: Path, nbytes: int) -> None:
+    os.truncate(ballast, max(0, ballast.stat().st_size - nbytes))
+
+
+@pytest.fixture
+def big_disk(tmp_path: Path):
+    try:
+        with small_disk(tmp_path / "big", 16) as mounted:
+            yield mounted
+    except OSError as e:
+        pytest.skip(f"needs a small tmpfs: {e}")
+
+
+def test_wal_damage_is_recovered_in_place_with_less_room_than_a_copy_needs(tmp_path, big_disk):
+    """200 groups (4.6 MB main file, 4.3 MB WAL) with a frame near the WAL's committed end
+    garbled; 3 MiB free, where a fresh copy needs about 7.5 MiB: the recovery writes the
+    groups SQLite stops short of into the database itself, and run-api serves every group."""
+    damaged = _copy(_database(tmp_path, groups=200), big_disk / "db")
+    committed = _shm_frames(Path(f"{damaged}-shm"))[0]
+    with open(f"{damaged}-wal", "r+b") as f:
+        f.seek(32 + (committed - 3) * (16384 + 24) + 24 + 100)
+        f.write(random.Random(3).randbytes(2000))
+    ballast = _fill(big_disk)
+    _leave_free(ballast, 3 << 20)
+
+    ctx, url = start_api(tmp_path, "--persist", str(damaged), "--persist-recover")
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/status").json()["queue_size"] == 200
+    log = "".join(p.read_text() for p in tmp_path.glob("api-*.log"))
+    assert "restored 200 groups, lost 0, in place" in log
+    kept = {p.name.rsplit("-", 1)[-1] for p in damaged.parent.glob("api.db.damaged-*")}
+    assert kept == {"wal", "shm"}
+    # Repaired for good: a plain start on the same (still nearly full) disk opens it.
+    ctx, url = start_api(tmp_path, "--persist", str(damaged))
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/status").json()["queue_size"] == 200
+
+
+def test_a_torn_page_past_the_declared_size_is_cut_in_place_on_a_nearly_full_disk(tmp_path, disk):
+    """A checkpointed main file with part of a page past the size its header declares (no
+    WAL): with 256 KiB free, far less than a copy, the torn bytes are kept aside and cut."""
+    db = _copy(_database(tmp_path, groups=40, how="close"), disk / "db")
+    size = db.stat().st_size
+    with db.open("ab") as f:
+        f.write(random.Random(5).randbytes(6000))
+    _leave_free(_fill(disk), 256 << 10)
+
+    ctx, url = start_api(tmp_path, "--persist", str(db), "--persist-recover")
+    with ctx, httpx.Client(base_url=url, timeout=10) as c:
+        assert c.get("/status").json()["queue_size"] == 40
+    assert db.stat().st_size == size
+    (kept,) = db.parent.glob("api.db.damaged-*-main")
+    assert kept.stat().st_size == 6000

@@ -267,3 +267,98 @@ def test_a_recovery_interrupted_between_its_renames_is_finished_by_the_next_star
     kept = list(tmp_path.glob("api.db.damaged-*"))
     assert [p.read_bytes() for p in kept if p.name.endswith(tuple("0123456789"))] == [before]
     assert not Path(f"{db}.recovered").exists()
+
+
+# ------------------------------------------------ in place: SQLite's own view is sound
+
+
+def _files(db: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(db.parent.iterdir()) if p.name != "api.db.lock"}
+
+
+def _state(db: Path) -> tuple[dict, list[tuple[int, bytes]]]:
+    store = SqlitePersistence(db)
+    try:
+        state = store.load()
+        return state.meta, [(g.seq, store.body(g.seq)) for g in state.groups]
+    finally:
+        store.close()
+
+
+def _wal_damaged(tmp_path: Path, crashed: Path, name: str) -> Path:
+    from tests.api.test_hardening import _copy, _damage
+
+    db = _copy(crashed, tmp_path / name)
+    _damage("garbage mid-WAL", db)
+    return db
+
+
+def test_an_in_place_recovery_leaves_what_a_fresh_copy_holds(tmp_path, crashed_200, monkeypatch):
+    from atroposlib.api import recovery
+
+    in_place = _wal_damaged(tmp_path, crashed_200, "in-place")
+    fresh = _wal_damaged(tmp_path, crashed_200, "fresh")
+    a = recover_database(in_place)
+    monkeypatch.setattr(recovery, "plan_in_place", lambda *args: None)
+    b = recover_database(fresh)
+    assert (a.restored, a.lost) == (b.restored, b.lost) and a.restored >= 195
+    assert _state(in_place) == _state(fresh)
+    assert {p.name.rsplit("-", 1)[-1] for p in in_place.parent.glob("api.db.damaged-*")} == {
+        "wal",
+        "shm",
+    }
+
+
+def test_a_failed_in_place_recovery_puts_back_every_byte_it_overwrote(
+    tmp_path, crashed_200, monkeypatch
+):
+    from atroposlib.api import repair
+
+    db = _wal_damaged(tmp_path, crashed_200, "copy")
+    before = _files(db)
+    overwrote = []
+
+    def full_disk(conn: sqlite3.Connection, plan) -> None:
+        # A transaction too big for the page cache spills into the WAL before it fails.
+        conn.execute("PRAGMA cache_size=2")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            "INSERT INTO groups (seq, env_id, size, buffered, body) VALUES (?, 0, 1, 0, ?)",
+            [(10**9 + i, b"x" * 40000) for i in range(40)],
+        )
+        overwrote.append(Path(f"{db}-wal").read_bytes() != before["api.db-wal"])
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(repair, "_transaction", full_disk)
+    with pytest.raises(repair.RecoveryFailedError, match="nothing was moved or deleted"):
+        recover_database(db)
+    assert overwrote == [True]
+    assert _files(db) == before
+
+
+def test_an_interrupted_in_place_recovery_is_undone_by_the_next_start(
+    tmp_path, crashed_200, monkeypatch
+):
+    from atroposlib.api import repair
+    from atroposlib.api.recovery import DamagedDatabaseError, open_persistence
+
+    db = _wal_damaged(tmp_path, crashed_200, "copy")
+    before = _files(db)
+
+    def killed(path, conn, plan):  # committed, then the process dies before it is final
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(repair, "_finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        recover_database(db)
+    assert Path(f"{db}.repairing").exists()
+    monkeypatch.undo()
+
+    with pytest.raises(DamagedDatabaseError):  # the damage is back, for the check to find
+        open_persistence(db)
+    assert _files(db) == before
+    store = open_persistence(db, recover=True)
+    try:
+        assert len(store.load().groups) >= 195
+    finally:
+        store.close()
