@@ -158,6 +158,7 @@ class _Conn(asyncio.Protocol):
     def _reset(self) -> None:
         self.parser = _new_parser(self)
         self.head_bytes = 0  # bytes fed before the headers were complete
+        self.head_parsed = 0  # status line and header bytes the parser handed over
         self.body = bytearray()
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -224,7 +225,18 @@ class _Conn(asyncio.Protocol):
             if self.trailer_bytes > MAX_HEADER_BYTES:
                 self._stop(MalformedAnswer(f"answer trailers exceed {MAX_HEADER_BYTES} bytes"))
             return
+        self._count_head(len(name) + len(value) + 4)
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
+
+    def on_status(self, reason: bytes) -> None:
+        self._count_head(len(reason) + 15)
+
+    def _count_head(self, n: int) -> None:
+        # The bound on the header block itself: one read can carry it whole, body included,
+        # and completes it before data_received's count of the bytes read so far is checked.
+        self.head_parsed += n
+        if self.head_parsed > MAX_HEADER_BYTES:
+            self._stop(MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes"))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
