@@ -3,7 +3,7 @@
 ``run-api``, the inference server (unless the trainer owns it in the restart
 modes), the GRPO trainer (``torchrun`` when ``trainer_procs > 1``) and the
 environments, each a child of :class:`~example_trainer.processes.ProcessGroup`.
-The inference command line comes from :func:`~example_trainer.vllm_manager.server_command`,
+The inference command line comes from :func:`~example_trainer.inference_process.server_command`,
 the same one the trainer uses when it restarts a server.
 """
 
@@ -22,12 +22,12 @@ import httpx
 from atroposlib.utils.ports import free_port
 
 from .evaluation import Evaluator
+from .inference_process import VLLM_SERVE_ENV, server_command, split_device
 from .plugins import load_function
 from .processes import ProcessGroup
 from .run_config import RunConfig
 from .status import PlainProgress, eta_seconds, progress_text, status_table
 from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
-from .vllm_manager import VLLM_SERVE_ENV, server_command, split_device
 
 logger = logging.getLogger("atropos-grpo-run")
 

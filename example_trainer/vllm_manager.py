@@ -1,272 +1,203 @@
-"""Launch, health-check and stop an inference server process the trainer owns.
+"""The original trainer's ``vllm_manager`` functions: one tracked inference server process.
 
-Used by the ``none`` and ``lora_restart`` weight-bridge modes, which restart the
-server on each new checkpoint. Works with vLLM (``python -m
-vllm.entrypoints.openai.api_server``) and with ``atropos-serve-model``.
+``launch_vllm_server`` starts a server (vLLM when installed, else ``atropos-serve-model``)
+on the config's ``vllm_port`` and remembers it; the other functions check, swap LoRA
+adapters into, and stop that process. The process itself is an
+:class:`~example_trainer.inference_process.InferenceProcess`; the trainer's own modes use
+that module directly.
 
-Unlike the original, it never kills foreign processes that hold the port: a busy
-port is a clear error. The child runs in its own process group and is killed with
-it; every wait is bounded by a timeout.
+Unlike the original, ``kill_process_on_port`` ends only processes this trainer started
+(its own descendants): a foreign process holding the port is reported, never killed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import List, Mapping, Tuple
+from typing import Any
 
 import httpx
 
-from atroposlib.utils.processes import stop_process_group
+from .inference_process import (
+    InferenceProcess,
+    InferenceServerError,
+    port_is_free,
+    server_command,
+)
 
-from .supervision import die_with_parent
+__all__ = [
+    "check_vllm_health",
+    "check_vllm_process_health",
+    "cleanup_vllm",
+    "get_vllm_process",
+    "hotswap_lora_adapter",
+    "is_port_in_use",
+    "kill_process_on_port",
+    "launch_vllm_server",
+    "server_command",  # defined in .inference_process; importable from here as before
+    "set_vllm_process",
+    "terminate_vllm_process",
+    "wait_for_vllm_ready",
+]
 
 logger = logging.getLogger(__name__)
 
-
-class InferenceServerError(RuntimeError):
-    """The inference server could not be started, reached or stopped in time."""
-
-
-VLLM_SERVE_ENV: dict[str, str] = {
-    # vLLM's RL routes (/pause, /resume, /collective_rpc, /update_weight_version, /weight_info):
-    # how http_reload puts new weights in place and names their version.
-    "VLLM_SERVER_DEV_MODE": "1",
-    # /v1/load_lora_adapter at run time (lora_only).
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
-"""Environment of a vLLM server the trainer or ``atropos-grpo-run`` starts (on top of theirs)."""
+_process: subprocess.Popen | None = None
+_launched: InferenceProcess | None = None  # the server behind _process, when launched here
 
 
-def vllm_python() -> str | None:
-    """The interpreter that runs vLLM: ``ATROPOS_VLLM_PYTHON``, else ``.venv-vllm/bin/python``
-    (in the working directory or next to this package) when present, else this interpreter
-    when it has vLLM; None when there is none."""
-    override = os.environ.get("ATROPOS_VLLM_PYTHON")
-    if override:
-        return override
-    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        venv = root / ".venv-vllm" / "bin" / "python"
-        if venv.exists():
-            return str(venv)
-    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+def is_port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port``."""
+    return not port_is_free(port)
 
 
-def resolve_backend(backend: str) -> str:
-    """``auto`` → ``vllm`` when a vLLM interpreter is found, else ``serve_model``."""
-    if backend != "auto":
-        return backend
-    return "vllm" if vllm_python() is not None else "serve_model"
+def _own_descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
 
 
-def server_command(
-    backend: str,
-    model_path: str,
-    port: int,
-    served_model_name: str | None = None,
-    host: str = "127.0.0.1",
-    gpu_memory_utilization: float = 0.45,
-    max_model_len: int | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-) -> List[str]:
-    """The command line that serves ``model_path`` on ``port``.
+def kill_process_on_port(port: int, timeout: float = 5.0) -> bool:
+    """End the process listening on ``port`` when this trainer started it; whether the
+    port is free afterwards. A process this trainer did not start is left alone (logged)."""
+    import psutil
 
-    ``device`` (``cpu``/``cuda``; atropos-serve-model only, vLLM picks its GPUs from
-    ``CUDA_VISIBLE_DEVICES``) and ``dtype`` are passed on unless None or ``auto``.
-    """
-    backend = resolve_backend(backend)
-    dtype = None if dtype in (None, "auto") else dtype
-    if backend == "vllm":
-        python = vllm_python()
-        if python is None:
-            raise InferenceServerError(
-                "no vLLM found: build .venv-vllm (make .venv-vllm) or set ATROPOS_VLLM_PYTHON"
-            )
-        cmd = [
-            python,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model_path,
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--dtype",
-            dtype or "auto",
-            "--gpu-memory-utilization",
-            str(gpu_memory_utilization),
-        ]
-        if max_model_len:
-            cmd += ["--max-model-len", str(max_model_len)]
-    elif backend == "serve_model":
-        cmd = [
-            sys.executable,
-            "-m",
-            "atroposlib.cli.serve_model",
-            model_path,
-            "--host",
-            host,
-            "--port",
-            str(port),
-        ]
-        if device not in (None, "auto"):
-            cmd += ["--device", str(device)]
-        if dtype:
-            cmd += ["--dtype", dtype]
-    else:
-        raise InferenceServerError(f"unknown inference backend {backend!r} (vllm | serve_model)")
-    if served_model_name:
-        cmd += ["--served-model-name", served_model_name]
-    return cmd
-
-
-def split_device(device: str) -> Tuple[str, Mapping[str, str]]:
-    """``cuda:N`` → (``cuda``, ``{"CUDA_VISIBLE_DEVICES": "N"}``); other devices unchanged.
-
-    Inference servers take a device kind, not an index: the index selects the GPU
-    they see instead.
-    """
-    kind, _, index = device.partition(":")
-    if kind == "cuda" and index:
-        return "cuda", {"CUDA_VISIBLE_DEVICES": index}
-    return device, {}
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if nothing listens on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) != 0
-
-
-def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    """Poll ``{url}/health`` until 200; raise :class:`InferenceServerError` on timeout or early exit."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise InferenceServerError(
-                f"inference server exited with code {proc.returncode} before becoming healthy"
-            )
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError as exc:
-            last = str(exc)
-        time.sleep(0.2)
-    raise InferenceServerError(
-        f"inference server at {url} not healthy within {timeout:.0f}s ({last})"
-    )
-
-
-class InferenceProcess:
-    """One inference server child process, restartable on a new model path."""
-
-    def __init__(
-        self,
-        backend: str,
-        port: int,
-        served_model_name: str | None,
-        log_path: Path | None,
-        timeout: float,
-        gpu_memory_utilization: float = 0.45,
-        max_model_len: int | None = None,
-        gpu: int | None = None,
-    ) -> None:
-        self.backend = resolve_backend(backend)
-        self.port = port
-        self.served_model_name = served_model_name
-        self.log_path = log_path
-        self.timeout = timeout
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.max_model_len = max_model_len
-        self.gpu = gpu
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL of the server."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, model_path: str) -> None:
-        """Start serving ``model_path`` and wait until healthy."""
-        if self.proc is not None and self.proc.poll() is None:
-            raise InferenceServerError("inference server already running")
-        if not port_is_free(self.port):
-            raise InferenceServerError(
-                f"port {self.port} is already in use; stop whatever listens there or pick another --vllm-port"
-            )
-        cmd = server_command(
-            self.backend,
-            model_path,
-            self.port,
-            self.served_model_name,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
+    if not is_port_in_use(port):
+        return True
+    own = _own_descendants()
+    holders = {
+        c.pid
+        for c in psutil.net_connections(kind="inet")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
+    }
+    foreign = holders - own
+    if foreign:
+        logger.warning(
+            "port %d is held by process(es) %s, which this trainer did not start; not killing",
+            port,
+            sorted(foreign),
         )
-        env = dict(os.environ)
-        if self.backend == "vllm":
-            env.update(VLLM_SERVE_ENV)
-        if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+    victims = [psutil.Process(pid) for pid in holders & own]
+    for proc in victims:
+        proc.terminate()
+    _, alive = psutil.wait_procs(victims, timeout=timeout)
+    for proc in alive:
+        proc.kill()
+    psutil.wait_procs(alive, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while is_port_in_use(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not is_port_in_use(port)
+
+
+def get_vllm_process() -> subprocess.Popen | None:
+    """The tracked inference server process, or None."""
+    return _process
+
+
+def set_vllm_process(proc: subprocess.Popen | None) -> None:
+    """Track ``proc`` as the inference server (None forgets it)."""
+    global _process, _launched
+    _process = proc
+    if _launched is not None and getattr(_launched, "proc", None) is not proc:
+        _launched = None
+
+
+def launch_vllm_server(config: Any, model_path: str) -> subprocess.Popen | None:
+    """Serve ``model_path`` on ``config.vllm_port`` (vLLM when installed, else
+    ``atropos-serve-model``; ``config.inference_backend`` when the config has one), wait
+    until it is healthy and track it; the process, or None when it could not start."""
+    global _launched
+    terminate_vllm_process()
+    launched = InferenceProcess(
+        getattr(config, "inference_backend", "auto"),
+        int(config.vllm_port),
+        served_model_name=getattr(config, "model_name", None),
+        log_path=None,
+        timeout=float(getattr(config, "vllm_start_timeout", 600.0) or 600.0),
+        gpu_memory_utilization=float(getattr(config, "vllm_gpu_memory_utilization", 0.45)),
+        max_model_len=getattr(config, "max_model_len", None),
+        gpu=getattr(config, "vllm_gpu", None),
+    )
+    try:
+        launched.start(model_path)
+    except InferenceServerError as exc:
+        logger.error("could not start the inference server: %s", exc)
+        return None
+    _launched = launched
+    set_vllm_process(launched.proc)
+    return launched.proc
+
+
+def terminate_vllm_process() -> None:
+    """Stop the tracked server (its whole process group) and forget it."""
+    global _launched
+    launched, proc = _launched, _process
+    _launched = None
+    set_vllm_process(None)
+    if launched is not None:
+        launched.stop()
+    elif proc is not None and proc.poll() is None:
+        proc.terminate()
         try:
-            logger.info("starting inference server: %s", " ".join(cmd))
-            # The server dies with its owner (a trainer rank), even one killed with SIGKILL.
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        finally:
-            if self.log_path:
-                out.close()
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def cleanup_vllm() -> None:
+    """Stop the tracked server, if any (for ``atexit`` and signal handlers)."""
+    terminate_vllm_process()
+
+
+def check_vllm_process_health() -> None:
+    """RuntimeError naming the exit code when the tracked server has died."""
+    proc = _process
+    if proc is not None and proc.poll() is not None:
+        raise RuntimeError(f"the inference server exited with code {proc.returncode}")
+
+
+def check_vllm_health(port: int) -> bool:
+    """Whether the server on ``port`` answers ``GET /health`` with 200."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_for_vllm_ready(port: int, timeout: float = 120.0) -> bool:
+    """Whether the server on ``port`` becomes healthy within ``timeout`` seconds (False
+    at once when the tracked process dies)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check_vllm_health(port):
+            return True
+        proc = _process
+        if proc is not None and proc.poll() is not None:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def hotswap_lora_adapter(adapter_name: str, adapter_path: str, port: int) -> bool:
+    """Load the LoRA adapter at ``adapter_path`` into the server on ``port``: the bridge's
+    ``POST /lora/load``, else vLLM's ``POST /v1/load_lora_adapter``; whether one took it."""
+    base = f"http://127.0.0.1:{port}"
+    attempts = (
+        ("/lora/load", {"adapter_path": adapter_path, "adapter_name": adapter_name}),
+        ("/v1/load_lora_adapter", {"lora_name": adapter_name, "lora_path": adapter_path}),
+    )
+    for path, body in attempts:
         try:
-            wait_healthy(self.url, self.timeout, self.proc)
-        except InferenceServerError:
-            self.stop()
-            raise
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Terminate the server's process group (SIGKILL after ``timeout`` s)."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        stop_process_group(proc, timeout)
-        deadline = time.monotonic() + timeout
-        while not port_is_free(self.port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-    def restart(self, model_path: str) -> None:
-        """Stop, then serve ``model_path``."""
-        self.stop()
-        self.start(model_path)
-
-
-# The original's module functions over one tracked server (see vllm_process).
-from .vllm_process import (  # noqa: E402, F401
-    check_vllm_health,
-    check_vllm_process_health,
-    cleanup_vllm,
-    get_vllm_process,
-    hotswap_lora_adapter,
-    is_port_in_use,
-    kill_process_on_port,
-    launch_vllm_server,
-    set_vllm_process,
-    terminate_vllm_process,
-    wait_for_vllm_ready,
-)
+            response = httpx.post(base + path, json=body, timeout=120.0)
+        except httpx.HTTPError as exc:
+            logger.warning("LoRA load via %s failed: %s", path, exc)
+            continue
+        if response.status_code == 200:
+            return True
+        logger.warning("LoRA load via %s answered %d", path, response.status_code)
+    return False

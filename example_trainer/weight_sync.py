@@ -43,7 +43,7 @@ from atroposlib.utils.io import auth_headers
 
 from .checkpointing import save_model_dir
 from .config import TrainingConfig
-from .vllm_manager import InferenceProcess, InferenceServerError
+from .inference_process import InferenceProcess, InferenceServerError
 from .vllm_weights import (
     VLLMWeightClient,
     VLLMWeightError,

@@ -169,9 +169,6 @@ DEFERRED_CYCLES: dict[str, frozenset[str]] = {
     "trainer cli <-> original_cli": frozenset(
         {"example_trainer.cli", "example_trainer.original_cli"}
     ),
-    "trainer vllm_manager <-> vllm_process": frozenset(
-        {"example_trainer.vllm_manager", "example_trainer.vllm_process"}
-    ),
 }
 
 
