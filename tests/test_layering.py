@@ -166,9 +166,6 @@ DEFERRED_CYCLES: dict[str, frozenset[str]] = {
     "api persistence <-> recovery": frozenset(
         {"atroposlib.api.persistence", "atroposlib.api.recovery"}
     ),
-    "trainer cli <-> original_cli": frozenset(
-        {"example_trainer.cli", "example_trainer.original_cli"}
-    ),
 }
 
 

@@ -112,6 +112,47 @@ def test_every_field_has_description():
     assert all(f.description for f in TrainingConfig.model_fields.values())
 
 
+def test_every_field_is_declared_by_exactly_one_topic_group():
+    """The argument groups come from the config's topics: a field declared on TrainingConfig
+    itself (outside a topic) or in two topics would be missing from a group or listed twice."""
+    from example_trainer.config_groups import GROUPS
+
+    declared = [name for options in GROUPS for name in options.model_fields]
+    assert sorted(declared) == sorted(TrainingConfig.model_fields)
+    assert len(declared) == len(set(declared))
+    assert list(TrainingConfig.model_fields) == declared  # --help and CONFIG.md follow GROUPS
+
+
+def test_the_originals_groups_hold_the_originals_flags():
+    """Each of the original's add_*_args adds its topic's group, which holds the original's
+    flags of that group (and this trainer's additions on the same topic)."""
+    import argparse
+
+    from example_trainer import cli
+
+    original = {
+        cli.add_model_args: {"model_name", "dtype", "device"},
+        cli.add_training_args: {"lr", "training_steps", "save_path", "checkpoint_interval"},
+        cli.add_grpo_args: {"clip_eps"},
+        cli.add_vllm_args: {"vllm_port", "vllm_gpu_memory_utilization", "max_model_len"},
+        cli.add_atropos_args: {"atropos_url"},
+        cli.add_wandb_args: {"use_wandb", "wandb_project", "wandb_group"},
+        cli.add_mode_args: {"weight_bridge_mode", "train_layer_indices", "single_copy"},
+        cli.add_lora_args: {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"},
+        cli.add_distributed_args: {"trainer_rank", "world_size", "init_method"},
+        cli.add_debug_args: {"debug_loading", "benchmark"},
+    }
+    seen: set[str] = set()
+    for add, names in original.items():
+        parser = argparse.ArgumentParser()
+        add(parser)
+        dests = {a.dest for a in parser._actions} - {"help"}
+        assert names <= dests, add.__name__
+        assert not dests & seen, add.__name__
+        seen |= dests
+    assert seen == set(TrainingConfig.model_fields)
+
+
 @pytest.mark.parametrize("name", ["./no-such-model", "~/no-such-model-dir", "../nope"])
 def test_model_name_spelled_as_a_missing_path_is_refused(name, capsys):
     with pytest.raises(SystemExit) as exc:
