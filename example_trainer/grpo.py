@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from .api import AtroposAPIError
     from .distributed import DistributedError
-    from .trainers import TrainingDivergedError, train
+    from .policy_update import TrainingDivergedError
+    from .trainers import train
     from .weight_sync import WeightSyncError
 
     try:

@@ -1,26 +1,27 @@
 """What the loss is asked to do: one object built from the trainer's flags.
 
 :class:`LossConfig` gathers every loss option (clip ranges, KL, importance-sampling level,
-off-policy correction, aggregation, entropy); the trainer builds it once from its
-:class:`~example_trainer.config.TrainingConfig` and hands :meth:`LossConfig.loss_kwargs`
-to :func:`~example_trainer.training.grpo_loss` for every micro-batch. A new loss term adds
-its fields here and its keyword to ``grpo_loss``; nothing else in the loop changes.
+off-policy correction, aggregation, entropy, distillation); the trainer builds it once from
+its :class:`~example_trainer.config.TrainingConfig` and passes it to
+:func:`~example_trainer.training.grpo_loss` with every micro-batch. A new loss term adds
+its fields here and reads them in ``grpo_loss``; nothing else in the loop changes.
 
 Example::
 
-    loss_cfg = LossConfig.from_training(config)
-    out = grpo_loss(logits, labels, adv, **loss_cfg.loss_kwargs(), normalizer=n)
+    loss_cfg = LossConfig.from_training(config)  # or LossConfig(clip_eps_high=0.28)
+    out = grpo_loss(logits, labels, adv, temps, inference_lp, loss_cfg, normalizer=n)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any
 
 from .kl import KL_ESTIMATORS
 from .off_policy import CorrectionConfig
 
 IS_LEVELS = ("token", "sequence")
+LOSS_TYPES = ("token-mean", "grpo", "dr_grpo", "seq-mean-token-sum")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class LossConfig:
     distill_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type {self.loss_type!r} is not one of {LOSS_TYPES}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
         if self.importance_sampling_level not in IS_LEVELS:
@@ -81,23 +84,8 @@ class LossConfig:
         in the reward)."""
         return self.kl_coef > 0
 
-    def loss_kwargs(self) -> Dict[str, Any]:
-        """Keyword arguments of :func:`~example_trainer.training.grpo_loss` for these
-        options (the per-step counts are added by the caller). With ``kl_in_reward`` the
-        KL is already in the advantages, so the loss gets no KL term (it still logs
-        ``train/kl``)."""
-        return {
-            "clip_eps": self.clip_eps,
-            "clip_eps_high": self.clip_eps_high,
-            "clip_ratio_c": self.clip_ratio_c,
-            "kl_coef": 0.0 if self.kl_in_reward else self.kl_coef,
-            "kl_estimator": self.kl_estimator,
-            "importance_sampling_level": self.importance_sampling_level,
-            "off_policy": self.off_policy,
-            "loss_type": self.loss_type,
-            "entropy_coef": self.entropy_coef,
-            "log_entropy": self.log_entropy,
-            "distill_coef": self.distill_coef,
-            "distill_temperature": self.distill_temperature,
-            "distill_only": self.distill_only,
-        }
+    @property
+    def loss_kl_coef(self) -> float:
+        """The weight of the KL term in the loss: ``kl_coef``, or 0 with ``kl_in_reward`` (the
+        KL is then in the advantages already; the loss still logs ``train/kl``)."""
+        return 0.0 if self.kl_in_reward else self.kl_coef

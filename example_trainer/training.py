@@ -40,25 +40,20 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .conventions import IGNORE_INDEX
 from .distill import distill_divergence
-from .kl import KLEstimator, kl_penalty
-from .off_policy import (
-    MAX_LOG_RATIO,
-    CorrectionConfig,
-    corrected_surrogate,
-    truncated_weights,
-)
+from .kl import kl_penalty
+from .loss_config import LossConfig
+from .metrics import start_wandb
+from .off_policy import MAX_LOG_RATIO, corrected_surrogate, truncated_weights
 
 logger = logging.getLogger(__name__)
 
-LossType = Literal["token-mean", "grpo", "dr_grpo", "seq-mean-token-sum"]
-LOSS_TYPES = ("token-mean", "grpo", "dr_grpo", "seq-mean-token-sum")
 MAX_SEQ_LOG_RATIO = 10.0
 """GSPO's per-token log-ratio is capped at this (verl's value)."""
 
@@ -138,67 +133,58 @@ def grpo_loss(
     advantages: torch.Tensor,
     temperatures: torch.Tensor | None = None,
     inference_logprobs: torch.Tensor | None = None,
-    clip_eps: float = 0.2,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    normalizer: float | None = None,
-    off_policy: CorrectionConfig | None = None,
+    config: LossConfig | None = None,
     *,
+    ref_logprobs: torch.Tensor | None = None,
     inference_mask: torch.Tensor | None = None,
     old_logprobs: torch.Tensor | None = None,
-    clip_eps_high: float | None = None,
-    clip_ratio_c: float | None = None,
-    loss_type: LossType = "token-mean",
+    normalizer: float | None = None,
     num_sequences: int | None = None,
     max_tokens: int | None = None,
-    entropy_coef: float = 0.0,
-    log_entropy: bool = False,
-    kl_estimator: KLEstimator = "k3",
-    importance_sampling_level: str = "token",
     distill_token_ids: torch.Tensor | None = None,
     distill_logprobs: torch.Tensor | None = None,
     distill_mask: torch.Tensor | None = None,
-    distill_coef: float = 0.0,
-    distill_temperature: float = 1.0,
-    distill_only: bool = False,
 ) -> LossOutput:
-    """GRPO loss for one micro-batch. See the module docstring for the formula.
+    """GRPO loss for one micro-batch, with the options of ``config`` (a
+    :class:`~example_trainer.loss_config.LossConfig`; default: PPO's clip at 0.2, no KL,
+    ``token-mean``). See the module docstring for the formula.
 
     ``advantages`` is per token ``[B, T]`` (or per sequence ``[B]``, broadcast).
     ``inference_mask`` (bool ``[B, T]``) marks the tokens that have a sampler log-prob
     (default: those whose value is a log-prob, see :func:`sampler_mask`).
+    ``ref_logprobs`` are the reference policy's (the KL term's anchor, weighted by
+    ``config.kl_coef``; logged as ``train/kl`` even when the weight is 0).
     ``old_logprobs`` are the trainer's own log-probs before the batch's first update
     (when a batch is trained on in several optimizer steps): the ratio's reference for
     tokens without a sampler log-prob, and ``--tis-mode truncate``'s PPO reference;
     default: the current policy's, detached. Metrics that compare with the sampler
     (``grpo/has_inference_logprobs``, ``alignment/*``, ``off_policy/*``) use only the
     sampler's log-probs.
-    ``off_policy`` (``tis`` or ``icepop``, see :mod:`.off_policy`): with inference
-    log-probs, the surrogate's ratio to the sampler is truncated (``tis``) or its
-    out-of-band tokens masked (``icepop``); without, it changes nothing.
     ``normalizer``/``num_sequences`` are the optimizer step's label tokens and
     sequences (default: this micro-batch's); ``max_tokens`` is ``dr_grpo``'s constant
-    (default: the padded length). ``kl_estimator`` picks the KL term (:mod:`.kl`);
-    ``importance_sampling_level="sequence"`` is GSPO's ratio (see the module docstring).
+    (default: the padded length).
     ``distill_*`` (the micro-batch's teacher top-k, :mod:`.distill`): with
-    ``distill_coef > 0`` the positions of ``distill_mask`` add ``distill_coef`` times the
-    reverse KL to the teacher's top-k at ``distill_temperature``; ``distill_only`` keeps
-    that term alone (no policy-gradient, KL or entropy term).
+    ``config.distill_coef > 0`` the positions of ``distill_mask`` add ``distill_coef`` times
+    the reverse KL to the teacher's top-k at ``distill_temperature``; ``distill_only``
+    keeps that term alone (no policy-gradient, KL or entropy term).
+
+    Example::
+
+        out = grpo_loss(logits, labels, adv, temps, inference_lp, LossConfig(clip_eps_high=0.28))
+        out.loss.backward()
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type {loss_type!r} is not one of {LOSS_TYPES}")
-    if importance_sampling_level not in ("token", "sequence"):
-        raise ValueError(
-            f"importance_sampling_level {importance_sampling_level!r} is not token or sequence"
-        )
+    cfg = config if config is not None else LossConfig()
+    off_policy = cfg.off_policy
+    clip_ratio_c = cfg.clip_ratio_c
+    distill_coef = cfg.distill_coef
     valid = labels != IGNORE_INDEX
     mask = valid.float()
     if advantages.dim() == 1:
         advantages = advantages.view(-1, 1).expand_as(mask)
     advantages = advantages.to(mask.dtype)
     logp = token_logprobs(logits, labels, temperatures)
-    low = clip_eps
-    high = clip_eps if clip_eps_high is None else clip_eps_high
+    low = cfg.clip_eps
+    high = cfg.clip_eps if cfg.clip_eps_high is None else cfg.clip_eps_high
     has_old = inference_logprobs is not None
     trainer_old = logp.detach() if old_logprobs is None else old_logprobs.to(logp.dtype)
     if has_old:
@@ -208,7 +194,7 @@ def grpo_loss(
     else:
         present = torch.zeros_like(valid)
         sampler_lp = trainer_old
-    correction = off_policy if (has_old and off_policy is not None and off_policy.active) else None
+    correction = off_policy if (has_old and off_policy.active) else None
     is_stats = None
     weights = None
     reference = sampler_lp
@@ -217,7 +203,7 @@ def grpo_loss(
             trainer_old, sampler_lp, present, correction.clip, logp.detach()
         )
         reference = trainer_old
-    if importance_sampling_level == "sequence":
+    if cfg.importance_sampling_level == "sequence":
         if correction is not None and not correction.truncate:
             raise ValueError(
                 "importance_sampling_level 'sequence' works with off_policy_correction none "
@@ -253,28 +239,30 @@ def grpo_loss(
     per_token = -surrogate
     kl = None
     if ref_logprobs is not None:
-        kl = kl_penalty(logp, ref_logprobs, kl_estimator) * mask
-        if kl_coef > 0:
-            per_token = per_token + kl_coef * kl
+        kl = kl_penalty(logp, ref_logprobs, cfg.kl_estimator) * mask
+        if cfg.loss_kl_coef > 0:
+            per_token = per_token + cfg.loss_kl_coef * kl
     entropy = None
-    if entropy_coef != 0:
+    if cfg.entropy_coef != 0:
         entropy = token_entropy(logits, temperatures)
-        per_token = per_token - entropy_coef * entropy
-    elif log_entropy:
+        per_token = per_token - cfg.entropy_coef * entropy
+    elif cfg.log_entropy:
         with torch.no_grad():
             entropy = token_entropy(logits.detach(), temperatures)
     distill = None
     if distill_token_ids is not None and distill_logprobs is not None and distill_coef > 0:
         d_mask = valid if distill_mask is None else distill_mask.to(torch.bool) & valid
         distill = distill_divergence(
-            logits, distill_token_ids, distill_logprobs, distill_temperature
+            logits, distill_token_ids, distill_logprobs, cfg.distill_temperature
         )
         distill = distill * d_mask.to(distill.dtype)
-        per_token = distill_coef * distill if distill_only else per_token + distill_coef * distill
-    elif distill_only:
+        per_token = (
+            distill_coef * distill if cfg.distill_only else per_token + distill_coef * distill
+        )
+    elif cfg.distill_only:
         per_token = per_token * 0.0  # a micro-batch without teacher rows trains on nothing
     n_tokens = mask.sum()
-    loss = _aggregate(per_token * mask, mask, loss_type, normalizer, num_sequences, max_tokens)
+    loss = _aggregate(per_token * mask, mask, cfg.loss_type, normalizer, num_sequences, max_tokens)
 
     with torch.no_grad():
         tok = n_tokens.clamp(min=1.0)
@@ -384,7 +372,7 @@ def model_grpo_loss(
         advantages.to(device),
         temps,
         inference_logprobs.to(device) if inference_logprobs is not None else None,
-        clip_eps=clip_eps,
+        LossConfig(clip_eps=clip_eps),
     )
     loss = out.loss / max(int(gradient_accumulation_steps), 1)
     metrics = {k: float(v.detach().float().mean()) for k, v in out.metrics.items()}
@@ -484,16 +472,7 @@ def run_training_step(
 
 def setup_wandb(config: Any) -> bool:
     """Start a W&B run for ``config`` when ``use_wandb``; whether one was started."""
-    if not getattr(config, "use_wandb", False):
-        return False
-    import wandb
-
-    wandb.init(
-        project=getattr(config, "wandb_project", None),
-        group=getattr(config, "wandb_group", None),
-        config=config.model_dump() if hasattr(config, "model_dump") else dict(vars(config)),
-    )
-    return True
+    return start_wandb(config) is not None
 
 
 def log_metrics(

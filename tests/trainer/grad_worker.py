@@ -22,7 +22,7 @@ def main(batch_path: str, config_path: str, out_path: str) -> None:
     config = TrainingConfig(**json.loads(open(config_path).read()))
     trainer = GRPOTrainer(config)
     grads: list[dict[str, torch.Tensor]] = []
-    apply = trainer._apply_update
+    apply = trainer.update.apply
 
     def capture(finite: bool) -> None:
         step = {}
@@ -34,7 +34,7 @@ def main(batch_path: str, config_path: str, out_path: str) -> None:
         grads.append(step)
         apply(finite)
 
-    trainer._apply_update = capture  # type: ignore[method-assign]
+    trainer.update.apply = capture  # type: ignore[method-assign]
     try:
         metrics = trainer.train_on_batch(batch if trainer.ctx.is_main else None)
         if trainer.ctx.is_main:

@@ -90,7 +90,7 @@ def test_kl_reference_model_is_frozen_copy(tiny_model_dir, tiny_tokenizer, tmp_p
 def test_wandb_offline_logging_works_without_a_key(tmp_path, monkeypatch):
     import wandb
 
-    from example_trainer.trainers import MetricsWriter
+    from example_trainer.metrics import MetricsWriter
 
     wandb.teardown()  # an earlier test in this process may have set wandb up with another dir
     monkeypatch.setenv("WANDB_MODE", "offline")

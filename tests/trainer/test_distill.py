@@ -116,16 +116,16 @@ def _mixed_batch():
     return with_rows, without
 
 
-def _loss(mb, logits, **kw):
+def _loss(mb, logits, **options):
     return grpo_loss(
         logits,
         mb.labels,
         mb.advantages,
+        config=LossConfig(**options),
         distill_token_ids=mb.distill_token_ids,
         distill_logprobs=mb.distill_logprobs,
         distill_mask=mb.distill_mask,
         normalizer=float((mb.labels != IGNORE_INDEX).sum()),
-        **kw,
     )
 
 
@@ -196,8 +196,8 @@ def test_the_flags_reach_the_loss():
             "2.0",
         ]
     )
-    kwargs = LossConfig.from_training(cfg).loss_kwargs()
-    assert (kwargs["distill_coef"], kwargs["distill_temperature"]) == (0.3, 2.0)
+    loss_cfg = LossConfig.from_training(cfg)
+    assert (loss_cfg.distill_coef, loss_cfg.distill_temperature) == (0.3, 2.0)
     assert LossConfig.from_training(config_from_args(["--model-name", "m"])).distill_coef == 0.0
     with pytest.raises(SystemExit):
         config_from_args(["--model-name", "m", "--distill-only", "true"])

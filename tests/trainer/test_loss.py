@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from example_trainer.data import IGNORE_INDEX
+from example_trainer.loss_config import LossConfig
 from example_trainer.training import compute_grpo_loss, token_logprobs
 
 
@@ -81,7 +82,9 @@ def test_positive_advantage_is_clipped_above_one_plus_eps():
     logits, labels = _setup()
     lp = token_logprobs(logits, labels).detach()
     old = lp - math.log(1.5)  # ratio 1.5 > 1.2 everywhere
-    out = compute_grpo_loss(logits, labels, torch.ones(2, 5), inference_logprobs=old, clip_eps=0.2)
+    out = compute_grpo_loss(
+        logits, labels, torch.ones(2, 5), inference_logprobs=old, config=LossConfig(clip_eps=0.2)
+    )
     out.loss.backward()
     assert out.metrics["grpo/clipped_fraction"] == pytest.approx(1.0)
     assert torch.allclose(logits.grad, torch.zeros_like(logits.grad))
@@ -125,8 +128,10 @@ def test_kl_term_is_zero_at_reference_and_positive_away_from_it():
     logits, labels = _setup()
     lp = token_logprobs(logits, labels).detach()
     adv = torch.zeros(2, 5)
-    same = compute_grpo_loss(logits, labels, adv, ref_logprobs=lp, kl_coef=0.5)
+    same = compute_grpo_loss(logits, labels, adv, ref_logprobs=lp, config=LossConfig(kl_coef=0.5))
     assert same.metrics["train/kl"] == pytest.approx(0.0, abs=1e-6)
-    far = compute_grpo_loss(logits, labels, adv, ref_logprobs=lp - 1.0, kl_coef=0.5)
+    far = compute_grpo_loss(
+        logits, labels, adv, ref_logprobs=lp - 1.0, config=LossConfig(kl_coef=0.5)
+    )
     assert far.metrics["train/kl"] > 0.1
     assert far.loss.item() == pytest.approx(0.5 * float(far.metrics["train/kl"]), rel=1e-4)

@@ -9,10 +9,12 @@ import math
 import pytest
 import torch
 
+from example_trainer.batching import split_mini_batches
 from example_trainer.cli import config_from_args
 from example_trainer.config import TrainingConfig
 from example_trainer.data import IGNORE_INDEX, group_advantages, group_to_samples
-from example_trainer.trainers import GRPOTrainer, prepare_batch, split_mini_batches
+from example_trainer.loss_config import LossConfig
+from example_trainer.trainers import GRPOTrainer, prepare_batch
 from example_trainer.training import compute_grpo_loss, token_entropy, token_logprobs
 from tests.trainer.conftest import make_batch
 
@@ -37,14 +39,18 @@ def _two_sequences():
 )
 def test_loss_types_match_the_reference_formulas(loss_type, expected):
     logits, labels, adv = _two_sequences()
-    out = compute_grpo_loss(logits, labels, adv, loss_type=loss_type, max_tokens=10)
+    out = compute_grpo_loss(
+        logits, labels, adv, max_tokens=10, config=LossConfig(loss_type=loss_type)
+    )
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("loss_type", ["token-mean", "grpo", "seq-mean-token-sum", "dr_grpo"])
 def test_loss_types_are_exact_under_gradient_accumulation(loss_type):
     logits, labels, adv = _two_sequences()
-    whole = compute_grpo_loss(logits, labels, adv, loss_type=loss_type, max_tokens=10)
+    whole = compute_grpo_loss(
+        logits, labels, adv, max_tokens=10, config=LossConfig(loss_type=loss_type)
+    )
     whole.loss.backward()
     grad = logits.grad.clone()
     logits.grad = None
@@ -53,10 +59,10 @@ def test_loss_types_are_exact_under_gradient_accumulation(loss_type):
             logits[i : i + 1],
             labels[i : i + 1],
             adv[i : i + 1],
-            loss_type=loss_type,
             normalizer=5,
             num_sequences=2,
             max_tokens=10,
+            config=LossConfig(loss_type=loss_type),
         )
         part.loss.backward()
     assert torch.allclose(logits.grad, grad, atol=1e-7)
@@ -65,7 +71,7 @@ def test_loss_types_are_exact_under_gradient_accumulation(loss_type):
 def test_unknown_loss_type_is_refused():
     logits, labels, adv = _two_sequences()
     with pytest.raises(ValueError, match="loss_type"):
-        compute_grpo_loss(logits, labels, adv, loss_type="mean")
+        compute_grpo_loss(logits, labels, adv, config=LossConfig(loss_type="mean"))
     with pytest.raises(SystemExit):
         config_from_args(["--model-name", "m", "--loss-type", "mean"])
 
@@ -102,11 +108,17 @@ def _ratio_logits(log_ratio: float, adv: float):
 
 def test_clip_higher_widens_only_the_upper_side():
     logits, labels, adv, old = _ratio_logits(math.log(1.25), 1.0)
-    sym = compute_grpo_loss(logits, labels, adv, inference_logprobs=old, clip_eps=0.2)
+    sym = compute_grpo_loss(
+        logits, labels, adv, inference_logprobs=old, config=LossConfig(clip_eps=0.2)
+    )
     assert sym.loss.item() == pytest.approx(-1.2, rel=1e-5)  # clipped at 1 + 0.2
     assert sym.metrics["grpo/clipped_fraction"].item() == 1.0
     high = compute_grpo_loss(
-        logits, labels, adv, inference_logprobs=old, clip_eps=0.2, clip_eps_high=0.28
+        logits,
+        labels,
+        adv,
+        inference_logprobs=old,
+        config=LossConfig(clip_eps=0.2, clip_eps_high=0.28),
     )
     assert high.loss.item() == pytest.approx(-1.25, rel=1e-5)  # inside [0.8, 1.28]
     high.loss.backward()
@@ -115,7 +127,11 @@ def test_clip_higher_widens_only_the_upper_side():
     # The lower side stays at 1 − clip_eps: A < 0, ratio 0.75 is clipped at 0.8.
     logits, labels, adv, old = _ratio_logits(math.log(0.75), -1.0)
     low = compute_grpo_loss(
-        logits, labels, adv, inference_logprobs=old, clip_eps=0.2, clip_eps_high=0.28
+        logits,
+        labels,
+        adv,
+        inference_logprobs=old,
+        config=LossConfig(clip_eps=0.2, clip_eps_high=0.28),
     )
     assert low.loss.item() == pytest.approx(0.8, rel=1e-5)
     assert low.metrics["grpo/clipped_fraction"].item() == 1.0
@@ -133,17 +149,23 @@ def test_dual_clip_caps_the_loss_of_negative_advantages():
     logits, labels, adv, old = _ratio_logits(math.log(4.0), -1.0)
     plain = compute_grpo_loss(logits, labels, adv, inference_logprobs=old)
     assert plain.loss.item() == pytest.approx(4.0, rel=1e-5)
-    dual = compute_grpo_loss(logits, labels, adv, inference_logprobs=old, clip_ratio_c=3.0)
+    dual = compute_grpo_loss(
+        logits, labels, adv, inference_logprobs=old, config=LossConfig(clip_ratio_c=3.0)
+    )
     assert dual.loss.item() == pytest.approx(3.0, rel=1e-5)
     dual.loss.backward()
     assert torch.all(logits.grad == 0)
     assert dual.metrics["grpo/dual_clipped_fraction"].item() == 1.0
     # Below c the loss is PPO's; a positive advantage is never dual-clipped.
     logits, labels, adv, old = _ratio_logits(math.log(2.0), -1.0)
-    below = compute_grpo_loss(logits, labels, adv, inference_logprobs=old, clip_ratio_c=3.0)
+    below = compute_grpo_loss(
+        logits, labels, adv, inference_logprobs=old, config=LossConfig(clip_ratio_c=3.0)
+    )
     assert below.loss.item() == pytest.approx(2.0, rel=1e-5)
     logits, labels, adv, old = _ratio_logits(math.log(4.0), 1.0)
-    pos = compute_grpo_loss(logits, labels, adv, inference_logprobs=old, clip_ratio_c=3.0)
+    pos = compute_grpo_loss(
+        logits, labels, adv, inference_logprobs=old, config=LossConfig(clip_ratio_c=3.0)
+    )
     assert pos.loss.item() == pytest.approx(-1.2, rel=1e-5)
     with pytest.raises(SystemExit):
         config_from_args(["--model-name", "m", "--clip-ratio-c", "0.5"])
@@ -160,10 +182,10 @@ def test_entropy_is_logged_and_the_bonus_raises_it():
     h2 = -(q * math.log(q) + (1 - q) * math.log(1 - q))
     assert token_entropy(logits, torch.tensor([2.0])).item() == pytest.approx(h2, rel=1e-6)
     zero = torch.zeros(1, 1)
-    logged = compute_grpo_loss(logits, labels, zero, log_entropy=True)
+    logged = compute_grpo_loss(logits, labels, zero, config=LossConfig(log_entropy=True))
     assert logged.metrics["train/entropy"].item() == pytest.approx(h, rel=1e-6)
     assert logged.loss.item() == pytest.approx(0.0, abs=1e-7)
-    bonus = compute_grpo_loss(logits, labels, zero, entropy_coef=0.1)
+    bonus = compute_grpo_loss(logits, labels, zero, config=LossConfig(entropy_coef=0.1))
     assert bonus.loss.item() == pytest.approx(-0.1 * h, rel=1e-6)
     bonus.loss.backward()
     with torch.no_grad():

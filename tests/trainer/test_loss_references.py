@@ -13,6 +13,7 @@ import torch
 
 from example_trainer.data import group_advantages, group_to_samples, overlong_penalty
 from example_trainer.kl import kl_penalty
+from example_trainer.loss_config import LossConfig
 from example_trainer.off_policy import CorrectionConfig
 from example_trainer.reward_shaping import shaped_advantages
 from example_trainer.training import grpo_loss, token_logprobs
@@ -71,7 +72,9 @@ def test_k3_is_clamped_where_it_used_to_explode():
     x = logits.clone().requires_grad_(True)
     ref_lp = token_logprobs(logits, labels).clone()
     ref_lp[0, 0] = -1.0
-    out = grpo_loss(x, labels, torch.zeros(1, 4), ref_logprobs=ref_lp, kl_coef=0.1)
+    out = grpo_loss(
+        x, labels, torch.zeros(1, 4), ref_logprobs=ref_lp, config=LossConfig(kl_coef=0.1)
+    )
     assert float(out.loss) == pytest.approx(0.1 * 10 / 4)
     out.loss.backward()
     assert float(x.grad[0, 0].abs().max()) == 0.0
@@ -94,10 +97,7 @@ def _trl_gspo_loss(logits, labels, adv, old, eps_low, eps_high):
 def test_sequence_level_ratio_equals_trls_gspo_loss_and_gradient():
     logits, labels, mask, sampler, adv = _case(1)
     ours_loss, ours_grad = _grad(
-        lambda x: grpo_loss(
-            x, labels, adv, inference_logprobs=sampler, clip_eps=0.05,
-            importance_sampling_level="sequence",
-        ).loss,
+        lambda x: grpo_loss(x, labels, adv, inference_logprobs=sampler, config=LossConfig(clip_eps=0.05, importance_sampling_level="sequence")).loss,
         logits,
     )  # fmt: skip
     ref_loss, ref_grad = _grad(
@@ -106,7 +106,9 @@ def test_sequence_level_ratio_equals_trls_gspo_loss_and_gradient():
     torch.testing.assert_close(ours_loss, ref_loss)
     torch.testing.assert_close(ours_grad, ref_grad)
     # and it is not the token-level loss
-    token = grpo_loss(logits, labels, adv, inference_logprobs=sampler, clip_eps=0.05).loss
+    token = grpo_loss(
+        logits, labels, adv, inference_logprobs=sampler, config=LossConfig(clip_eps=0.05)
+    ).loss
     assert abs(float(token) - float(ref_loss)) > 1e-4
 
 
@@ -129,7 +131,11 @@ def test_tis_truncate_equals_trls_correction_and_differs_from_clip_zone_zero():
     logits, labels, mask, sampler, adv = _case(2)
     truncate = CorrectionConfig("tis", clip=1.5, tis_mode="truncate")
     ours_loss, ours_grad = _grad(
-        lambda x: grpo_loss(x, labels, adv, inference_logprobs=sampler, off_policy=truncate).loss,
+        lambda x: (
+            grpo_loss(
+                x, labels, adv, inference_logprobs=sampler, config=LossConfig(off_policy=truncate)
+            ).loss
+        ),
         logits,
     )
     ref_loss, ref_grad = _grad(lambda x: _trl_tis_loss(x, labels, adv, sampler, 0.2, 1.5), logits)
@@ -137,7 +143,11 @@ def test_tis_truncate_equals_trls_correction_and_differs_from_clip_zone_zero():
     torch.testing.assert_close(ours_grad, ref_grad)
     zero = CorrectionConfig("tis", clip=1.5)
     _, zero_grad = _grad(
-        lambda x: grpo_loss(x, labels, adv, inference_logprobs=sampler, off_policy=zero).loss,
+        lambda x: (
+            grpo_loss(
+                x, labels, adv, inference_logprobs=sampler, config=LossConfig(off_policy=zero)
+            ).loss
+        ),
         logits,
     )
     assert not torch.allclose(zero_grad, ref_grad)  # the clip zone gets 0 there
@@ -148,7 +158,12 @@ def test_tis_truncate_under_several_epochs_clips_against_the_trainers_old_policy
     old = token_logprobs(logits, labels) - 0.3 * mask  # the policy before the first update
     cfg = CorrectionConfig("tis", clip=2.0, tis_mode="truncate")
     ours = grpo_loss(
-        logits, labels, adv, inference_logprobs=sampler, old_logprobs=old, off_policy=cfg
+        logits,
+        labels,
+        adv,
+        inference_logprobs=sampler,
+        old_logprobs=old,
+        config=LossConfig(off_policy=cfg),
     ).loss
     logp = token_logprobs(logits, labels)
     r = torch.exp(logp - old)

@@ -11,6 +11,7 @@ import torch
 
 from example_trainer.cli import config_from_args
 from example_trainer.data import IGNORE_INDEX
+from example_trainer.loss_config import LossConfig
 from example_trainer.off_policy import CorrectionConfig, corrected_surrogate
 from example_trainer.training import compute_grpo_loss, token_logprobs
 
@@ -117,7 +118,11 @@ def test_tis_loss_and_gradient_in_the_grpo_loss():
     inference = torch.log(torch.tensor([B + [1.0]]))
     adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
     out = compute_grpo_loss(
-        logits, labels, adv, inference_logprobs=inference, off_policy=CorrectionConfig("tis", 2.5)
+        logits,
+        labels,
+        adv,
+        inference_logprobs=inference,
+        config=LossConfig(off_policy=CorrectionConfig("tis", 2.5)),
     )
     # ratio 2 (A > 0): clipped at 1.2, no gradient; 0.5 (A > 0): 0.5·A; 3 (A < 0): 2.5·A.
     assert out.loss.item() == pytest.approx(-(1.2 + 0.5 - 2.5) / 3, rel=1e-5)
@@ -139,7 +144,11 @@ def test_bf16_logits_give_the_fp32_loss_and_gradient_on_the_cpu():
     for dtype in (torch.float32, torch.bfloat16):
         logits, labels = _logits_for(P, dtype)
         out = compute_grpo_loss(
-            logits, labels, adv, inference_logprobs=inference, off_policy=CorrectionConfig("tis")
+            logits,
+            labels,
+            adv,
+            inference_logprobs=inference,
+            config=LossConfig(off_policy=CorrectionConfig("tis")),
         )
         out.loss.backward()
         assert out.loss.dtype == torch.float32 and logits.grad.dtype == dtype
@@ -158,7 +167,7 @@ def test_without_correction_the_loss_is_unchanged():
         labels,
         torch.ones(1),
         inference_logprobs=inference,
-        off_policy=CorrectionConfig("none"),
+        config=LossConfig(off_policy=CorrectionConfig("none")),
     )
     # PPO clip at 0.2 against the sampler: min(2, 1.2), min(0.5, 0.8), min(3, 1.2)
     assert plain.loss.item() == pytest.approx(-(1.2 + 0.5 + 1.2) / 3, rel=1e-5)
@@ -168,7 +177,9 @@ def test_without_correction_the_loss_is_unchanged():
 
 def test_correction_without_inference_logprobs_is_a_no_op():
     logits, labels = _logits_for(P)
-    out = compute_grpo_loss(logits, labels, torch.ones(1), off_policy=CorrectionConfig("tis"))
+    out = compute_grpo_loss(
+        logits, labels, torch.ones(1), config=LossConfig(off_policy=CorrectionConfig("tis"))
+    )
     assert out.loss.item() == pytest.approx(-1.0, rel=1e-6)
     assert "off_policy/mean_ratio" not in out.metrics
 

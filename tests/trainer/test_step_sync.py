@@ -69,6 +69,6 @@ def test_one_host_read_per_optimizer_step(tiny_model_dir, tiny_tokenizer, tmp_pa
     batch[0]["overrides"] = [{"temperature": 0.7}] * 4  # the temperature path too
     metrics, calls = _train_counting(trainer, batch)
     # The one read also carries the gradient norm that decides whether the step is applied.
-    assert calls == ["tolist in _read_back"], calls
+    assert calls == ["tolist in read_back"], calls
     assert metrics["train/num_tokens"] > 0 and metrics["train/grad_norm"] > 0
     assert "alignment/diff_max" in metrics and ("train/kl" in metrics) == (kl_coef > 0)

@@ -87,13 +87,13 @@ def test_mismatch_kl_is_against_the_sampler_under_several_epochs(
 def test_train_lr_is_the_rate_the_step_applied(tiny_model_dir, tiny_tokenizer, tmp_path):
     trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, warmup_steps=4, lr=1e-3))
     used = []
-    apply = trainer._apply_update
+    apply = trainer.update.apply
 
     def recording_apply(finite: bool) -> None:
         used.append(trainer.optimizer.param_groups[0]["lr"])
         apply(finite)
 
-    trainer._apply_update = recording_apply
+    trainer.update.apply = recording_apply
     logged = [
         trainer.train_on_batch(make_batch(tiny_tokenizer, seed=s))["train/lr"] for s in (1, 2)
     ]

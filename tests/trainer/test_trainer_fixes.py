@@ -20,7 +20,8 @@ from example_trainer.data import (
     sequence_temperature,
 )
 from example_trainer.model import load_model
-from example_trainer.trainers import GRPOTrainer, TrainingDivergedError, prepare_batch
+from example_trainer.policy_update import TrainingDivergedError
+from example_trainer.trainers import GRPOTrainer, prepare_batch
 from example_trainer.training import compute_grpo_loss, token_logprobs
 from tests.trainer.conftest import cpu_config, make_batch
 
