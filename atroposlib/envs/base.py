@@ -20,8 +20,11 @@ implements :meth:`BaseEnv.setup`, :meth:`BaseEnv.get_next_item`,
 This file holds the hooks, read top to bottom, and the attributes environment files
 read (``config``, ``server``, ``curr_step``, ``status_dict`` ...). The loop that drives
 the hooks, and what it holds while it runs (API client, sender, status, worker pool,
-failure tracking), is ``self.runner``, an :class:`~atroposlib.envs.runner.EnvRunner`;
-the CLI, logging and files live in sibling modules too.
+failure tracking), is ``self.runner``, an :class:`~atroposlib.envs.runner.EnvRunner`,
+which sees the env through :class:`~atroposlib.envs.hooks.EnvHooks`; the original's
+loop methods that hand over to it (``handle_env``, ``register_env``, ``env_manager``
+...) are :class:`~atroposlib.envs.handoffs.RunnerHandoffs`, which ``BaseEnv`` inherits.
+The CLI, logging and files live in sibling modules too.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from atroposlib.envs.config import (
     ScoredDataGroup,
     ScoredDataItem,
 )
+from atroposlib.envs.handoffs import RunnerHandoffs
 from atroposlib.envs.runner import EnvRunner
 from atroposlib.envs.server_handling.server_baseline import (
     APIServer,
@@ -81,7 +85,7 @@ OPTIONAL_GROUP_KEYS = (
 )
 
 
-class BaseEnv(ABC):
+class BaseEnv(RunnerHandoffs, ABC):
     """Base class of all environments. See the module docstring for usage."""
 
     name: str | None = None
@@ -454,58 +458,9 @@ class BaseEnv(ABC):
         self.items_sent_this_step += len(valid)
         self.items_sent_total += len(valid)
 
-    # ----------------------------------------------------- the loop's steps
-    # Each is a method of the original that a subclass may override; the defaults hand
-    # over to the runner, which calls them by these names.
-
-    async def handle_env(self, item_uuid: str) -> None:
-        """Run one item: collect, postprocess, send, clean up."""
-        await self.runner.run_item(item_uuid)
-
-    async def add_train_workers(self) -> None:
-        """Start workers up to the current cap; backlog items first (FIFO)."""
-        await self.runner.add_train_workers()
-
-    @property
-    def workers(self) -> set:
-        """The live rollout worker tasks (sending ones included)."""
-        return self.runner.pool.tasks
-
-    @property
-    def running_items(self) -> Dict[str, Dict[str, Any]]:
-        """``uuid -> {"item", "worker", "start_time", "timeouts"}`` of collecting workers."""
-        return self.runner.pool.running
-
-    @property
-    def eval_runner(self) -> asyncio.Task | None:
-        """The running (or last) evaluation task started on a step change."""
-        return self.runner.eval_task
-
-    @eval_runner.setter
-    def eval_runner(self, task: asyncio.Task | None) -> None:
-        self.runner.eval_task = task
-
-    @property
-    def derived_batch_size(self) -> int:
-        """This env's share of the trainer's batch, from the API's status (``-1`` before
-        the first status poll); ``min_batch_allocation`` raises it."""
-        return self.runner.derived_batch_size
-
-    @derived_batch_size.setter
-    def derived_batch_size(self, value: int) -> None:
-        self.runner.derived_batch_size = int(value)
-
-    async def _register_env(self) -> Dict[str, Any]:
-        """One ``POST /register-env`` attempt (no waiting for the trainer): the API's answer.
-
-        :meth:`register_env` repeats it until the trainer has registered.
-        """
-        return await self.runner.register_once()
-
-    async def _send_scored_data_to_api(self, scored_data: Any) -> None:
-        """POST one group (a dict) or several (a list) to the API now, bypassing the outbox;
-        raises ``RuntimeError`` naming the status when the API does not accept it."""
-        await self.runner.post_now(scored_data)
+    # ------------------------------------------------------- API and policy
+    # The loop's steps and modes (``handle_env``, ``register_env``, ``env_manager`` ...)
+    # are the original's names handed over to the runner: :class:`RunnerHandoffs`.
 
     def _post_json_with_compression(
         self, session: Any, url: str, payload: Any, *, minimum_size: int = 1024
@@ -521,22 +476,6 @@ class BaseEnv(ABC):
         if hasattr(session, "build_request"):  # httpx
             return session.post(url, content=body, headers=headers)
         return session.post(url, data=body, headers=headers)
-
-    async def setup_wandb(self) -> None:
-        """Join the trainer's W&B project and group (waits until the trainer registered)."""
-        await self.runner.setup_wandb()
-
-    async def register_env(self) -> None:
-        """Register with the rollout API, waiting until the trainer has started."""
-        await self.runner.register()
-
-    async def get_server_info(self) -> None:
-        """Take ``batch_size`` and ``max_token_len`` from ``GET /info``."""
-        await self.runner.get_server_info()
-
-    async def get_status(self) -> None:
-        """Poll ``GET /status-env`` once and update the throttling state."""
-        await self.runner.get_status()
 
     @property
     def latest_policy_version(self) -> int | None:
@@ -555,19 +494,7 @@ class BaseEnv(ABC):
             return False
         return current - policy_version > limit
 
-    async def env_step_checks(self) -> None:
-        """On a trainer step change: start evals, save checkpoints, log metrics."""
-        await self.runner.env_step_checks()
-
     # ------------------------------------------------------------------ modes
-
-    async def env_manager(self) -> None:
-        """The ``serve`` mode: register, then keep workers busy until ``total_steps``.
-
-        SIGINT/SIGTERM stop it gracefully: groups already made are delivered (or
-        kept in the outbox) before it returns.
-        """
-        await self.runner.serve()
 
     async def close_servers(self) -> None:
         """Stop the inference servers' background tasks (health checks)."""
@@ -577,18 +504,6 @@ class BaseEnv(ABC):
                 await close()
             except (RuntimeError, OSError) as err:
                 logger.warning("closing inference servers failed: %s", err)
-
-    async def process_manager(self) -> None:
-        """The ``process`` mode: roll out ``n_groups_to_process`` groups to jsonl + html, no API."""
-        await self.runner.process()
-
-    async def run_evaluate(self) -> None:
-        """The ``evaluate`` mode: ``setup()`` then ``evaluate()`` once."""
-        await self.runner.evaluate()
-
-    async def _run_evaluate(self) -> None:
-        """The original's name of :meth:`run_evaluate` (what ``evaluate`` mode runs)."""
-        await self.run_evaluate()
 
     @classmethod
     def get_cli_serve_config_cls(cls) -> type:

@@ -57,7 +57,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig, Ser
 from atroposlib.utils.cli import adjust_model_defaults, merge_dicts
 
 if TYPE_CHECKING:
-    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.hooks import EnvHooks
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def _declares_config_cls(env_cls: type) -> bool:
     return any(klass is not root and issubclass(klass, root) for klass in declaring)
 
 
-def env_config_class(env_cls: Type[BaseEnv], env_default: Any = None) -> Type[BaseModel]:
+def env_config_class(env_cls: Type[EnvHooks], env_default: Any = None) -> Type[BaseModel]:
     """The config class behind ``--env.*``, YAML ``env:``, ``--help`` and validation.
 
     Many environment files subclass ``BaseEnvConfig``, return an instance of the
@@ -144,7 +144,7 @@ def env_config_class(env_cls: Type[BaseEnv], env_default: Any = None) -> Type[Ba
 
 
 def _mode_model(
-    env_cls: Type[BaseEnv], mode: str, env_default: BaseModel, server_default: Any
+    env_cls: Type[EnvHooks], mode: str, env_default: BaseModel, server_default: Any
 ) -> Type[BaseModel]:
     env_values = {**env_default.model_dump(), **_mode_env_defaults(mode)}
     env_model = adjust_model_defaults(env_config_class(env_cls, env_default), env_values)
@@ -191,7 +191,7 @@ def _mode_model(
     return create_model(f"{mode.capitalize()}Cli", **fields)
 
 
-def mode_config_cls(env_cls: Type[BaseEnv], mode: str) -> Type[BaseModel]:
+def mode_config_cls(env_cls: Type[EnvHooks], mode: str) -> Type[BaseModel]:
     """The settings class of one mode of ``env_cls``'s command line (``BaseEnv.get_cli_<mode>
     _config_cls`` returns it): one field per namespace (``env``, ``openai``, extra server
     namespaces such as ``teacher``) and the manager flags. An instance's ``cli_cmd()`` (also
@@ -218,26 +218,26 @@ def mode_config_cls(env_cls: Type[BaseEnv], mode: str) -> Type[BaseModel]:
     return create_model(f"{mode.capitalize()}Cli", __base__=(model, base))
 
 
-def _mode_cls(env_cls: Type[BaseEnv], mode: str) -> Type[BaseModel]:
+def _mode_cls(env_cls: Type[EnvHooks], mode: str) -> Type[BaseModel]:
     """The class the env's ``get_cli_<mode>_config_cls`` returns (a subclass may override it)."""
     getter = getattr(env_cls, f"get_cli_{mode}_config_cls", None)
     return getter() if callable(getter) else mode_config_cls(env_cls, mode)
 
 
-def _namespace_default(env_cls: Type[BaseEnv], namespace: str) -> Any:
+def _namespace_default(env_cls: Type[EnvHooks], namespace: str) -> Any:
     """The default config(s) of an extra server namespace: ``<namespace>_config_init()``
     of the env (``teacher_config_init``), or None."""
     init = getattr(env_cls, f"{namespace}_config_init", None)
     return init() if callable(init) else None
 
 
-def _extra_namespaces(env_cls: Type[BaseEnv], mode: str) -> Tuple[str, ...]:
+def _extra_namespaces(env_cls: Type[EnvHooks], mode: str) -> Tuple[str, ...]:
     if mode != "serve":
         return ()
     return tuple(getattr(env_cls, "cli_server_namespaces", ()) or ())
 
 
-def _root_model(env_cls: Type[BaseEnv], prog: str) -> Type[BaseSettings]:
+def _root_model(env_cls: Type[EnvHooks], prog: str) -> Type[BaseSettings]:
     subcommands = {
         mode: (
             CliSubCommand[_mode_cls(env_cls, mode)],  # type: ignore[misc]
@@ -344,7 +344,7 @@ def _none_literals(value: Any) -> Any:
 
 
 def _parse_args(
-    env_cls: Type[BaseEnv], argv: Sequence[str], prog: str
+    env_cls: Type[EnvHooks], argv: Sequence[str], prog: str
 ) -> Tuple[str, Dict[str, Any]]:
     root = _root_model(env_cls, prog)
     mode = next((a for a in argv if not a.startswith("-")), None)
@@ -399,7 +399,7 @@ def _explain(err: ValidationError, namespace: str, source: str = "") -> str:
     return "invalid value" + (f" in {source}" if source else "") + ": " + "; ".join(parts)
 
 
-def _validate_env(env_cls: Type[BaseEnv], values: Dict[str, Any], env_default: Any) -> Any:
+def _validate_env(env_cls: Type[EnvHooks], values: Dict[str, Any], env_default: Any) -> Any:
     try:
         return env_config_class(env_cls, env_default).model_validate(values)
     except ValidationError as err:
@@ -444,14 +444,14 @@ def _validate_bool(name: str, *values: Any) -> bool:
     return result
 
 
-def parse_cli(env_cls: Type[BaseEnv], argv: Sequence[str], prog: str | None = None) -> ParsedCli:
+def parse_cli(env_cls: Type[EnvHooks], argv: Sequence[str], prog: str | None = None) -> ParsedCli:
     """Parse ``argv`` into a :class:`ParsedCli`; raises :class:`CliError` or exits 2 on bad flags."""
     prog = prog or Path(sys.argv[0]).name
     mode, cli = _parse_args(env_cls, argv, prog)
     return parsed_from_values(env_cls, mode, cli)
 
 
-def parsed_from_values(env_cls: Type[BaseEnv], mode: str, cli: Dict[str, Any]) -> ParsedCli:
+def parsed_from_values(env_cls: Type[EnvHooks], mode: str, cli: Dict[str, Any]) -> ParsedCli:
     """A :class:`ParsedCli` for ``mode`` from command-line values (``{"env": {...},
     "openai": {...}, "config": path, ...}``), layered over ``config_init()`` and YAML."""
     yaml_cfg = _load_yaml(cli.get("config"))
@@ -551,7 +551,7 @@ def _warn_local_servers(results: Sequence[Any]) -> None:
             )
 
 
-def check_servers(env: BaseEnv, parsed: ParsedCli) -> None:
+def check_servers(env: EnvHooks, parsed: ParsedCli) -> None:
     """Probe every inference server (at most 5 s each) before ``process``/``evaluate``.
 
     Raises :class:`NoServerReachableError` when none answers. ``serve`` is not
@@ -575,7 +575,7 @@ def check_servers(env: BaseEnv, parsed: ParsedCli) -> None:
 # ------------------------------------------------------------------ running
 
 
-def build_env(env_cls: Type[BaseEnv], parsed: ParsedCli) -> BaseEnv:
+def build_env(env_cls: Type[EnvHooks], parsed: ParsedCli) -> EnvHooks:
     """Instantiate the environment for a parsed command line."""
     kwargs: Dict[str, Any] = {}
     for namespace, configs in parsed.extra_servers.items():
@@ -611,7 +611,7 @@ def write_evaluate_config(parsed: ParsedCli) -> Path | None:
     return path
 
 
-def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
+def run_cli(env_cls: Type[EnvHooks], argv: Sequence[str] | None = None) -> None:
     """Entry point behind ``BaseEnv.cli()``."""
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -624,7 +624,7 @@ def run_cli(env_cls: Type[BaseEnv], argv: Sequence[str] | None = None) -> None:
     _parse_and_run(env_cls, prog, lambda: parse_cli(env_cls, argv, prog))
 
 
-def _parse_and_run(env_cls: Type[BaseEnv], prog: str, parse: Callable[[], ParsedCli]) -> None:
+def _parse_and_run(env_cls: Type[EnvHooks], prog: str, parse: Callable[[], ParsedCli]) -> None:
     """Run what ``parse()`` gives; a :class:`CliError` from it is a usage error (exit 2)."""
     try:
         parsed = parse()
@@ -639,7 +639,7 @@ def _exit_with_error(prog: str, err: BaseException, code: int) -> NoReturn:
     raise SystemExit(code) from None
 
 
-def run_parsed(env_cls: Type[BaseEnv], parsed: ParsedCli, prog: str) -> None:
+def run_parsed(env_cls: Type[EnvHooks], parsed: ParsedCli, prog: str) -> None:
     """Build the environment for ``parsed``, check its servers and run its mode (errors
     reported as ``prog: error: ...`` with exit 2 for bad setups, 1 for failed runs)."""
     env = build_env(env_cls, parsed)
@@ -656,7 +656,7 @@ def run_parsed(env_cls: Type[BaseEnv], parsed: ParsedCli, prog: str) -> None:
         _exit_with_error(prog, err, 1)
 
 
-def _run_mode(env: BaseEnv, parsed: ParsedCli) -> None:
+def _run_mode(env: EnvHooks, parsed: ParsedCli) -> None:
     if parsed.mode == "serve":
         asyncio.run(env.env_manager())
     elif parsed.mode == "process":

@@ -28,8 +28,7 @@ from atroposlib.envs import wandb_logging as wl
 from atroposlib.envs.health import bounded
 
 if TYPE_CHECKING:
-    from atroposlib.envs.base import BaseEnv
-    from atroposlib.envs.runner import EnvRunner
+    from atroposlib.envs.hooks import EnvHooks, RunnerView
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def _progress(total: int | None) -> Progress:
     return Progress(*columns, console=Console(stderr=True), transient=False)
 
 
-def _concurrency(env: BaseEnv) -> int:
+def _concurrency(env: EnvHooks) -> int:
     if env.config.max_num_workers > 0:
         return env.config.max_num_workers
     servers = len(getattr(env.server, "servers", []) or [1])
@@ -53,7 +52,7 @@ class ProcessFailedError(RuntimeError):
     """``process`` mode ended without writing a group, and groups or items failed."""
 
 
-async def _next_item(runner: EnvRunner) -> Any:
+async def _next_item(runner: RunnerView) -> Any:
     """The next item (backlog first); failures are counted and give ``runner.FAILED``."""
     env = runner.env
     if env.backlog:
@@ -61,7 +60,7 @@ async def _next_item(runner: EnvRunner) -> Any:
     return await runner.next_item()
 
 
-async def _collect(runner: EnvRunner, item: Any) -> Any:
+async def _collect(runner: RunnerView, item: Any) -> Any:
     """The groups of ``item``, stamped; None when ``collect_trajectories`` raised (counted)."""
     collected = await runner.attempt(
         "collect_trajectories",
@@ -77,7 +76,7 @@ async def _collect(runner: EnvRunner, item: Any) -> Any:
     return result
 
 
-async def run_process(runner: EnvRunner) -> None:
+async def run_process(runner: RunnerView) -> None:
     """Roll out ``n_groups_to_process`` groups concurrently and write them to jsonl (then html).
 
     Items run ``max_num_workers`` at a time (or ``max_num_workers_per_node`` per
@@ -142,7 +141,7 @@ async def run_process(runner: EnvRunner) -> None:
     await _finish_files(runner)
 
 
-async def _handle_result(env: BaseEnv, result: Any, target: int) -> None:
+async def _handle_result(env: EnvHooks, result: Any, target: int) -> None:
     if not result or env.curr_step >= target:
         if not result:
             logger.info("no group from that item; retrying with the next one")
@@ -155,7 +154,7 @@ async def _handle_result(env: BaseEnv, result: Any, target: int) -> None:
     env.curr_step += 1
 
 
-async def _finish_files(runner: EnvRunner) -> None:
+async def _finish_files(runner: RunnerView) -> None:
     env = runner.env
     if env.jsonl_writer is None:
         failed = env.all_rejections()
@@ -212,7 +211,7 @@ async def html_report(jsonl_path: Path) -> None:
         raise ProcessFailedError(f"the html view of {jsonl_path} was not written: {message}")
 
 
-async def run_evaluate(runner: EnvRunner) -> None:
+async def run_evaluate(runner: RunnerView) -> None:
     """``setup()`` then ``evaluate()`` once, with a progress spinner."""
     env = runner.env
     await env.setup()

@@ -59,7 +59,7 @@ from atroposlib.utils.gc_tuning import startup_objects_frozen
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from atroposlib.envs.base import BaseEnv
+    from atroposlib.envs.hooks import EnvHooks
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class EnvRunner:
     FAILED: Any = object()
     """What :meth:`next_item` gives when ``get_next_item`` raised (None: no more items)."""
 
-    def __init__(self, env: BaseEnv) -> None:
+    def __init__(self, env: EnvHooks) -> None:
         self.env = env
         self.wake = asyncio.Event()
         self.pool = WorkerPool(on_done=self.wake.set)

@@ -4,6 +4,7 @@ share property, perf stats, registration and posting helpers."""
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 from typing import Any
 
@@ -82,7 +83,7 @@ def test_an_overridden_mode_config_class_is_what_the_command_line_parses():
 
 def test_derived_batch_size_is_a_settable_property():
     env = _env()
-    assert isinstance(BaseEnv.__dict__["derived_batch_size"], property)
+    assert isinstance(inspect.getattr_static(BaseEnv, "derived_batch_size"), property)
     assert env.derived_batch_size == -1
     env.derived_batch_size = 12
     assert env.derived_batch_size == 12
