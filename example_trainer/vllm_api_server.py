@@ -41,23 +41,20 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from example_trainer._needs_vllm import require_vllm
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-require_vllm(__name__)
-
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
-
-from atroposlib.http.answers import openai_error_bytes  # noqa: E402
-from atroposlib.http.headers import POLICY_VERSION_HEADER  # noqa: E402
-from atroposlib.http.openai_protocol import (  # noqa: E402
+from atroposlib.http.answers import openai_error_bytes
+from atroposlib.http.headers import POLICY_VERSION_HEADER
+from atroposlib.http.openai_protocol import (
     InvalidRequest,
     install_error_handlers,
     unless_disconnected,
 )
-from atroposlib.http.security import load_api_key  # noqa: E402
-from atroposlib.http.server import ServerOptions, build_server  # noqa: E402
-from example_trainer.vllm_bridge import (  # noqa: E402
+from atroposlib.http.security import load_api_key
+from atroposlib.http.server import ServerOptions, build_server
+from example_trainer._needs_vllm import require_vllm
+from example_trainer.vllm_bridge import (
     BridgeInfoResponse,
     BridgeState,
     LoraLoadRequest,
@@ -67,7 +64,7 @@ from example_trainer.vllm_bridge import (  # noqa: E402
     shared_weights_problem,
     shared_weights_requested,
 )
-from example_trainer.vllm_routes import (  # noqa: E402
+from example_trainer.vllm_routes import (
     Conflict,
     Served,
     install_lora_routes,
@@ -75,6 +72,10 @@ from example_trainer.vllm_routes import (  # noqa: E402
     served_state,
     weight_version,
 )
+
+# The imports above need no vLLM (its modules are imported where they are used); without it,
+# importing this module stops here with one message naming the venv and the extra.
+require_vllm(__name__)
 
 __all__ = [
     "PATCHES_APPLIED",

@@ -5,11 +5,8 @@ through vLLM's own IPC weight-transfer engine (see :mod:`example_trainer.vllm_ap
 Importing this package without vLLM raises ImportError naming ``make .venv-vllm`` and the extra.
 """
 
-from example_trainer._needs_vllm import require_vllm
-
-require_vllm(__name__)
-
-from example_trainer.vllm_patching.patched_gpu_runner import (  # noqa: E402
+# Without vLLM this import raises ImportError naming ``make .venv-vllm`` and the extra.
+from example_trainer.vllm_patching.patched_gpu_runner import (
     PatchedGPUModelRunner,
     apply_patches,
     get_patched_runner,
