@@ -162,11 +162,7 @@ KNOWN_CYCLES: dict[str, frozenset[str]] = {}
 
 # Cycles closed only by an import inside a function (deferred to dodge the import-order
 # problem, not dissolved): the same rules, so the list only shrinks.
-DEFERRED_CYCLES: dict[str, frozenset[str]] = {
-    "api persistence <-> recovery": frozenset(
-        {"atroposlib.api.persistence", "atroposlib.api.recovery"}
-    ),
-}
+DEFERRED_CYCLES: dict[str, frozenset[str]] = {}
 
 
 def _module_name(path: Path, base: Path) -> str:

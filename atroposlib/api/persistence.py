@@ -9,6 +9,10 @@ a batch are deleted in the same transaction that advances the step.
 Commits run on the event loop on purpose: without fsync they take tens of
 microseconds, and doing them inline keeps every handler atomic with respect to
 the in-memory state (no await between the change and its commit).
+
+This module is the write path. Opening the database for ``run-api`` (lock,
+damage check, ``--persist-recover``) is :mod:`atroposlib.api.recovery`, which
+builds on it.
 """
 
 from __future__ import annotations
@@ -36,27 +40,6 @@ __all__ = [
     "PersistedState",
     "SqlitePersistence",
 ]
-
-_RECOVERY_NAMES = frozenset(
-    {
-        "DamagedDatabaseError",
-        "RecoveryReport",
-        "check_database",
-        "open_persistence",
-        "recover_database",
-    }
-)
-"""Names that live in :mod:`atroposlib.api.recovery` (damage checks and salvage), importable
-from here too; resolved on first use, since that module builds on this one."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RECOVERY_NAMES:
-        from atroposlib.api import recovery
-
-        return getattr(recovery, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

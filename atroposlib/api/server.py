@@ -37,7 +37,7 @@ from atroposlib.api.models import (
     ScoredData,
     Status,
 )
-from atroposlib.api.persistence import open_persistence
+from atroposlib.api.recovery import open_persistence
 from atroposlib.api.settings import APISettings
 from atroposlib.api.store import MIN_ENV_WEIGHT, RolloutStore
 from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send

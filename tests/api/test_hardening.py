@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atroposlib.api.models import RegisterEnv, Registration
-from atroposlib.api.persistence import check_database
+from atroposlib.api.recovery import check_database
 from atroposlib.api.store import IncomingGroup, RolloutStore
 from atroposlib.api.utils import find_groups_summing_to_target
 from atroposlib.testing.ports import free_port

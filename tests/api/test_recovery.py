@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from atroposlib.api.persistence import GroupRow, SqlitePersistence, recover_database
+from atroposlib.api.persistence import GroupRow, SqlitePersistence
+from atroposlib.api.recovery import recover_database
 
 STORED = 1000
 
