@@ -414,12 +414,16 @@ def _resolve_servers(
     server_default: Any, yaml_cfg: Dict[str, Any], cli_openai: Dict[str, Any]
 ) -> Any:
     yaml_openai = yaml_cfg.get(OPENAI_NAMESPACE)
-    if yaml_openai is not None and not isinstance(yaml_openai, (dict, list)):
+    if (yaml_openai is not None and not isinstance(yaml_openai, (dict, list))) or (
+        isinstance(yaml_openai, list) and not all(isinstance(s, dict) for s in yaml_openai)
+    ):
         raise CliError("--config: 'openai' must be a mapping or a list of mappings")
     default = server_default
     if isinstance(default, list) and len(default) == 1:
         default = default[0]
     base = default.model_dump() if isinstance(default, ServerBaseline) else {}
+    if isinstance(yaml_openai, list) and len(yaml_openai) == 1:
+        yaml_openai = yaml_openai[0]  # one server: merged like the dict form
     yaml_single = yaml_openai if isinstance(yaml_openai, dict) else {}
     merged = merge_dicts(base, yaml_single, cli_openai)
     try:

@@ -98,6 +98,33 @@ def test_yaml_server_list_combined_with_openai_flag_is_an_error(tmp_path):
         )
 
 
+@pytest.mark.parametrize("mode", ["serve", "process"])
+def test_yaml_one_entry_server_list_is_a_single_server_dict(tmp_path, mode):
+    # A one-element ``openai:`` list is the same as the dict form: its values beat the
+    # defaults from config_init, and the fields it leaves out keep those defaults.
+    entry = {"base_url": "http://127.0.0.1:9555/v1", "model_name": "from-list"}
+    parsed = parse(mode, "--config", write_yaml(tmp_path, {"openai": [entry]}))
+    assert len(parsed.server_configs) == 1
+    server = parsed.server_configs[0]
+    assert (server.base_url, server.model_name) == (entry["base_url"], "from-list")
+    assert server.api_key == "x"  # config_init kept
+
+
+def test_cli_flag_overrides_a_one_entry_yaml_server_list(tmp_path):
+    entry = {"base_url": "http://127.0.0.1:9555/v1", "model_name": "from-list"}
+    cfg = write_yaml(tmp_path, {"openai": [entry]})
+    parsed = parse("serve", "--config", cfg, "--openai.base_url", "http://127.0.0.1:9666/v1")
+    assert len(parsed.server_configs) == 1
+    server = parsed.server_configs[0]
+    assert (server.base_url, server.model_name) == ("http://127.0.0.1:9666/v1", "from-list")
+
+
+@pytest.mark.parametrize("servers", [[5], [{"model_name": "m"}, "x"]])
+def test_yaml_server_list_entry_that_is_not_a_mapping_is_reported(tmp_path, servers):
+    with pytest.raises(CliError, match="'openai' must be a mapping or a list of mappings"):
+        parse("serve", "--config", write_yaml(tmp_path, {"openai": servers}))
+
+
 def test_server_baseline_default_is_kept_without_overrides():
     class BaselineEnv(TrivialEnv):
         @classmethod
