@@ -9,8 +9,9 @@
   :class:`BatchClient`, which acknowledges each batch by the next request and
   skips a batch served twice (the API's at-least-once delivery; docs/design.md, "Delivery guarantee").
 
-Every request has a timeout and sends ``Authorization: Bearer $ATROPOS_API_KEY``
-when that variable is set.
+The requests go through :class:`~atroposlib.http.trainer_client.TrainerAPIClient`, the
+trainer-side client the tools and the tests' fake trainer use too: every request has a
+timeout and sends ``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is set.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from typing import Any, Callable, Dict, List
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from atroposlib.utils.io import auth_headers
+from atroposlib.http.trainer_client import (
+    RolloutAPIError,
+    RolloutAPIUnreachable,
+    TrainerAPIClient,
+    check_answer,
+    registration_body,
+)
 
 from .config import TrainingConfig
 
@@ -32,20 +39,10 @@ REQUEST_TIMEOUT = 60.0
 # A batch wait gives up once the API has been unreachable this long without a break.
 UNREACHABLE_TIMEOUT = 120.0
 
+AtroposAPIError = RolloutAPIError
+"""The rollout API answered with an error, or could not be reached."""
 
-class AtroposAPIError(RuntimeError):
-    """The rollout API answered with an error, or could not be reached."""
-
-
-def _check(resp: httpx.Response, what: str) -> Any:
-    if resp.status_code == 401:
-        raise AtroposAPIError(f"{what}: 401 unauthorized (set ATROPOS_API_KEY to the API's key)")
-    if resp.status_code >= 400:
-        raise AtroposAPIError(f"{what}: HTTP {resp.status_code}: {resp.text[:500]}")
-    try:
-        return resp.json()
-    except ValueError as exc:
-        raise AtroposAPIError(f"{what}: response is not JSON: {resp.text[:200]!r}") from exc
+_check = check_answer
 
 
 def check_atropos_api(
@@ -53,12 +50,12 @@ def check_atropos_api(
 ) -> Dict[str, Any]:
     """Poll ``GET {url}/info`` until it answers; raise :class:`AtroposAPIError` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
+    client = TrainerAPIClient(url, timeout=5.0)
     last: str | None = None
     while True:
         try:
-            resp = httpx.get(f"{url}/info", headers=auth_headers(), timeout=5.0)
-            return _check(resp, "GET /info")
-        except (httpx.HTTPError, AtroposAPIError) as exc:
+            return client.info()
+        except AtroposAPIError as exc:
             last = str(exc)
         if time.monotonic() >= deadline:
             raise AtroposAPIError(
@@ -69,18 +66,18 @@ def check_atropos_api(
 
 def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict[str, Any]:
     """The ``/register`` body for ``config`` (same fields as the original trainer)."""
-    return {
-        "wandb_group": config.wandb_group or "",
-        "wandb_project": config.wandb_project or "",
-        "batch_size": config.api_batch_size,
-        "max_token_len": config.seq_len,
-        "checkpoint_dir": config.save_path,
-        "save_checkpoint_interval": config.checkpoint_interval
+    return registration_body(
+        config.api_batch_size,
+        config.seq_len,
+        config.training_steps,
+        wandb_group=config.wandb_group or "",
+        wandb_project=config.wandb_project or "",
+        checkpoint_dir=config.save_path,
+        save_checkpoint_interval=config.checkpoint_interval
         if config.checkpoint_interval > 0
         else config.training_steps,
-        "starting_step": starting_step,
-        "num_steps": config.training_steps,
-    }
+        starting_step=starting_step,
+    )
 
 
 @retry(
@@ -91,20 +88,13 @@ def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict
 )
 def register_trainer(config: TrainingConfig, starting_step: int = 0) -> Dict[str, Any]:
     """``POST /register``; returns the JSON answer (with ``uuid``)."""
-    resp = httpx.post(
-        f"{config.atropos_url}/register",
-        json=registration_payload(config, starting_step),
-        headers=auth_headers(),
-        timeout=REQUEST_TIMEOUT,
-    )
-    data = _check(resp, "POST /register")
-    if not isinstance(data, dict) or "uuid" not in data:
-        raise AtroposAPIError(f"POST /register: no uuid in response {data!r}")
+    client = TrainerAPIClient(config.atropos_url, timeout=REQUEST_TIMEOUT)
+    data = client.register(registration_payload(config, starting_step))
     logger.info("registered trainer with %s (uuid %s)", config.atropos_url, data["uuid"])
     return data
 
 
-class BatchClient:
+class BatchClient(TrainerAPIClient):
     """Pulls batches from ``GET /batch`` with the rollout API's delivery guarantee.
 
     The API keeps a served batch until the trainer acknowledges it. Each call
@@ -123,54 +113,7 @@ class BatchClient:
     def __init__(
         self, url: str, last_batch_id: str | None = None, client: httpx.Client | None = None
     ) -> None:
-        self.url = url
-        self.last_batch_id = last_batch_id
-        self.last_step: int | None = None
-        self._client = client
-
-    def _get(self) -> Any:
-        getter = self._client.get if self._client is not None else httpx.get
-        resp = getter(
-            f"{self.url}/batch",
-            params={"ack": self.last_batch_id or ""},
-            headers=auth_headers(),
-            timeout=REQUEST_TIMEOUT,
-        )
-        data = _check(resp, "GET /batch")
-        if isinstance(data, dict) and data.get("status") == "error":
-            raise AtroposAPIError(f"GET /batch: {data.get('message', data)}")
-        return data
-
-    def get_batch(self) -> List[Dict[str, Any]] | None:
-        """The next batch not received before, or ``None`` when none is ready."""
-        for _ in range(3):
-            data = self._get()
-            batch = data.get("batch") if isinstance(data, dict) else None
-            if not batch:
-                return None
-            batch_id = data.get("batch_id")
-            if batch_id is None:
-                return batch
-            if batch_id == self.last_batch_id:
-                # Received already (our acknowledgement was lost): asking again acknowledges it.
-                logger.warning("GET /batch: batch %s received twice; skipping it", batch_id)
-                continue
-            self.last_batch_id, self.last_step = batch_id, data.get("step")
-            return batch
-        return None
-
-    def acknowledge(self) -> None:
-        """Acknowledge the last batch now (``POST /batch/ack``), e.g. right after its step."""
-        if self.last_batch_id is None:
-            return
-        poster = self._client.post if self._client is not None else httpx.post
-        resp = poster(
-            f"{self.url}/batch/ack",
-            json={"batch_id": self.last_batch_id},
-            headers=auth_headers(),
-            timeout=REQUEST_TIMEOUT,
-        )
-        _check(resp, "POST /batch/ack")
+        super().__init__(url, timeout=REQUEST_TIMEOUT, client=client, last_batch_id=last_batch_id)
 
 
 _batch_clients: Dict[str, BatchClient] = {}
@@ -225,7 +168,7 @@ def wait_for_batch(
                 failing_since = None
                 if batch:
                     return batch
-            except httpx.HTTPError as exc:
+            except RolloutAPIUnreachable as exc:
                 now = time.monotonic()
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since >= unreachable_timeout:

@@ -1,10 +1,12 @@
 """A small synchronous client of the rollout API for the inspection and export tools.
 
 The tools (``view-run``, ``atropos-sft-gen``, ``atropos-dpo-gen``) act as the
-trainer: they register and then pull batches with ``GET /batch``. Every request
-has a timeout, sends ``Authorization: Bearer $ATROPOS_API_KEY`` when that
-variable is set, and failures become :class:`ApiError` with a message a person
-can act on (never a raw traceback).
+trainer: they register and then pull batches with ``GET /batch``, through
+:class:`~atroposlib.http.trainer_client.TrainerAPIClient` (the trainer-side client
+the example trainer and the tests' fake trainer use too). Every request has a
+timeout, sends ``Authorization: Bearer $ATROPOS_API_KEY`` when that variable is
+set, and failures become :class:`ApiError` with a message a person can act on
+(never a raw traceback).
 
 Example::
 
@@ -23,30 +25,29 @@ from typing import Any, Callable
 
 import httpx
 
-from atroposlib.utils.io import auth_headers
+from atroposlib.http.trainer_client import RolloutAPIError, TrainerAPIClient, registration_body
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_API_URL = "http://localhost:8000"
 
 
-class ApiError(RuntimeError):
-    """The rollout API could not be reached or answered something unusable."""
+ApiError = RolloutAPIError
+"""The rollout API could not be reached or answered something unusable."""
 
 
 def registration(batch_size: int, max_token_len: int, num_steps: int) -> dict[str, Any]:
     """The ``POST /register`` body of a tool acting as the trainer; the W&B and checkpoint
     fields are the original tools' placeholders (a tool trains nothing)."""
-    return {
-        "wandb_group": "test",
-        "wandb_project": "test",
-        "batch_size": batch_size,
-        "max_token_len": max_token_len,
-        "checkpoint_dir": "checkpoints",
-        "save_checkpoint_interval": 10,
-        "starting_step": 0,
-        "num_steps": num_steps,
-    }
+    return registration_body(
+        batch_size,
+        max_token_len,
+        num_steps,
+        wandb_group="test",
+        wandb_project="test",
+        checkpoint_dir="checkpoints",
+        save_checkpoint_interval=10,
+    )
 
 
 def add_trainer_arguments(
@@ -76,7 +77,7 @@ def add_trainer_arguments(
     )
 
 
-class TrainerClient:
+class TrainerClient(TrainerAPIClient):
     """Talks to ``run-api`` as a trainer does: reset, register, poll ``/batch``."""
 
     def __init__(
@@ -85,11 +86,22 @@ class TrainerClient:
         timeout: float = 10.0,
         client: httpx.Client | None = None,
     ) -> None:
-        self.api_url = api_url.rstrip("/")
-        self._client = client or httpx.Client(timeout=timeout, headers=auth_headers())
+        super().__init__(
+            api_url,
+            timeout=timeout,
+            client=client or httpx.Client(timeout=timeout),
+            hint="Is run-api running? Point to it with --api-url.",
+            ack_pending=True,
+        )
+
+    @property
+    def api_url(self) -> str:
+        """The API's base URL."""
+        return self.url
 
     def close(self) -> None:
         """Close the underlying HTTP connection pool."""
+        assert self._client is not None
         self._client.close()
 
     def __enter__(self) -> TrainerClient:
@@ -98,79 +110,15 @@ class TrainerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        url = f"{self.api_url}{path}"
-        try:
-            response = self._client.request(method, url, **kwargs)
-        except httpx.TimeoutException as e:
-            raise ApiError(
-                f"the rollout API at {self.api_url} did not answer {method} {path} in time ({e})"
-            ) from None
-        except httpx.HTTPError as e:
-            raise ApiError(
-                f"cannot reach the rollout API at {self.api_url} ({type(e).__name__}: {e}). "
-                "Is run-api running? Point to it with --api-url."
-            ) from None
-        if response.status_code == 401:
-            raise ApiError(
-                f"the rollout API at {self.api_url} refused {method} {path} (401): "
-                "set ATROPOS_API_KEY to the key run-api was started with"
-            )
-        if response.status_code >= 400:
-            raise ApiError(
-                f"{method} {path} on {self.api_url} failed with HTTP {response.status_code}: "
-                f"{response.text[:500]}"
-            )
-        return response
-
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._request(method, path, **kwargs)
-        try:
-            return response.json()
-        except ValueError:
-            raise ApiError(
-                f"{method} {path} on {self.api_url} did not return JSON: {response.text[:200]!r}"
-            ) from None
-
     def check(self) -> None:
         """Raise ApiError unless the API answers ``GET /``."""
-        self._request("GET", "/")
+        self.send("GET", "/")
 
-    def reset(self) -> None:
-        """``GET /reset_data``: wipes the API's queue, registry and step. Destructive."""
-        self._request("GET", "/reset_data")
-
-    def register(self, batch_size: int, max_token_len: int, num_steps: int) -> dict[str, Any]:
+    def register(  # type: ignore[override]
+        self, batch_size: int, max_token_len: int, num_steps: int
+    ) -> dict[str, Any]:
         """``POST /register`` as a trainer; returns the API's answer (``{"uuid": ...}``)."""
-        return self._json(
-            "POST", "/register", json=registration(batch_size, max_token_len, num_steps)
-        )
-
-    def info(self) -> dict[str, Any]:
-        """``GET /info``: the registered batch size and max token length."""
-        return self._json("GET", "/info")
-
-    def status(self) -> dict[str, Any]:
-        """``GET /status``: current step and queue size."""
-        return self._json("GET", "/status")
-
-    def wandb_info(self) -> dict[str, Any]:
-        """``GET /wandb_info``: the trainer's W&B group and project."""
-        return self._json("GET", "/wandb_info")
-
-    def get_batch(self) -> list[dict[str, Any]] | None:
-        """One ``GET /batch``: a list of groups, or None when no full batch is ready."""
-        payload = self._json("GET", "/batch")
-        if not isinstance(payload, dict):
-            raise ApiError(f"GET /batch returned {type(payload).__name__}, expected an object")
-        if payload.get("status") == "error":
-            raise ApiError(f"GET /batch: {payload.get('message', payload)}")
-        batch = payload.get("batch")
-        if not batch:
-            return None
-        if not isinstance(batch, list):
-            raise ApiError("GET /batch: 'batch' is not a list")
-        return batch
+        return super().register(registration(batch_size, max_token_len, num_steps))
 
     def wait_for_batch(
         self,

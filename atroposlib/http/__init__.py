@@ -16,7 +16,9 @@ One module per job:
   :mod:`~atroposlib.http.openai_errors`, the error envelope (imported through it);
 * :mod:`~atroposlib.http.client`: the keep-alive HTTP/1.1 client of environments (their
   inference calls) with its own error taxonomy, and :mod:`~atroposlib.http.httpx_transport`, the same client as an
-  ``httpx`` transport (their rollout-API calls).
+  ``httpx`` transport (their rollout-API calls);
+* :mod:`~atroposlib.http.trainer_client`: the trainer's side of the rollout API (register,
+  pull and acknowledge batches), shared by the example trainer, the tools and the fake trainer.
 
 This package imports nothing from ``atroposlib`` outside it and ``atroposlib.utils``.
 """

@@ -1,5 +1,6 @@
-"""A fake trainer: registers with a running ``run-api`` and pulls batches the way the real
-trainer's client does (acknowledging each, skipping one served again after a restart).
+"""A fake trainer: registers with a running ``run-api`` and pulls batches with the real
+trainer's client (:class:`~atroposlib.http.trainer_client.TrainerAPIClient`: acknowledging
+each batch, skipping one served again after a restart).
 
 Example::
 
@@ -19,6 +20,8 @@ from typing import Any, List
 
 import httpx
 
+from atroposlib.http.trainer_client import RolloutAPIError, TrainerAPIClient, registration_body
+
 __all__ = ["FakeTrainer", "register_trainer", "trainer_registration"]
 
 
@@ -30,17 +33,10 @@ def trainer_registration(
     **extra: Any,
 ) -> dict:
     """The ``/register`` body of a trainer that never checkpoints (``extra`` overrides fields)."""
-    return {
-        "wandb_group": "g",
-        "wandb_project": "p",
-        "batch_size": batch_size,
-        "max_token_len": max_token_len,
-        "checkpoint_dir": checkpoint_dir,
-        "save_checkpoint_interval": -1,
-        "starting_step": 0,
-        "num_steps": num_steps,
-        **extra,
-    }
+    fields: dict = {"wandb_group": "g", "wandb_project": "p", "save_checkpoint_interval": -1}
+    return registration_body(
+        batch_size, max_token_len, num_steps, checkpoint_dir=checkpoint_dir, **{**fields, **extra}
+    )
 
 
 def register_trainer(
@@ -51,10 +47,10 @@ def register_trainer(
     With ``first_batch`` it also makes the first ``GET /batch``, which starts the run: the API
     lets environments register only after a trainer has polled once.
     """
-    body = trainer_registration(batch_size, **fields)
-    httpx.post(f"{api_url}/register", json=body, timeout=timeout).raise_for_status()
+    client = TrainerAPIClient(api_url, timeout=timeout)
+    client.register(trainer_registration(batch_size, **fields))
     if first_batch:
-        httpx.get(f"{api_url}/batch", timeout=timeout).raise_for_status()
+        client.send("GET", "/batch")
 
 
 class FakeTrainer:
@@ -73,9 +69,8 @@ class FakeTrainer:
         self.max_token_len = max_token_len
         self.batches: List[List[dict]] = []
         self.errors = 0
-        self.last_batch_id: str | None = None
+        self.client = TrainerAPIClient(self.url, timeout=10)
         self._pull_lock = threading.Lock()
-        self.redelivered = 0
         self.paused = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -104,22 +99,22 @@ class FakeTrainer:
             return self._pull_locked()
 
     def _pull_locked(self) -> bool:
-        response = httpx.get(
-            f"{self.url}/batch", params={"ack": self.last_batch_id or ""}, timeout=10
-        )
-        response.raise_for_status()
-        answer = response.json()
-        batch = answer.get("batch")
-        if not batch:
-            return False
-        batch_id = answer.get("batch_id")
-        if batch_id is not None and batch_id == self.last_batch_id:
-            self.redelivered += 1
-            return True
+        batch, again = self.client.pull()
+        if batch is None:
+            return again
         assert sum(len(g["tokens"]) for g in batch) == self.batch_size
         self.batches.append(batch)
-        self.last_batch_id = batch_id
         return True
+
+    @property
+    def last_batch_id(self) -> str | None:
+        """The ``batch_id`` of the last batch received (what the next pull acknowledges)."""
+        return self.client.last_batch_id
+
+    @property
+    def redelivered(self) -> int:
+        """Batches served again after their first delivery, and skipped."""
+        return self.client.redelivered
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -129,7 +124,7 @@ class FakeTrainer:
             try:
                 if not self.pull_once():
                     time.sleep(0.02)
-            except httpx.HTTPError:
+            except (RolloutAPIError, httpx.HTTPError):
                 self.errors += 1
                 time.sleep(0.1)
 
@@ -158,7 +153,7 @@ class FakeTrainer:
                 if not self.pull_once():
                     return
                 pulled += 1
-            except httpx.HTTPError:
+            except (RolloutAPIError, httpx.HTTPError):
                 failed += 1
                 time.sleep(0.1)
             if time.monotonic() >= deadline:
@@ -173,4 +168,4 @@ class FakeTrainer:
 
     def queue_size(self) -> int:
         """The API's ``queue_size`` from ``/status``."""
-        return int(httpx.get(f"{self.url}/status", timeout=10).json()["queue_size"])
+        return int(self.client.status()["queue_size"])
