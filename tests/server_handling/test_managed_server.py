@@ -288,3 +288,41 @@ def test_the_tokenizer_is_the_servers_own_else_its_configs_else_a_clear_error(tm
     absent = SimpleNamespace(config=SimpleNamespace(tokenizer_name=str(tmp_path / "absent")))
     with pytest.raises(ValueError, match="could not load the tokenizer"):
         server_tokenizer(absent)
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+async def test_a_reply_shown_without_its_special_tokens_still_extends_its_node(tokenizer, finish):
+    """The environment gets the reply without special tokens and renders the next turn from
+    it: the turn continues the same node (the sampled tokens kept verbatim, both turns
+    trained) and an end of turn the model sampled is not encoded a second time."""
+    harness = ServerHarness()
+    prompt1 = _prompt(tokenizer, USER)
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    reply = tokenizer.encode("ab", add_special_tokens=False) + [im_start]
+    reply += tokenizer.encode("cd", add_special_tokens=False)
+    if finish == "stop":
+        reply.append(tokenizer.eos_token_id)
+    harness.set_tokens_and_logprobs_response(prompt1, None, [reply], [[-0.3] * len(reply)])
+    managed = ManagedServer(harness, tokenizer)
+    first = await managed.chat_completion(messages=USER, max_tokens=8)
+    shown = first.choices[0].message.content
+    assert shown == "abcd"
+    (node1,) = managed.get_state()["nodes"]
+    assert node1.full_text == prompt1 + tokenizer.decode(reply)  # special tokens kept
+
+    turn2 = USER + [{"role": "assistant", "content": shown}, {"role": "user", "content": "3+3?"}]
+    prompt2 = _prompt(tokenizer, turn2)
+    assert not prompt2.startswith(node1.full_text)
+    # What follows the reply: its end of turn only when the model did not sample it.
+    rest = prompt2[len(prompt1 + shown) :]
+    if finish == "stop":
+        rest = rest[len(tokenizer.eos_token) :]
+    suffix = tokenizer.encode(rest, add_special_tokens=False)
+    out2 = tokenizer.encode("6", add_special_tokens=False)
+    harness.set_tokens_and_logprobs_response(prompt2, None, [out2], [[-0.4] * len(out2)])
+    await managed.chat_completion(messages=turn2, max_tokens=8)
+    (node,) = managed.get_state()["nodes"]
+    assert node.tokens == node1.tokens + suffix + out2
+    assert node.masked_tokens == node1.masked_tokens + [-100] * len(suffix) + out2
+    assert node.logprobs == node1.logprobs + [1.0] * len(suffix) + [-0.4] * len(out2)
+    assert node.tokens.count(tokenizer.eos_token_id) == prompt2.count(tokenizer.eos_token)

@@ -35,9 +35,14 @@ from typing import Any, Callable
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
+from atroposlib.envs.server_handling._continuations import (
+    completion_texts,
+    continued_text,
+    special_token_ids,
+)
 from atroposlib.envs.server_handling.policy_version import merge_versions, output_versions
 from atroposlib.envs.server_handling.sampling_record import note_request, note_sequence
 from atroposlib.envs.server_handling.session_affinity import in_session, new_session_id
@@ -77,6 +82,10 @@ class SequenceNode(BaseModel):
         description="Newest weight version that generated any of its tokens; differs from "
         "policy_version when a multi-turn sequence spans a weight swap.",
     )
+    _continuations: tuple[str, ...] = PrivateAttr(default=())
+    """Texts besides ``full_text`` that a prompt continuing this sequence may start with: its
+    prompt followed by the completion as the caller was shown it (see the module
+    ``server_handling._continuations``)."""
 
 
 def fit_logprobs(logprobs: list[float], length: int) -> list[float]:
@@ -170,6 +179,7 @@ class ManagedServer:
 
     _THINK_OPEN = "__MNGD_THINK__"
     _THINK_CLOSE = "__MNGD_ENDTHINK__"
+    _specials_cache: tuple[Any, frozenset[int]] | None = None
 
     def __init__(
         self,
@@ -288,12 +298,14 @@ class ManagedServer:
 
     # ----------------------------------------------------------------- sequences
     def _longest_prefix_node(self, input_text: str, candidates: Any) -> SequenceNode | None:
+        """The node with the longest text (``full_text``, or the completion as the caller was
+        shown it: special tokens dropped) that ``input_text`` starts with."""
         best: SequenceNode | None = None
+        best_len = -1
         for node in candidates:
-            if input_text.startswith(node.full_text) and (
-                best is None or len(node.full_text) > len(best.full_text)
-            ):
-                best = node
+            text = continued_text(node.full_text, node._continuations, input_text)
+            if text is not None and len(text) > best_len:
+                best, best_len = node, len(text)
         return best
 
     def _find_extending_node(self, input_text: str) -> SequenceNode | None:
@@ -314,12 +326,17 @@ class ManagedServer:
         """The prompt token ids for ``input_text``.
 
         Extending ``extending_node``: its tokens, then the new suffix encoded without
-        special tokens. A new sequence: the text encoded with special tokens, minus a
-        doubled BOS when the text already begins with the tokenizer's BOS.
+        special tokens (the suffix follows the longest of the node's texts the prompt starts
+        with, so a reply shown without its special tokens is not encoded again). A new
+        sequence: the text encoded with special tokens, minus a doubled BOS when the text
+        already begins with the tokenizer's BOS.
         """
         tok = self.tokenizer
         if extending_node is not None:
-            suffix = input_text[len(extending_node.full_text) :]
+            known = continued_text(
+                extending_node.full_text, extending_node._continuations, input_text
+            )
+            suffix = input_text[len(known if known is not None else extending_node.full_text) :]
             suffix_ids = list(tok.encode(suffix, add_special_tokens=False)) if suffix else []
             return list(extending_node.tokens) + [int(t) for t in suffix_ids]
         ids = [int(t) for t in tok.encode(input_text, add_special_tokens=True)]
@@ -415,28 +432,38 @@ class ManagedServer:
         _, outputs, logprobs, finishes = result
         versions = output_versions(result, len(outputs))
         nodes, texts, finish_out = [], [], []
+        specials = self._special_ids()
         for i, out_ids in enumerate(outputs):
             out_ids = [int(t) for t in out_ids]
             finish = finishes[i] if i < len(finishes) else "stop"
+            raw, shown, others = completion_texts(self.tokenizer, out_ids, specials)
             node = self._create_sequence_node(
                 prompt,
                 parent,
                 input_ids,
                 out_ids,
                 list(logprobs[i]) if i < len(logprobs) else [],
-                self.tokenizer.decode(out_ids, skip_special_tokens=False),
+                raw,
                 finish_reason=finish,
                 extending_node=extending,
             )
+            node._continuations = tuple(prompt + text for text in others)
             node.policy_version, node.policy_version_max = merge_versions(
                 node.policy_version, node.policy_version_max, versions[i]
             )
             nodes.append(node)
             note_sequence(node.tokens, finish)  # carried into the group's overrides
-            texts.append(self.tokenizer.decode(out_ids, skip_special_tokens=True))
+            texts.append(shown)
             finish_out.append(finish)
         self._store(extending, parent, nodes, ticket)
         return nodes, texts, finish_out
+
+    def _special_ids(self) -> frozenset[int]:
+        """The current tokenizer's special token ids (worked out once per tokenizer)."""
+        cached = self._specials_cache
+        if cached is None or cached[0] is not self.tokenizer:
+            cached = self._specials_cache = (self.tokenizer, special_token_ids(self.tokenizer))
+        return cached[1]
 
     def _store(
         self,
