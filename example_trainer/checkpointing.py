@@ -148,7 +148,8 @@ def load_trainer_state(checkpoint_dir: str | Path, with_optimizer: bool = True) 
     """Read ``trainer_state.pt`` (and ``optimizer.pt``) of a checkpoint.
 
     ``with_optimizer=False`` skips the optimizer file (ranks other than 0 receive
-    it by broadcast). Checkpoints of earlier versions kept it in ``trainer_state.pt``.
+    it by broadcast). A ``trainer_state.pt`` that holds the optimizer state itself is read
+    too.
     """
     root = Path(checkpoint_dir)
     data = torch.load(root / STATE_FILE, map_location="cpu", weights_only=False)

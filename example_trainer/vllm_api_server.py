@@ -13,8 +13,8 @@ and answer, see :func:`example_trainer.vllm_bridge.generate_answer`),
 ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update`` (the bodies vLLM's own
 server takes).
 
-Differences from the original's file (which no longer starts: ``vllm.entrypoints.launcher``
-is gone): nothing in vLLM is patched. Single-copy mode (``VLLM_ENABLE_SHARED_WEIGHTS=1``,
+Differences from the original's file (which does not start on the vLLM we support: it imports
+``vllm.entrypoints.launcher``, which vLLM does not have): nothing in vLLM is patched. Single-copy mode (``VLLM_ENABLE_SHARED_WEIGHTS=1``,
 ``weight_bridge_mode shared_vllm``) starts the engine with vLLM's own IPC weight-transfer
 engine; without CUDA the server exits at start with one line saying why and what to use
 instead. ``/bridge/pause`` uses vLLM's pause (``mode`` ``keep`` by default: queued and running

@@ -1,9 +1,9 @@
 """Two small pieces every environment needs: run an eval set, and log what it measured.
 
-Environments used to carry the same thirty lines for evaluation (a semaphore, a
-try/except per item, the mean of the scores, ``evaluate_log``) and the same ``wandb_log``
-block (the training buffer's mean, the last eval's metrics). They now call these, and
-each environment file still says in a few lines what it evaluates and logs.
+Every environment's evaluation needs the same thirty lines (a semaphore, a try/except
+per item, the mean of the scores, ``evaluate_log``) and the same ``wandb_log`` block (the
+training buffer's mean, the last eval's metrics). Environments call these, and each
+environment file says in a few lines what it evaluates and logs.
 
 Example::
 

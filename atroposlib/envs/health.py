@@ -1,8 +1,8 @@
 """When an environment should wait, and when it should give up.
 
-Two failure modes used to keep an environment busy doing nothing: a
-``collect_trajectories``/``get_next_item`` that always raises was retried at once,
-forever; and an inference server that was never started (or went away) left the
+Two failure modes would keep an environment busy doing nothing: a
+``collect_trajectories``/``get_next_item`` that always raises, retried at once and
+forever; and an inference server that was never started (or went away), leaving the
 env silent for the request timeout and then failing item after item.
 
 - :class:`FailureTracker` counts consecutive failures. A transient one

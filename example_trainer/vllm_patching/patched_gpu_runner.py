@@ -1,7 +1,7 @@
-"""The original's patched vLLM GPU model runner: no longer needed, kept so its names import.
+"""The original's patched vLLM GPU model runner, kept so its names import; it patches nothing.
 
 The original replaced vLLM's ``GPUModelRunner`` to export CUDA IPC handles of the weights.
-vLLM now ships that as its IPC weight-transfer engine, which
+vLLM ships that as its IPC weight-transfer engine, which
 :mod:`example_trainer.vllm_api_server` turns on in single-copy mode, so :func:`apply_patches`
 patches nothing and says so.
 """

@@ -60,8 +60,8 @@ class ToolCallTranslator:
     """Parse tool-call blocks in model output into OpenAI tool calls and back.
 
     ``tokenizer`` decodes token ids (:meth:`decode_with_tool_awareness`) and builds vLLM
-    parsers. For code written against earlier versions of this class, a string in the
-    first position is taken as the parser name (a tokenizer is never a string).
+    parsers. A string in the first position is taken as the parser name (the order some
+    callers use; a tokenizer is never a string).
 
     Example::
 
