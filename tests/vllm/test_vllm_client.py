@@ -46,6 +46,35 @@ def rescore(server: RunningVLLM, ids: list[int]) -> list[float | None]:
     ]
 
 
+def vllm_topk(server: RunningVLLM, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
+    """vLLM's own ``k`` best ``(id, logprob)`` at each position of ``ids`` after the first,
+    in the order of its ``rank``."""
+    body = {
+        "model": server.model_name,
+        "prompt": ids,
+        "max_tokens": 1,
+        "prompt_logprobs": k,
+        "temperature": 0.0,
+    }
+    answer = httpx.post(f"{server.base_url}/completions", json=body, timeout=120).json()
+    rows = answer["choices"][0]["prompt_logprobs"][1:]
+    return [
+        [
+            (int(t), e["logprob"])
+            for t, e in sorted(row.items(), key=lambda it: it[1]["rank"])
+            if e["rank"] <= k
+        ]
+        for row in rows
+    ]
+
+
+def assert_topk(ids: list[list[int]], lps: list[list[float]], want: list) -> None:
+    """``ids``/``lps`` (positions after the first) are vLLM's own best ``(id, logprob)``."""
+    assert [[t for t, _ in row] for row in want] == ids
+    for got, row in zip(lps, want, strict=True):
+        assert got == pytest.approx([lp for _, lp in row], abs=1e-6)
+
+
 async def test_tokens_n_max_tokens_stop_and_finish_reasons(vllm_server, caplog):
     server = VLLMServer(config(vllm_server))
     try:
@@ -99,15 +128,8 @@ async def test_get_logprobs_top_k_from_prompt_logprobs(vllm_server):
         await server.close()
     assert out["prompt_tokens"] == PROMPT
     assert [len(r) for r in out["prompt_topk_token_ids"]] == [3] * len(PROMPT)
-    own = rescore(vllm_server, PROMPT)
-    for pos in range(1, len(PROMPT)):
-        row = out["prompt_topk_logprobs"][pos]
-        assert row == sorted(row, reverse=True)
-        # The best 3 bound the real token's logprob from above, or include it.
-        assert row[0] >= own[pos] - 1e-5
-        if PROMPT[pos] in out["prompt_topk_token_ids"][pos]:
-            k = out["prompt_topk_token_ids"][pos].index(PROMPT[pos])
-            assert row[k] == pytest.approx(own[pos], abs=1e-5)
+    want = vllm_topk(vllm_server, PROMPT, 3)
+    assert_topk(out["prompt_topk_token_ids"][1:], out["prompt_topk_logprobs"][1:], want)
 
 
 async def test_policy_version_is_vllms_weight_version(vllm_server):
@@ -145,9 +167,8 @@ async def test_teacher_topk_comes_from_vllm(vllm_server):
     await env.close_servers()
     assert [len(x) for x in g["distill_token_ids"]] == [len(s) for s in seqs]
     assert all(len(pos) == 2 for seq in g["distill_token_ids"] for pos in seq)
-    own = rescore(vllm_server, seqs[0])
-    best = [pos[0] for pos in g["distill_logprobs"][0]]
-    assert all(b >= o - 1e-5 for b, o in zip(best[1:], own[1:], strict=True))
+    for seq, ids, lps in zip(seqs, g["distill_token_ids"], g["distill_logprobs"], strict=True):
+        assert_topk(ids[1:], lps[1:], vllm_topk(vllm_server, seq, 2))
 
 
 async def test_chat_and_completion_use_vllms_openai_routes(vllm_server):

@@ -1,6 +1,8 @@
 """Environments written for the original, run against vLLM's own server with
 ``--openai.server_type vllm``: groups with aligned tokens, masks and logprobs (``process``,
-and ``serve`` with run-api and a trainer), the evaluation path, and the OpenAI proxy over ManagedServer sessions (streaming included)."""
+and ``serve`` with run-api and a trainer; a multi-turn game among them), multi-turn
+ManagedServer sequences whose replies hold special tokens, the evaluation path, and the OpenAI
+proxy over ManagedServer sessions (streaming included)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import httpx
 import pytest
 
 from atroposlib.envs.cli import build_env, parse_cli
+from atroposlib.envs.server_handling.managed_server import ManagedServer
+from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.testing.launch import run_api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
@@ -19,10 +23,22 @@ from atroposlib.testing.trainer import register_trainer
 from environments.arithmetic_server import ArithmeticEnv
 from environments.blackjack_server import BlackjackEnv
 from tests.environments.env_helpers import check_groups, process_argv, unmasked_runs
+from tests.vllm.test_vllm_client import config as vllm_config
 from tests.vllm.test_vllm_client import rescore
 
 KEY = "vllm-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# Short games (3 turns of 6 tokens) that go on after an unreadable action.
+BLACKJACK_FLAGS = (
+    "--env.max_turns",
+    "3",
+    "--env.max_tokens_per_turn",
+    "6",
+    "--env.max_token_length",
+    "512",
+    "--env.on_invalid_action",
+    "hit",
+)
 
 
 def serve(vllm_server) -> dict[str, str]:
@@ -53,18 +69,7 @@ def test_arithmetic_process_and_evaluate(vllm_server, tmp_path):
 def test_blackjack_managed_server_groups_are_aligned(vllm_server, tmp_path):
     """A multi-turn environment on ManagedServer: one aligned sequence per game."""
     out = tmp_path / "blackjack.jsonl"
-    argv = process_argv(
-        serve(vllm_server),
-        out,
-        "--env.max_turns",
-        "3",
-        "--env.max_tokens_per_turn",
-        "6",
-        "--env.max_token_length",
-        "512",
-        "--env.on_invalid_action",
-        "hit",
-    )
+    argv = process_argv(serve(vllm_server), out, *BLACKJACK_FLAGS)
     asyncio.run(build_env(BlackjackEnv, parse_cli(BlackjackEnv, argv)).process_manager())
     groups = check_groups(out, 2, 2, -1.0, 1.0)
     games = [
@@ -72,12 +77,60 @@ def test_blackjack_managed_server_groups_are_aligned(vllm_server, tmp_path):
         for group in groups
         for masks, messages in zip(group["masks"], group["messages"], strict=True)
     ]
-    # A reply holding a special token (the random model samples them) is shown without it,
-    # so the next turn starts a new sequence and the game keeps its longest: never more
-    # trained spans than turns, and multi-turn games stay one sequence.
-    assert all(1 <= runs <= turns for runs, turns in games), games
-    if any(turns > 1 for _, turns in games):
-        assert any(runs == turns > 1 for runs, turns in games), games
+    # Every turn of a game is a trained span of its one sequence.
+    assert all(runs == turns for runs, turns in games), games
+    assert any(turns > 1 for _, turns in games), games
+    for group in groups:  # the logprobs of every turn are vLLM's own for those tokens
+        for tokens, masks, recorded in zip(
+            group["tokens"], group["masks"], group["inference_logprobs"], strict=True
+        ):
+            again = rescore(vllm_server, tokens)
+            pairs = [(r, a) for r, a, m in zip(recorded, again, masks, strict=True) if m != -100]
+            assert max(abs(r - a) for r, a in pairs) <= 1e-3
+
+
+async def test_managed_server_turns_after_a_reply_with_special_tokens_stay_one_sequence(
+    vllm_server,
+):
+    """A reply holding a special token reaches the environment without it, and the next
+    turn is rendered from that text: the conversation stays one sequence, the sampled tokens
+    verbatim, every turn trained, and the logprobs vLLM's own for those tokens."""
+    server = VLLMServer(vllm_config(vllm_server))
+    try:
+        tok = server.tokenizer
+        im_start = tok.convert_tokens_to_ids("<|im_start|>")
+        managed = ManagedServer(server, tok)
+        messages = [{"role": "user", "content": "Deal the cards."}]
+        # A bias makes <|im_start|> likely (the logprobs stay the raw model's): of 8
+        # replies, take one that has it before its last token.
+        first = await managed.chat_completion(
+            messages=messages, n=8, max_tokens=6, temperature=1.0, logit_bias={im_start: 7.0}
+        )
+        nodes = managed.get_state()["nodes"]
+        pick = next(
+            i
+            for i, node in enumerate(nodes)
+            if im_start in node.tokens[-6:-1] and node.metadata["finish_reason"] == "length"
+        )
+        picked = nodes[pick]
+        reply = first.choices[pick].message.content
+        assert "<|im_start|>" not in reply
+        for turn in ("You hit: 17.", "The dealer shows 9."):
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": turn}]
+            out = await managed.chat_completion(messages=messages, max_tokens=6, temperature=1.0)
+            reply = out.choices[0].message.content
+        nodes = managed.get_state()["nodes"]
+    finally:
+        await server.close()
+    assert len(nodes) == 8  # the picked conversation continued its node, none was added
+    node = nodes[pick]
+    assert node.tokens[: len(picked.tokens)] == picked.tokens  # sampled tokens verbatim
+    assert node.masked_tokens[: len(picked.tokens)] == picked.masked_tokens
+    assert unmasked_runs(node.masked_tokens) == 3
+    again = rescore(vllm_server, node.tokens)
+    masks = node.masked_tokens
+    trained = [(r, a) for r, a, m in zip(node.logprobs, again, masks, strict=True) if m != -100]
+    assert len(trained) >= 8 and max(abs(r - a) for r, a in trained) <= 1e-3
 
 
 def test_proxy_plain_and_streamed_chat_over_vllm(vllm_server, tmp_path):
@@ -142,7 +195,7 @@ def test_proxy_plain_and_streamed_chat_over_vllm(vllm_server, tmp_path):
         assert max(abs(a - b) for a, b in zip(recorded, again, strict=True)) <= 1e-3
 
 
-async def _serve_until_batch(env: ArithmeticEnv, api: str, polls: int) -> list:
+async def _serve_until_batch(env: ArithmeticEnv | BlackjackEnv, api: str, polls: int) -> list:
     """Run the env's serve loop and poll ``/batch`` like a trainer until a batch arrives."""
     serving = asyncio.create_task(env.env_manager())
     try:
@@ -160,11 +213,17 @@ async def _serve_until_batch(env: ArithmeticEnv, api: str, polls: int) -> list:
     pytest.fail(f"no batch after {polls} polls")
 
 
-def test_arithmetic_serve_mode_batches_carry_vllms_weight_version(
-    vllm_server, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "env_cls, flags",
+    [(ArithmeticEnv, ()), (BlackjackEnv, BLACKJACK_FLAGS)],
+    ids=["arithmetic", "blackjack"],
+)
+def test_serve_mode_batches_are_aligned_and_carry_vllms_weight_version(
+    vllm_server, tmp_path, monkeypatch, env_cls, flags
 ):
-    """``serve`` against run-api and a trainer: the groups reach a batch, aligned, with the
-    policy version vLLM names (``/update_weight_version``, as a weight sync sets it)."""
+    """``serve`` against run-api and a trainer (a one-turn and a multi-turn environment): the
+    groups reach a batch with the tokens, masks and logprobs vLLM sampled, and the policy
+    version vLLM names (``/update_weight_version``, as a weight sync sets it)."""
     monkeypatch.setenv("ATROPOS_OUTBOX_DIR", str(tmp_path / "outbox"))
     api_port = free_port()
     api = f"http://127.0.0.1:{api_port}"
@@ -190,6 +249,7 @@ def test_arithmetic_serve_mode_batches_carry_vllms_weight_version(
         "vllm",
         "--openai.timeout",
         "120",
+        *flags,
     ]
     before = httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"]
     httpx.post(f"{vllm_server.url}/update_weight_version", json={"new_version": "3"})
@@ -199,7 +259,7 @@ def test_arithmetic_serve_mode_batches_carry_vllms_weight_version(
             run_api_cmd(api_port), health_url=f"{api}/health", timeout=120, log_path=log
         ):
             register_trainer(api, batch_size=4, num_steps=10, first_batch=False, timeout=30)
-            env = build_env(ArithmeticEnv, parse_cli(ArithmeticEnv, argv))
+            env = build_env(env_cls, parse_cli(env_cls, argv))
             batch = asyncio.run(_serve_until_batch(env, api, polls=600))
     finally:
         httpx.post(f"{vllm_server.url}/update_weight_version", json={"new_version": before})
@@ -212,3 +272,8 @@ def test_arithmetic_serve_mode_batches_carry_vllms_weight_version(
             assert len(tokens) == len(masks) == len(logprobs)
             assert any(m != -100 for m in masks)
             assert all(m == -100 or m == t for t, m in zip(tokens, masks, strict=True))
+            again = rescore(vllm_server, tokens)
+            pairs = [(r, a) for r, a, m in zip(logprobs, again, masks, strict=True) if m != -100]
+            assert max(abs(r - a) for r, a in pairs) <= 1e-3
+        for masks, messages in zip(group["masks"], group.get("messages") or [], strict=False):
+            assert unmasked_runs(masks) == sum(1 for m in messages if m["role"] == "assistant")

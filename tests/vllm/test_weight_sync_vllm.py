@@ -10,7 +10,9 @@ version back (the server is shared).
 
 from __future__ import annotations
 
+import json
 import shutil
+import threading
 from pathlib import Path
 
 import httpx
@@ -158,6 +160,53 @@ async def test_http_reload_serves_the_trainers_weights_as_its_step(
     assert weight_version(vllm_server) == "4"
     assert sorted(p.name for p in sync.live_root.iterdir()) == ["step_4"]
     assert sync.syncs == 2
+
+
+def test_a_request_in_flight_at_a_reload_finishes_on_the_old_weights(
+    vllm_server: RunningVLLM, tmp_path: Path, restore_base
+) -> None:
+    """The reload waits for the running request (``/pause?mode=wait``) and swaps the weights
+    before anything else is served: a sequence being generated when the reload starts is
+    neither cut off nor finished on the new weights."""
+    model = perturbed_model(vllm_server.model_dir, seed=6)
+    new_dir = tmp_path / "new"
+    model.save_pretrained(new_dir)
+    write_tied_lm_head(new_dir)
+    client = VLLMWeightClient(vllm_server.url, 120, good_dir=vllm_server.model_dir)
+    body = {
+        "model": vllm_server.model_name,
+        "prompt": IDS,
+        "max_tokens": 400,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "stream": True,
+    }
+    ids: list[int] = []
+    served: list[float] = []
+    finish = None
+    reloader = threading.Thread(target=client.reload, args=(new_dir, 21))
+    with httpx.stream("POST", f"{vllm_server.base_url}/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[len("data: ") :])["choices"][0]
+            lps = choice.get("logprobs") or {}
+            ids += [int(t.split(":", 1)[1]) for t in lps.get("tokens") or []]
+            served += lps.get("token_logprobs") or []
+            finish = choice.get("finish_reason") or finish
+            if ids and reloader.ident is None:
+                reloader.start()  # the request is running: reload now
+    reloader.join(timeout=300)
+    assert client.reloads == 1 and weight_version(vllm_server) == "21"
+    assert finish == "length" and len(ids) == len(served) == 400
+    base = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        logits = base(torch.tensor([IDS + ids])).logits[0, len(IDS) - 1 : -1].float()
+    old = logits.log_softmax(-1).gather(1, torch.tensor(ids).view(-1, 1)).view(-1)
+    assert_serves(torch.tensor(served), old)
+    assert_serves(logprobs_vllm(vllm_server), logprobs_hf(model))  # then the new weights
 
 
 def _broken_copy(src: Path, dst: Path, how: str) -> Path:
