@@ -15,6 +15,8 @@ import httpx
 import pytest
 import torch
 
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.testing.ports import start_on_free_port
 from atroposlib.testing.vllm_server import VLLM_ENV
 from atroposlib.utils.processes import stop_process_group
@@ -183,6 +185,47 @@ def test_bridge_routes(api: httpx.Client) -> None:
     assert api.get("/weight_info").json() == {"weight_version": "4"}
     r = api.post("/generate", json={"prompt": "x", "max_tokens": 1})
     assert r.headers["x-atropos-policy-version"] == "4"
+
+
+async def test_the_environments_client_takes_tokens_from_its_generate(
+    api: httpx.Client, vllm_model_dir: Path, hf_model
+) -> None:
+    """``VLLMServer`` (``server_type: vllm``) finds the original's ``/generate`` here and takes
+    tokens, logprobs, prompt top-k and the weight version from it."""
+    root = str(api.base_url).rstrip("/")
+    assert api.post("/update_weight_version", json={"new_version": "5"}).status_code == 200
+    server = VLLMServer(
+        APIServerConfig(
+            base_url=f"{root}/v1",
+            model_name=str(vllm_model_dir),
+            server_type="vllm",
+            tokenizer_name=str(vllm_model_dir),
+            api_key=KEY,
+            timeout=120,
+        )
+    )
+    prompt = [5, 17, 42, 9, 101]
+    try:
+        assert (await server.routes()).generate
+        result = await server.tokens_and_logprobs_completion(
+            input_ids=prompt, n=2, max_tokens=4, temperature=1.0
+        )
+        top = await server.get_logprobs(input_ids=prompt, top_k=2)
+    finally:
+        await server.close()
+    _, outs, lps, finish = result
+    assert len(outs) == len(finish) == 2 and result.policy_version == 5
+    for ids, seq_lps in zip(outs, lps, strict=True):
+        assert 1 <= len(ids) == len(seq_lps) <= 4
+        expected = rescore(hf_model, prompt, ids)
+        assert max(abs(a - b) for a, b in zip(seq_lps, expected, strict=True)) <= 1e-3
+    # The model's own 2 best tokens at each position after the first.
+    with torch.no_grad():
+        logp = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    best = logp[:-1].topk(2)
+    assert top["prompt_topk_token_ids"][1:] == best.indices.tolist()
+    got = torch.tensor(top["prompt_topk_logprobs"][1:])
+    assert (got - best.values).abs().max().item() <= 1e-3
 
 
 def make_adapter(model_dir: Path, out: Path) -> Path:
