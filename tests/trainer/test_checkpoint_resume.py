@@ -12,29 +12,14 @@ from example_trainer.checkpointing import (
 )
 from example_trainer.config import TrainingConfig
 from example_trainer.trainers import GRPOTrainer
-from tests.trainer.conftest import make_batch
-
-
-def _config(model_dir, save_path, **kw) -> TrainingConfig:
-    return TrainingConfig(
-        model_name=str(model_dir),
-        save_path=str(save_path),
-        device="cpu",
-        optimizer="adamw",
-        lr=1e-3,
-        batch_size=4,
-        gradient_accumulation_steps=2,
-        pad_to_multiple=8,
-        progress=False,
-        **kw,
-    )
+from tests.trainer.conftest import cpu_config, make_batch
 
 
 @pytest.mark.smoke
 def test_train_step_changes_weights_and_reports_finite_loss(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path))
     before = [p.detach().clone() for p in trainer.model.parameters()]
     m = trainer.train_on_batch(make_batch(tiny_tokenizer, with_logprobs=True))
     assert torch.isfinite(torch.tensor(m["train/loss"]))
@@ -45,7 +30,7 @@ def test_train_step_changes_weights_and_reports_finite_loss(
 
 
 def test_resume_restores_step_weights_and_optimizer(tiny_model_dir, tiny_tokenizer, tmp_path):
-    cfg = _config(tiny_model_dir, tmp_path)
+    cfg = cpu_config(tiny_model_dir, tmp_path)
     t1 = GRPOTrainer(cfg)
     for i in range(2):
         t1.train_on_batch(make_batch(tiny_tokenizer, seed=i))
@@ -78,7 +63,7 @@ def test_incomplete_checkpoint_is_ignored_by_resume(tmp_path):
 
 
 def test_kl_reference_model_is_frozen_copy(tiny_model_dir, tiny_tokenizer, tmp_path):
-    trainer = GRPOTrainer(_config(tiny_model_dir, tmp_path, kl_coef=0.1))
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, kl_coef=0.1))
     ref_before = [p.clone() for p in trainer.ref_model.parameters()]
     m = trainer.train_on_batch(make_batch(tiny_tokenizer))
     assert "train/kl" in m
@@ -113,7 +98,7 @@ def test_checkpoint_records_the_last_trained_batch_id_and_resume_skips_that_batc
     from example_trainer import api
 
     url = "http://api-for-resume-test"
-    cfg = _config(tiny_model_dir, tmp_path, atropos_url=url)
+    cfg = cpu_config(tiny_model_dir, tmp_path, atropos_url=url)
     t1 = GRPOTrainer(cfg)
     t1.step, t1.trained_batch_id = 3, "batch-7"
     t1._save()
