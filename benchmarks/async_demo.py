@@ -19,63 +19,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.demo_runs import DemoRun, fmt, record_fields, run_demo, summary_line  # noqa: E402
+from benchmarks.demo_runs import aggregate as _aggregate  # noqa: E402
+
 DEMO = ROOT / "example_trainer" / "configs" / "demo_cpu.yaml"
 MAX_WALL_S = 600.0
+KEYS = ("before", "after", "gain", "ratio", "wall_s")
 
 
 @dataclass
-class RunResult:
-    """One demo run's outcome, read from its ``summary.json``."""
+class RunResult(DemoRun):
+    """One demo run's outcome, read from its ``summary.json``; the bar's limit is 10 minutes."""
 
-    run_dir: str
-    status: str
-    before: float | None
-    after: float | None
-    wall_s: float
-
-    @property
-    def gain(self) -> float | None:
-        """after - before (None when either is missing)."""
-        if self.before is None or self.after is None:
-            return None
-        return self.after - self.before
-
-    @property
-    def ratio(self) -> float | None:
-        """after / before (None when either is missing or before is 0)."""
-        if self.before is None or self.after is None or self.before == 0:
-            return None
-        return self.after / self.before
-
-    @property
-    def meets_bar(self) -> bool:
-        """after >= 2x before, >= +0.3, status ok and at most 10 minutes."""
-        return (
-            self.status == "ok"
-            and self.gain is not None
-            and self.after >= 2 * self.before
-            and self.gain >= 0.3
-            and self.wall_s <= MAX_WALL_S
-        )
+    MAX_WALL_S = MAX_WALL_S
 
 
 def result_from_summary(summary: Mapping[str, Any], wall_s: float | None = None) -> RunResult:
     """A :class:`RunResult` from a parsed ``summary.json`` (its own wall time unless given)."""
     return RunResult(
-        run_dir=str(summary.get("run_dir", "")),
-        status=str(summary.get("status", "missing")),
-        before=summary.get("eval_before"),
-        after=summary.get("eval_after"),
+        **record_fields(summary),
         wall_s=float(wall_s if wall_s is not None else summary.get("wall_time_s", float("inf"))),
     )
 
@@ -104,33 +74,15 @@ def demo_command(
 
 def run_once(cmd: Sequence[str], run_dir: Path, log: Path) -> RunResult:
     """Run one demo (its output to ``log``) and read the summary it wrote."""
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    t0 = time.time()
-    with log.open("w") as f:
-        rc = subprocess.call(list(cmd), cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.time() - t0
-    path = run_dir / "summary.json"  # run_dir is a link to the run's own directory
-    if not path.exists():
-        return RunResult(str(run_dir), f"no summary (exit {rc})", None, None, wall)
-    return result_from_summary(json.loads(path.read_text()), wall)
+    done = run_demo(cmd, run_dir, log, ROOT, {"WANDB_MODE": "offline"})
+    if done.summary is None:
+        return RunResult(str(run_dir), f"no summary (exit {done.rc})", None, None, done.wall_s)
+    return result_from_summary(done.summary, done.wall_s)
 
 
 def aggregate(results: Sequence[RunResult]) -> Dict[str, Any]:
     """How many runs meet the bar, and median/min/max of before, after, gain, ratio, wall."""
-    out: Dict[str, Any] = {"runs": len(results), "meet_bar": sum(r.meets_bar for r in results)}
-    for key in ("before", "after", "gain", "ratio", "wall_s"):
-        values = [getattr(r, key) for r in results if getattr(r, key) is not None]
-        if values:
-            out[key] = {
-                "median": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-            }
-    return out
-
-
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "—" if x is None else format(x, spec)
+    return _aggregate(results, KEYS)
 
 
 def report(results: Sequence[RunResult], label: str) -> str:
@@ -143,20 +95,12 @@ def report(results: Sequence[RunResult], label: str) -> str:
     ]
     for i, r in enumerate(results, 1):
         lines.append(
-            f"| {i} | {_fmt(r.before)} | {_fmt(r.after)} | {_fmt(r.gain, '+.3f')} | "
-            f"{_fmt(r.ratio, '.2f')}x | {r.wall_s:.0f} s | "
+            f"| {i} | {fmt(r.before)} | {fmt(r.after)} | {fmt(r.gain, '+.3f')} | "
+            f"{fmt(r.ratio, '.2f')}x | {r.wall_s:.0f} s | "
             f"{'yes' if r.meets_bar else 'no (' + r.status + ')' if r.status != 'ok' else 'no'} |"
         )
-    agg = aggregate(results)
-    parts = [f"{agg['meet_bar']} of {agg['runs']} runs meet the bar"]
-    for key, spec in (("after", ".3f"), ("gain", "+.3f"), ("ratio", ".2f"), ("wall_s", ".0f")):
-        if key in agg:
-            a = agg[key]
-            parts.append(
-                f"{key} median {format(a['median'], spec)} "
-                f"({format(a['min'], spec)} to {format(a['max'], spec)})"
-            )
-    lines += ["", "; ".join(parts)]
+    keys = (("after", ".3f"), ("gain", "+.3f"), ("ratio", ".2f"), ("wall_s", ".0f"))
+    lines += ["", summary_line(results, keys)]
     return "\n".join(lines)
 
 
@@ -205,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = run_once(cmd, run_dir, ns.out / f"{tag}-{i}.log")
         results.append(r)
         print(
-            f"  before {_fmt(r.before)} after {_fmt(r.after)} gain {_fmt(r.gain, '+.3f')} "
+            f"  before {fmt(r.before)} after {fmt(r.after)} gain {fmt(r.gain, '+.3f')} "
             f"wall {r.wall_s:.0f} s bar {'yes' if r.meets_bar else 'no'} ({r.status})",
             flush=True,
         )

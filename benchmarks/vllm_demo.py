@@ -16,115 +16,47 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Dict, List, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.demo_runs import DemoRun as _DemoRun  # noqa: E402
+from benchmarks.demo_runs import fmt, record_fields, run_demo, summary_line  # noqa: E402
+
 CONFIG = ROOT / "example_trainer" / "configs" / "demo_cpu_vllm.yaml"
 MAX_WALL_S = 900.0
 
 
 @dataclass
-class DemoRun:
-    """One run: its summary's figures, its wall time and the load average during it."""
+class DemoRun(_DemoRun):
+    """One run: its summary's figures, its wall time and the load average during it; the
+    bar's limit is 15 minutes, vLLM's start included."""
 
-    run_dir: str
-    status: str
-    before: float | None
-    after: float | None
-    wall_s: float
+    MAX_WALL_S = MAX_WALL_S
+
     phases_s: Dict[str, float] = field(default_factory=dict)
     load_mean: float = 0.0
     load_max: float = 0.0
-
-    @property
-    def gain(self) -> float | None:
-        """after - before (None when either is missing)."""
-        return None if self.before is None or self.after is None else self.after - self.before
-
-    @property
-    def ratio(self) -> float | None:
-        """after / before (None when either is missing or before is 0)."""
-        if self.before is None or self.after is None or self.before == 0:
-            return None
-        return self.after / self.before
-
-    @property
-    def learned(self) -> bool:
-        """after >= 2x before and >= +0.3 (the learning half of the bar)."""
-        gain = self.gain
-        return gain is not None and gain >= 0.3 and self.after >= 2 * self.before  # type: ignore[operator]
-
-    @property
-    def meets_bar(self) -> bool:
-        """Learned, status ok and within 15 minutes."""
-        return self.status == "ok" and self.learned and self.wall_s <= MAX_WALL_S
-
-
-class LoadSampler:
-    """Samples the 1-minute load average in a background thread until stopped."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self.samples: List[float] = [os.getloadavg()[0]]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.samples.append(os.getloadavg()[0])
-
-    def __enter__(self) -> LoadSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.samples.append(os.getloadavg()[0])
 
 
 def run_once(config: Path, run_dir: Path, log: Path, load_every: float) -> DemoRun:
     """Run the demo once (output to ``log``) and read the summary it wrote."""
     cmd = [sys.executable, "-m", "example_trainer.run", "--config", str(config)]
     cmd += ["--run-dir", str(run_dir)]
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    t0 = time.time()
-    with LoadSampler(load_every) as load, log.open("w") as f:
-        rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    wall = time.time() - t0
-    loads = {"load_mean": statistics.mean(load.samples), "load_max": max(load.samples)}
-    path = run_dir / "summary.json"  # run_dir links to the run's own directory
-    if not path.exists():
-        return DemoRun(str(run_dir), f"no summary (exit {rc})", None, None, wall, **loads)
-    s: Dict[str, Any] = json.loads(path.read_text())
-    return DemoRun(
-        run_dir=str(s.get("run_dir", run_dir)),
-        status=str(s.get("status", "missing")),
-        before=s.get("eval_before"),
-        after=s.get("eval_after"),
-        wall_s=wall,
-        phases_s={k: float(v) for k, v in (s.get("phases_s") or {}).items()},
-        **loads,
-    )
-
-
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def _spread(values: Sequence[float], spec: str) -> str:
-    if not values:
-        return "—"
-    med = statistics.median(values)
-    return f"{format(med, spec)} ({format(min(values), spec)} to {format(max(values), spec)})"
+    done = run_demo(cmd, run_dir, log, ROOT, {"WANDB_MODE": "disabled"}, load_every)
+    loads = {"load_mean": statistics.mean(done.load), "load_max": max(done.load)}
+    if done.summary is None:
+        status = f"no summary (exit {done.rc})"
+        return DemoRun(str(run_dir), status, None, None, done.wall_s, **loads)
+    fields = {**record_fields(done.summary), "run_dir": str(done.summary.get("run_dir", run_dir))}
+    phases = {k: float(v) for k, v in (done.summary.get("phases_s") or {}).items()}
+    return DemoRun(**fields, wall_s=done.wall_s, phases_s=phases, **loads)
 
 
 def report(runs: Sequence[DemoRun]) -> str:
@@ -135,20 +67,18 @@ def report(runs: Sequence[DemoRun]) -> str:
     ]
     for i, r in enumerate(runs, 1):
         lines.append(
-            f"| {i} | {_fmt(r.before)} | {_fmt(r.after)} | {_fmt(r.gain, '+.3f')} | "
-            f"{_fmt(r.ratio, '.2f')}x | {r.wall_s:.0f} s | {r.load_mean:.1f} / {r.load_max:.1f} | "
+            f"| {i} | {fmt(r.before)} | {fmt(r.after)} | {fmt(r.gain, '+.3f')} | "
+            f"{fmt(r.ratio, '.2f')}x | {r.wall_s:.0f} s | {r.load_mean:.1f} / {r.load_max:.1f} | "
             f"{'yes' if r.learned else 'no'} | {'yes' if r.meets_bar else 'no (' + r.status + ')'} |"
         )
-    pick = {
-        "after": ([r.after for r in runs if r.after is not None], ".3f"),
-        "gain": ([r.gain for r in runs if r.gain is not None], "+.3f"),
-        "ratio": ([r.ratio for r in runs if r.ratio is not None], ".2f"),
-        "wall_s": ([r.wall_s for r in runs], ".0f"),
-        "load_mean": ([r.load_mean for r in runs], ".1f"),
-    }
-    parts = [f"{sum(r.meets_bar for r in runs)} of {len(runs)} runs meet the bar"]
-    parts += [f"{k} median {_spread(v, spec)}" for k, (v, spec) in pick.items()]  # type: ignore[arg-type]
-    return "\n".join(lines + ["", "; ".join(parts)])
+    keys = (
+        ("after", ".3f"),
+        ("gain", "+.3f"),
+        ("ratio", ".2f"),
+        ("wall_s", ".0f"),
+        ("load_mean", ".1f"),
+    )
+    return "\n".join(lines + ["", summary_line(runs, keys)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,8 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = run_once(ns.config, run_dir, ns.out / f"{stamp}-{i}.log", ns.load_every)
         runs.append(r)
         print(
-            f"run {i}: {_fmt(r.before)} -> {_fmt(r.after)} ({_fmt(r.ratio, '.2f')}x, "
-            f"{_fmt(r.gain, '+.3f')}), {r.wall_s:.0f} s, load {r.load_mean:.1f} mean / "
+            f"run {i}: {fmt(r.before)} -> {fmt(r.after)} ({fmt(r.ratio, '.2f')}x, "
+            f"{fmt(r.gain, '+.3f')}), {r.wall_s:.0f} s, load {r.load_mean:.1f} mean / "
             f"{r.load_max:.1f} max, {r.status}",
             flush=True,
         )

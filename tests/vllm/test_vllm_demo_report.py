@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -63,10 +64,11 @@ def test_run_once_reads_the_summary_and_samples_the_load(tmp_path, monkeypatch):
         "d = pathlib.Path(sys.argv[sys.argv.index('--run-dir') + 1]); d.mkdir()\n"
         f"(d / 'summary.json').write_text(json.dumps({summary!r}))\n"
     )
+    run = subprocess.run
     monkeypatch.setattr(
-        m.subprocess,
+        subprocess,
         "call",
-        lambda cmd, **kw: m.subprocess.run([sys.executable, str(fake), *cmd[3:]], **kw).returncode,
+        lambda cmd, **kw: run([sys.executable, str(fake), *cmd[3:]], **kw).returncode,
     )
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"model": "tiny"}))
