@@ -28,6 +28,7 @@ from .processes import ProcessGroup
 from .run_config import RunConfig
 from .status import PlainProgress, eta_seconds, progress_text, status_table
 from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
+from .teacher import resolve_teacher, teacher_env_flags
 
 logger = logging.getLogger("atropos-grpo-run")
 
@@ -140,6 +141,10 @@ class Launcher:
             else f"http://{config.services_host}:{self.inf_port}"
         )
         self.evaluator = Evaluator(None if config.only_trainer else config.eval, self.inf_url)
+        # The distillation teacher's server (teacher: section), started with the services.
+        self.teacher_port = (config.teacher.port or free_port()) if config.teacher else 0
+        self.teacher_url = f"http://127.0.0.1:{self.teacher_port}"
+        self.teacher_info: Dict[str, Any] | None = None
         self.inference_version: int | None = None
         self.t0 = time.time()
         # Seconds per phase, shown while running and written to the summary.
@@ -228,6 +233,41 @@ class Launcher:
         c = self.config
         return c.owns_inference and not c.external_inference and not c.only_trainer
 
+    def prepare_teacher(self) -> str | None:
+        """The teacher checkpoint of the ``teacher:`` section (made first when it comes from
+        a run config that has no cached result), or None without one."""
+        section = self.config.teacher
+        if section is None or self.config.only_trainer:
+            return None
+        t = time.time()
+        model, info, built = resolve_teacher(section, self.procs, resolve_model)
+        if built:
+            self.phases["teacher"] = time.time() - t
+        self.teacher_info = dict(info)
+        return model
+
+    def start_teacher(self, teacher_model: str) -> None:
+        """Serve ``teacher_model`` with ``atropos-serve-model`` (no weight reloads) and score
+        it once with the eval function."""
+        c = self.config
+        assert c.teacher is not None
+        device, env = split_device(c.inference_device)
+        cmd = server_command(
+            "serve_model",
+            teacher_model,
+            self.teacher_port,
+            c.teacher.served_model_name,
+            device=device,
+            dtype=c.inference_dtype,
+        )
+        self.procs.start("teacher", cmd + list(c.teacher.args), extra_env=env)
+        self.procs.wait_healthy("teacher", f"{self.teacher_url}/health", c.startup_timeout)
+        if c.eval is not None and self.teacher_info is not None:
+            t = time.time()
+            score = Evaluator(c.eval, self.teacher_url).evaluate("teacher", 0, teacher_model)
+            self.teacher_info["eval"] = score
+            self.phases["eval"] = self.phases.get("eval", 0.0) + time.time() - t
+
     def start_services(self, model: str) -> None:
         """run-api and (unless the trainer owns it, or it runs elsewhere) the inference server."""
         c = self.config
@@ -295,6 +335,11 @@ class Launcher:
             "vllm",
             "--openai.api_key",
             "x",
+            *(
+                teacher_env_flags(self.teacher_url, c.teacher.served_model_name)
+                if c.teacher is not None
+                else []
+            ),
             *c.env_args,
         ]
 
@@ -323,9 +368,12 @@ class Launcher:
                 total_steps=self.total_steps,
             )
             return status
+        teacher_model = self.prepare_teacher()
         t = time.time()
         self.start_services(model)
-        self.phases["start-up"] = time.time() - t
+        if teacher_model is not None:
+            self.start_teacher(teacher_model)
+        self.phases["start-up"] = time.time() - t - self.phases.get("eval", 0.0)
         if c.owns_inference:
             self.evaluate("before", 0, model)
         self.rl_started = time.time()
@@ -351,6 +399,7 @@ class Launcher:
             eval_set=self.evaluator.eval_set,
             phases=self.phases,
             total_steps=self.total_steps,
+            teacher=self.teacher_info,
         )
         return status
 
@@ -473,7 +522,9 @@ class Launcher:
                         f"[red]{dead.name} exited with code {dead.returncode()}[/red]\n{dead.log_tail()}"
                     )
                     return 1
-                if self.config.max_wall_time and time.time() - self.t0 > self.config.max_wall_time:
+                # Making the teacher (teacher.from_config, once) is not this run's training.
+                elapsed = time.time() - self.t0 - self.phases.get("teacher", 0.0)
+                if self.config.max_wall_time and elapsed > self.config.max_wall_time:
                     console.print("[red]max_wall_time reached[/red]")
                     return 1
                 time.sleep(self.config.status_interval)

@@ -5,6 +5,7 @@ Every field's ``description`` is its documentation (CONFIG.md is generated from 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Dict, List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -50,6 +51,56 @@ class EvalSection(BaseModel):
         ge=0,
         description="Also evaluate whenever the trainer passes a multiple of this step (0 = only before/after).",
     )
+
+
+class TeacherSection(BaseModel):
+    """A teacher model served by a second ``atropos-serve-model`` for on-policy distillation.
+
+    The launcher starts the server before the environments and hands its URL to every
+    environment as ``--teacher.base_url`` (with ``--teacher.model_name`` and
+    ``--teacher.server_type vllm``), so an environment built on
+    :class:`~atroposlib.envs.teacher_distillation_env.TeacherDistillationEnv` attaches the
+    teacher's top-k to its groups. The teacher is ``model`` (a checkpoint directory), or the
+    model that the run of ``from_config`` trains: that run happens once, before this one,
+    and its ``final_model`` is cached under ``cache_dir`` for the next run.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(
+        None, description="Teacher checkpoint directory (or hub name) served as is."
+    )
+    from_config: str | None = Field(
+        None,
+        description=(
+            "atropos-grpo-run YAML whose trained final_model is the teacher: run first (once; "
+            "cached under cache_dir, keyed by the file's content; its time does not count toward "
+            "max_wall_time), then served."
+        ),
+    )
+    cache_dir: str = Field(
+        ".cache/teacher",
+        description="Where from_config's run and its final_model are kept (one subdirectory per config).",
+    )
+    port: int = Field(0, ge=0, le=65535, description="Teacher server port (0 = any free port).")
+    served_model_name: str = Field(
+        "teacher", min_length=1, description="Model name the teacher server reports."
+    )
+    args: List[str] = Field(
+        default_factory=list, description="Extra flags for the teacher's atropos-serve-model."
+    )
+    max_build_time: float = Field(
+        1800.0, gt=0, description="Seconds from_config's run may take before the run fails."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TeacherSection:
+        if (self.model is None) == (self.from_config is None):
+            raise ValueError("give exactly one of teacher.model and teacher.from_config")
+        if self.model is not None and not self.model.strip():
+            raise ValueError("teacher.model must not be empty")
+        if self.from_config is not None and not Path(self.from_config).is_file():
+            raise ValueError(f"teacher.from_config: no such file {self.from_config!r}")
+        return self
 
 
 class RunConfig(BaseModel):
@@ -205,6 +256,10 @@ class RunConfig(BaseModel):
     )
     warmup: WarmupSection | None = Field(None, description="Supervised warm-up before RL.")
     eval: EvalSection | None = Field(None, description="Evaluation before/after training.")
+    teacher: TeacherSection | None = Field(
+        None,
+        description="A teacher server for on-policy distillation (see TeacherSection).",
+    )
     cpu_threads: int = Field(
         0,
         ge=0,

@@ -122,11 +122,13 @@ def write_summary(
     eval_set: Dict[str, Any] | None = None,
     phases: Dict[str, float] | None = None,
     total_steps: int | None = None,
+    teacher: Dict[str, Any] | None = None,
 ) -> Dict[str, Any]:
     """``summary.json``, ``summary.md`` and ``curve.png`` in ``run_dir``; prints the result.
 
     ``eval_set`` describes what the evals scored (``held_out``, ``size``,
-    ``train_size``); ``phases`` the seconds spent per phase (warm-up, RL, eval).
+    ``train_size``); ``phases`` the seconds spent per phase (warm-up, RL, eval);
+    ``teacher`` a distillation run's teacher (``model``, its ``eval``, ``build_seconds``).
     """
     rows = read_metrics(run_dir / "metrics.jsonl")
     before = next((e["score"] for e in evals if e["label"] == "before"), None)
@@ -152,6 +154,8 @@ def write_summary(
         "inference_weights_version": inference_version,
         "run_dir": str(run_dir),
     }
+    if teacher is not None:
+        summary["teacher"] = teacher
     phase_text = ", ".join(f"{name} {format_seconds(sec)}" for name, sec in (phases or {}).items())
     if phases and "eval" in phases and "RL" in phases:
         phase_text += "; evals during RL overlap it"
@@ -186,6 +190,13 @@ def write_summary(
         learned = after >= 2 * before and after - before >= 0.3
         summary["learned"] = learned
         lines.append(f"- learned (after >= 2x before and >= +0.3): {'yes' if learned else 'no'}")
+    t_score = (teacher or {}).get("eval")
+    if t_score is not None:
+        line = f"- teacher: {t_score:.3f} on the same eval ({teacher.get('model')})"  # type: ignore[union-attr]
+        if after is not None and t_score > 0:
+            summary["teacher_ratio"] = after / t_score
+            line += f"; student after / teacher = {after / t_score:.2f}"
+        lines.append(line)
     if evals:
         lines += [
             "",
