@@ -141,7 +141,7 @@ async def test_register_and_send_helpers_talk_to_the_api(monkeypatch):
     def client(url: str, **kw: Any):
         return real(url, transport=httpx.MockTransport(handler))
 
-    monkeypatch.setattr("atroposlib.envs.runner.RolloutAPIClient", client)
+    monkeypatch.setattr("atroposlib.envs.runner_api.RolloutAPIClient", client)
     env = _env()
     answer = await env._register_env()
     assert answer == {"status": "success", "env_id": 3}
