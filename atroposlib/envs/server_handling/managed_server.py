@@ -19,141 +19,66 @@ Example::
     async with server_manager.managed_server(tokenizer=tok) as managed:
         completion = await managed.chat_completion(messages=messages, n=4, max_tokens=256)
         nodes = managed.get_state()["nodes"]   # 4 SequenceNodes
+
+Beside it, and importable from here as in the original: the node model (``sequence_node``),
+the tokenizer choice (``managed_tokenizer``), the OpenAI-client adapter (``managed_adapter``)
+and the stand-in for OpenAI-only endpoints (``dummy_managed_server``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextvars
 import logging
 import os
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
-from pydantic import BaseModel, Field, PrivateAttr
 
-from atroposlib.envs.server_handling._common import config_tokenizer_name, load_tokenizer
+from atroposlib.envs.server_handling._common import (  # noqa: F401 - original import path
+    config_tokenizer_name,
+    load_tokenizer,
+)
 from atroposlib.envs.server_handling._continuations import (
     completion_texts,
     continued_text,
     special_token_ids,
 )
+from atroposlib.envs.server_handling.dummy_managed_server import (  # noqa: F401 - original import path
+    DummyManagedServer,
+)
+from atroposlib.envs.server_handling.managed_adapter import (  # noqa: F401 - original import path
+    _CLIENT_ONLY,
+    _ROLLOUT_ORDER,
+    ManagedServerAdapter,
+    _openai_kwargs,
+)
+from atroposlib.envs.server_handling.managed_tokenizer import (  # noqa: F401 - original import path
+    own_tokenizer,
+    resolve_tokenizer,
+    server_tokenizer,
+)
 from atroposlib.envs.server_handling.policy_version import merge_versions, output_versions
 from atroposlib.envs.server_handling.sampling_record import note_request, note_sequence
+from atroposlib.envs.server_handling.sequence_node import (  # noqa: F401 - original import path
+    PROMPT_LOGPROB,
+    PROMPT_MASK,
+    SequenceNode,
+    fit_logprobs,
+)
 from atroposlib.envs.server_handling.session_affinity import in_session, new_session_id
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 
 logger = logging.getLogger(__name__)
 
-PROMPT_MASK = -100
-PROMPT_LOGPROB = 1.0
-_ROLLOUT_ORDER: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "managed_rollout_order", default=False
-)
-"""Set while a ``ManagedServerAdapter`` call runs: its nodes are ordered by when the calling
-task (the framework's rollout) finishes, not by when the request was made."""
-
 OFFLOAD_CHARS = 32_768
 """Prompts (or message lists) longer than this many characters are rendered and tokenized
 in a worker thread, so a large request does not stall the event loop (health probes,
 other sessions) for the milliseconds to seconds that takes."""
-
-
-class SequenceNode(BaseModel):
-    """One tracked sequence: prompt plus completion."""
-
-    full_text: str = Field(..., description="Prompt text followed by the decoded completion.")
-    tokens: list[int] = Field(..., description="Prompt and completion token ids.")
-    masked_tokens: list[int] = Field(..., description="tokens with -100 on prompt positions.")
-    logprobs: list[float] = Field(..., description="Logprobs, 1.0 on prompt positions.")
-    metadata: dict[str, Any] | None = Field(None, description="finish_reason and extras.")
-    policy_version: int | None = Field(
-        None,
-        description="Oldest weight version that generated any of this sequence's tokens "
-        "(None when the server reports none).",
-    )
-    policy_version_max: int | None = Field(
-        None,
-        description="Newest weight version that generated any of its tokens; differs from "
-        "policy_version when a multi-turn sequence spans a weight swap.",
-    )
-    _continuations: tuple[str, ...] = PrivateAttr(default=())
-    """Texts besides ``full_text`` that a prompt continuing this sequence may start with: its
-    prompt followed by the completion as the caller was shown it (see the module
-    ``server_handling._continuations``)."""
-
-
-def fit_logprobs(logprobs: list[float], length: int) -> list[float]:
-    """Pad ``logprobs`` with 1.0 or truncate it to ``length`` entries."""
-    if len(logprobs) >= length:
-        return list(logprobs[:length])
-    return list(logprobs) + [PROMPT_LOGPROB] * (length - len(logprobs))
-
-
-def own_tokenizer(server: Any) -> Any:
-    """``server``'s own ``tokenizer`` attribute, or None when it has none or its lazily
-    loaded one failed to load."""
-    try:
-        return getattr(server, "tokenizer", None)
-    except ValueError:  # a backend whose lazily loaded tokenizer failed to load
-        return None
-
-
-def resolve_tokenizer(
-    server: Any,
-    load: Callable[[str], Any],
-    missing: Callable[[], Exception],
-    unloadable: Callable[[str], Exception],
-) -> Any:
-    """``server``'s own tokenizer, else ``load(name)`` of the one its config names
-    (``tokenizer_name``, or ``model_name``): raises ``missing()`` when it names none and
-    ``unloadable(name)`` when ``load`` gives None."""
-    tokenizer = own_tokenizer(server)
-    if tokenizer is not None:
-        return tokenizer
-    name = config_tokenizer_name(getattr(server, "config", None))
-    if name is None:
-        raise missing()
-    tokenizer = load(name)
-    if tokenizer is None:
-        raise unloadable(name)
-    return tokenizer
-
-
-def server_tokenizer(server: Any) -> Any:
-    """The tokenizer for ``server``: its own ``tokenizer`` attribute when it has one, else
-    the one its config names (``tokenizer_name``, or ``model_name``); ValueError naming
-    what was tried when there is none."""
-    return resolve_tokenizer(
-        server,
-        load_tokenizer,
-        lambda: ValueError(
-            "ManagedServer needs a tokenizer: pass tokenizer=..., or use a server that has one "
-            "or whose config names one (tokenizer_name or model_name)"
-        ),
-        lambda name: ValueError(
-            f"ManagedServer could not load the tokenizer {name!r} named by the server config; "
-            "pass tokenizer=..."
-        ),
-    )
-    name = config_tokenizer_name(getattr(server, "config", None))
-    if name is None:
-        raise ValueError(
-            "ManagedServer needs a tokenizer: pass tokenizer=..., or use a server that has one "
-            "or whose config names one (tokenizer_name or model_name)"
-        )
-    tokenizer = load_tokenizer(name)
-    if tokenizer is None:
-        raise ValueError(
-            f"ManagedServer could not load the tokenizer {name!r} named by the server config; "
-            "pass tokenizer=..."
-        )
-    return tokenizer
 
 
 class ManagedServer:
@@ -617,185 +542,3 @@ class ManagedServer:
 
 
 _FINISH = ("stop", "length", "tool_calls", "content_filter", "function_call")
-
-
-class DummyManagedServer:
-    """``ManagedServer`` stand-in for OpenAI-only endpoints (no token access).
-
-    Completions are real; nodes hold the placeholder tokens ``0..127``
-    (``DUMMY_TOKENS``), the first one masked (``DUMMY_MASKED_TOKENS``), and logprobs
-    -0.5 (``DUMMY_LOGPROBS``). Useful to run an env end to end against a hosted API;
-    useless for training.
-    """
-
-    DUMMY_TOKENS = list(range(128))
-    DUMMY_MASKED_TOKENS = [PROMPT_MASK] + DUMMY_TOKENS[1:]
-    DUMMY_LOGPROBS = [-0.5] * 128
-
-    def __init__(
-        self,
-        server: Any,
-        tokenizer: Any = None,
-        track_tree: bool = False,
-        session_id: str | None = None,
-        **_: Any,
-    ):
-        self.server = server
-        self.session_id = session_id or new_session_id()
-        self.tokenizer = tokenizer
-        self.track_tree = track_tree
-        self.current_nodes: list[SequenceNode] = []
-        self.sequences: dict[str, SequenceNode] = {}
-
-    def _messages_to_text(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text of ``messages``: the tokenizer's chat template when there is
-        one, else ``role: content`` lines."""
-        apply = getattr(self.tokenizer, "apply_chat_template", None)
-        if callable(apply) and getattr(self.tokenizer, "chat_template", None):
-            return apply(list(messages), tokenize=False, add_generation_prompt=True)
-        return "\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in messages)
-
-    def _create_dummy_node(self, full_text: str, finish_reason: str = "stop") -> SequenceNode:
-        """A placeholder node for ``full_text`` (prompt and completion)."""
-        return SequenceNode(
-            full_text=full_text,
-            tokens=list(self.DUMMY_TOKENS),
-            masked_tokens=list(self.DUMMY_MASKED_TOKENS),
-            logprobs=list(self.DUMMY_LOGPROBS),
-            metadata={"finish_reason": finish_reason, "placeholder": True},
-        )
-
-    def _record(self, node: SequenceNode) -> None:
-        if self.track_tree:
-            self.sequences[node.full_text] = node
-        else:
-            self.current_nodes.append(node)
-
-    async def chat_completion(self, **kwargs: Any) -> Any:
-        """Forward to the server and record placeholder nodes."""
-        prompt = self._messages_to_text(kwargs.get("messages") or [])
-        completion = await in_session(self.session_id, self.server.chat_completion, **kwargs)
-        for choice in completion.choices:
-            text = prompt + (choice.message.content or "")
-            self._record(self._create_dummy_node(text, choice.finish_reason or "stop"))
-        return completion
-
-    async def completion(self, **kwargs: Any) -> Any:
-        """Forward to the server and record placeholder nodes."""
-        prompt = str(kwargs.get("prompt") or "")
-        completion = await in_session(self.session_id, self.server.completion, **kwargs)
-        for choice in completion.choices:
-            self._record(
-                self._create_dummy_node(prompt + choice.text, choice.finish_reason or "stop")
-            )
-        return completion
-
-    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
-        """The server's prompt logprobs when it has ``get_logprobs``; NotImplementedError
-        naming the server's type otherwise."""
-        fetch = getattr(self.server, "get_logprobs", None)
-        if not callable(fetch):
-            raise NotImplementedError(
-                f"{type(self.server).__name__} does not implement get_logprobs"
-            )
-        messages = kwargs.pop("messages", None)
-        if messages is not None:
-            kwargs["prompt"] = self._messages_to_text(messages)
-        return await in_session(self.session_id, fetch, **kwargs)
-
-    def get_state(self) -> dict[str, Any]:
-        """``{"nodes": [...]}`` with placeholder nodes (``{"sequences": ...}`` in tree mode)."""
-        if self.track_tree:
-            return {"sequences": dict(self.sequences)}
-        return {"nodes": list(self.current_nodes)}
-
-    def reset(self) -> None:
-        """Forget every node."""
-        self.current_nodes.clear()
-        self.sequences.clear()
-
-
-class ManagedServerAdapter:
-    """Duck-types ``openai.AsyncOpenAI`` over a ``ManagedServer``.
-
-    ``adapter.chat.completions.create(...)``, ``adapter.completions.create(...)`` and
-    ``adapter.post("/chat/completions", body=..., cast_to=ChatCompletion)`` go through the
-    managed server (and are recorded); ``base_url`` is informative.
-
-    Node order: frameworks given this client (verifiers) run each rollout in its own
-    asyncio task and return the rollouts in the order the tasks finish, so the nodes a
-    task recorded through the adapter take their place in ``get_state()["nodes"]`` when
-    that task finishes: rollout ``i`` of the framework's results is node ``i``, whatever
-    order the server answered in. (Calls made straight on the managed server keep request
-    order.)
-    """
-
-    class _ChatNamespace:
-        """``adapter.chat``."""
-
-        def __init__(self, managed: Any):
-            self.completions = ManagedServerAdapter._CreateNamespace(managed, "chat_completion")
-
-    class _CreateNamespace:
-        """``adapter.chat.completions`` and ``adapter.completions``: ``create`` calls the
-        managed server's ``method`` (``chat_completion`` or ``completion``)."""
-
-        def __init__(self, managed: Any, method: str):
-            self._managed = managed
-            self._method = method
-
-        async def create(self, **kwargs: Any) -> Any:
-            """A (chat) completion through the managed server."""
-            token = _ROLLOUT_ORDER.set(True)
-            try:
-                return await getattr(self._managed, self._method)(**_openai_kwargs(kwargs))
-            finally:
-                _ROLLOUT_ORDER.reset(token)
-
-    def __init__(self, managed_server: Any, base_url: str = "http://managed-server/v1"):
-        self.managed_server = managed_server
-        self.base_url = base_url
-        self.chat = self._ChatNamespace(managed_server)
-        self.completions = self._CreateNamespace(managed_server, "completion")
-
-    async def post(self, path: str, body: dict[str, Any], cast_to: type) -> Any:
-        """``AsyncOpenAI.post`` for the chat and completion routes: ``/chat/completions``
-        and ``/completions`` (relative to ``base_url``) go through the managed server and
-        the answer is returned as is when it is already a ``cast_to``, else validated as
-        one. Any other path is a ValueError naming it."""
-        route = "/" + path.strip("/").split("?", 1)[0]
-        if route.endswith("/chat/completions"):
-            result = await self.chat.completions.create(**dict(body or {}))
-        elif route.endswith("/completions"):
-            result = await self.completions.create(**dict(body or {}))
-        else:
-            raise ValueError(
-                f"ManagedServerAdapter serves /chat/completions and /completions, not {path!r}"
-            )
-        if cast_to is None or isinstance(result, cast_to):
-            return result
-        validate = getattr(cast_to, "model_validate", None)
-        data = result.model_dump() if hasattr(result, "model_dump") else result
-        return validate(data) if callable(validate) else cast_to(data)
-
-    def copy(self, **kwargs: Any) -> ManagedServerAdapter:
-        """A new adapter over the same managed server (``AsyncOpenAI.copy``; only
-        ``base_url`` is taken from ``kwargs``, other client options do not apply)."""
-        return ManagedServerAdapter(
-            self.managed_server, str(kwargs.get("base_url") or self.base_url)
-        )
-
-    with_options = copy
-
-
-def _openai_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI client kwargs without the client-only options (headers, timeout, ...), with
-    ``extra_body`` merged in as the server would see it."""
-    out = {k: v for k, v in kwargs.items() if k not in _CLIENT_ONLY}
-    extra = out.pop("extra_body", None)
-    if isinstance(extra, dict):
-        out = {**extra, **out}
-    return out
-
-
-_CLIENT_ONLY = frozenset({"extra_headers", "extra_query", "timeout"})
