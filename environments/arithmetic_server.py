@@ -135,13 +135,15 @@ def greedy_eval(
     chunk: int = 128,
     seed: int = 1234,
     limit: int = 0,
+    model: str | None = None,
 ) -> float:
     """Fraction of ``problems`` (default: the held-out eval set) answered correctly by the
     server at ``base_url`` (with or without ``/v1``).
 
     Sends the prompts' token ids in batched ``POST /v1/completions`` requests
     (``samples`` completions each, greedy by default), so the server decodes them
-    together. ``limit`` > 0 evaluates only the first ``limit`` problems.
+    together. ``limit`` > 0 evaluates only the first ``limit`` problems. ``model``: the
+    model name to request (e.g. the LoRA adapter vLLM serves; default: the server's).
     """
     problems = list(problems or split_problems()[1])
     if limit > 0:
@@ -158,6 +160,8 @@ def greedy_eval(
                 "temperature": temperature,
                 "seed": seed + start,
             }
+            if model is not None:
+                body["model"] = model
             resp = client.post(f"{root}/v1/completions", json=body)
             if resp.status_code != 200:
                 raise RuntimeError(

@@ -85,9 +85,11 @@ def greedy_eval(
     max_tokens: int = 16,
     timeout: float = 120.0,
     limit: int = 0,
+    model: str | None = None,
 ) -> float:
     """Greedy accuracy (score 1.0 from the task's own scorer) of the server at ``base_url``
-    on :data:`DEMO_EVAL_SIZE` items of the held-out eval seed, in one batched request."""
+    on :data:`DEMO_EVAL_SIZE` items of the held-out eval seed, in one batched request.
+    ``model``: the model name to request (default: the server's)."""
     items = [_demo_item(DEMO_EVAL_SEED, i) for i in range(limit or DEMO_EVAL_SIZE)]
     prompts = [
         list(
@@ -104,7 +106,12 @@ def greedy_eval(
     with httpx.Client(timeout=timeout) as client:
         resp = client.post(
             f"{root}/v1/completions",
-            json={"prompt": prompts, "max_tokens": max_tokens, "temperature": 0.0},
+            json={
+                "prompt": prompts,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                **({"model": model} if model is not None else {}),
+            },
         )
     if resp.status_code != 200:
         raise RuntimeError(f"eval request failed: HTTP {resp.status_code}: {resp.text[:300]}")

@@ -29,6 +29,13 @@ from .run_config import RunConfig
 from .status import PlainProgress, eta_seconds, progress_text, status_table
 from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
 from .teacher import resolve_teacher, teacher_env_flags
+from .vllm_lora import (
+    VLLM_ADAPTER_NAME,
+    lora_server_args,
+    policy_model_name,
+    serves_adapter,
+    wait_for_adapter,
+)
 
 logger = logging.getLogger("atropos-grpo-run")
 
@@ -204,6 +211,8 @@ class Launcher:
             cmd += ["--weights-root", self.save_path]
         else:
             env = {**VLLM_SERVE_ENV, **env}
+            if serves_adapter(c.inference_backend, c.weight_bridge_mode):
+                cmd += lora_server_args(c.trainer.get("lora_r"), c.inference_args)
         return cmd + list(c.inference_args), {**env, **c.inference_env}
 
     def api_cmd(self) -> List[str]:
@@ -330,7 +339,7 @@ class Launcher:
             "--openai.base_url",
             f"{self.inf_url}/v1",
             "--openai.model_name",
-            c.served_model_name or model,
+            self.policy_model(model),
             "--openai.server_type",
             "vllm",
             "--openai.api_key",
@@ -342,6 +351,31 @@ class Launcher:
             ),
             *c.env_args,
         ]
+
+    def policy_model(self, model: str) -> str:
+        """The model name the environments request: the trained LoRA adapter's when vLLM
+        serves it as one (``lora_only``), else the served model's."""
+        c = self.config
+        return policy_model_name(
+            c.inference_backend, c.weight_bridge_mode, c.served_model_name or model
+        )
+
+    def wait_for_policy_adapter(self) -> None:
+        """With the policy served as a vLLM LoRA adapter, wait until the trainer has loaded
+        it (untrained at first: the base model's outputs), so that the environments' first
+        rollouts already go through it; from then on the eval requests it too."""
+        c = self.config
+        if not serves_adapter(c.inference_backend, c.weight_bridge_mode):
+            return
+        trainer = self.procs.children["trainer"]
+
+        def trainer_failure() -> str | None:
+            rc = trainer.returncode()
+            return None if rc is None else f"exit code {rc}\n{trainer.log_tail()}"
+
+        waited = wait_for_adapter(self.inf_url, c.startup_timeout, trainer_failure)
+        logger.info("vLLM serves the policy's LoRA adapter (after %.1fs)", waited)
+        self.evaluator.served_model = VLLM_ADAPTER_NAME
 
     # -- main loop
     def run(self) -> int:
@@ -378,6 +412,7 @@ class Launcher:
             self.evaluate("before", 0, model)
         self.rl_started = time.time()
         self.procs.start("trainer", self.trainer_cmd(model))
+        self.wait_for_policy_adapter()
         for i, env_file in enumerate(c.envs):
             self.procs.start(f"env{i}" if len(c.envs) > 1 else "env", self.env_cmd(env_file, model))
         if not c.owns_inference:

@@ -22,7 +22,8 @@ failure raises :class:`WeightSyncError` with the reason, it never hangs.
   a server without that endpoint (404) gets the merged weights via
   ``/update_weights`` instead. Against vLLM's own server the adapter is loaded under
   :data:`VLLM_ADAPTER_NAME` through ``/v1/load_lora_adapter`` at start (untrained) and
-  replaced in place at each sync (environments request that name as their model).
+  replaced in place at each sync (environments request that name as their model;
+  ``atropos-grpo-run`` points them at it, see :mod:`.vllm_lora`).
 - ``lora_restart``: merge the adapter and restart the server on the merged model.
 """
 
@@ -44,6 +45,7 @@ from atroposlib.utils.io import auth_headers
 from .checkpointing import save_model_dir
 from .config import TrainingConfig
 from .inference_process import InferenceProcess, InferenceServerError
+from .vllm_lora import VLLM_ADAPTER_NAME
 from .vllm_weights import (
     VLLMWeightClient,
     VLLMWeightError,
@@ -52,10 +54,6 @@ from .vllm_weights import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-VLLM_ADAPTER_NAME = "policy-lora"
-"""The name ``lora_only`` loads the trained adapter under in vLLM's own server."""
 
 
 class WeightSyncError(RuntimeError):
