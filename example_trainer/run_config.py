@@ -89,7 +89,12 @@ class TeacherSection(BaseModel):
         default_factory=list, description="Extra flags for the teacher's atropos-serve-model."
     )
     max_build_time: float = Field(
-        1800.0, gt=0, description="Seconds from_config's run may take before the run fails."
+        1800.0,
+        gt=0,
+        description=(
+            "Seconds from_config's run may take before the run fails (its own max_wall_time "
+            "does not apply)."
+        ),
     )
 
     @model_validator(mode="after")

@@ -71,6 +71,10 @@ def build_teacher(
         str(Path(section.from_config).resolve()),
         "--run-dir",
         str(run_link),
+        # Its own limit is teacher.max_build_time: the config's max_wall_time is a demo's
+        # bar, and a loaded machine must not leave the teacher half trained.
+        "--max-wall-time",
+        "0",
     ]
     logger.info("making the teacher: %s (once; cached in %s)", section.from_config, root)
     t0 = time.time()
@@ -84,8 +88,6 @@ def build_teacher(
             )
         time.sleep(poll)
     seconds = time.time() - t0
-    # Done: the launcher's watch over its children must not take this exit for a failure.
-    procs.children.pop("teacher-build", None)
     run_dir = run_link.resolve()
     final = run_dir / "checkpoints" / "final_model"
     if child.returncode() != 0 or not (final / "config.json").is_file():
@@ -93,6 +95,8 @@ def build_teacher(
             f"teacher.from_config's run failed (exit {child.returncode()}; no {final}):\n"
             f"{child.log_tail()}"
         )
+    # Done: the launcher's watch over its children must not take this exit for a failure.
+    procs.children.pop("teacher-build", None)
     # Only the final weights are the teacher: the run's intermediate checkpoints go.
     for step_dir in (run_dir / "checkpoints").glob("step_*"):
         shutil.rmtree(step_dir, ignore_errors=True)

@@ -106,4 +106,7 @@ def test_a_failing_teacher_run_is_a_clear_error_with_its_log(tmp_path):
     finally:
         procs.stop_all()
     assert "no_such_field" in str(exc.value)
+    # The teacher's run has teacher.max_build_time, not its config's demo wall-time limit.
+    cmd = procs.children["teacher-build"].cmd
+    assert cmd[cmd.index("--max-wall-time") + 1] == "0"
     assert not (tmp_path / "cache" / teacher_key(bad) / MARKER).exists()
