@@ -13,37 +13,53 @@ Session affinity: a request made inside a session (a ``ManagedServer``'s, see
 healthy, waiting for a slot there rather than moving; when the server fails or is
 unhealthy, the request fails over as any other and the session is pinned to the server
 that answered it.
+
+The routing is ``ServerRouter``'s (``server_routing``), the base of ``ServerManager``;
+where the servers come from (backend classes, SLURM discovery, config templates) is
+``server_discovery``. Their names stay importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import logging
 import os
-import subprocess
-from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence, Union
 
 from pydantic import BaseModel, Field
 
-from atroposlib.envs.server_handling.errors import (
+from atroposlib.envs.server_handling.errors import (  # noqa: F401 - original import path
     NoHealthyServerError,
     ServerUnavailableError,
     is_client_error,
 )
 from atroposlib.envs.server_handling.openai_server import OpenAIServer, merge_choices
 from atroposlib.envs.server_handling.policy_version import join_results
-from atroposlib.envs.server_handling.server_baseline import (
+from atroposlib.envs.server_handling.server_baseline import (  # noqa: F401 - original import path
     APIServer,
     APIServerConfig,
     ReasoningConfig,
     ServerBaseline,
 )
+from atroposlib.envs.server_handling.server_discovery import (  # noqa: F401 - original import path
+    DEFAULT_LOCAL_PORTS,
+    GPUS_PER_NODE,
+    SLURM_BASE_PORT,
+    _configs_from_template,
+    _env_int,
+    resolve_server_configs,
+    server_class_for,
+    slurm_inference_urls,
+)
 from atroposlib.envs.server_handling.server_harness import ServerHarness
-from atroposlib.envs.server_handling.session_affinity import (
+from atroposlib.envs.server_handling.server_routing import (  # noqa: F401 - original import path
+    _NO_EXCLUDE,
+    DEFAULT_TIMEOUT,
+    ServerRouter,
+)
+from atroposlib.envs.server_handling.session_affinity import (  # noqa: F401 - original import path
     CURRENT_SESSION,
     MAX_PINNED_SESSIONS,
     SessionRoute,
@@ -51,12 +67,6 @@ from atroposlib.envs.server_handling.session_affinity import (
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_LOCAL_PORTS = range(9004, 9008)
-DEFAULT_TIMEOUT = ServerBaseline.model_fields["timeout"].default
-_NO_EXCLUDE: frozenset[int] = frozenset()
-SLURM_BASE_PORT = 9000
-GPUS_PER_NODE = 8
 
 
 class ServerManagerConfig(BaseModel):
@@ -74,80 +84,6 @@ class ServerManagerConfig(BaseModel):
         description="URL of a managed-server proxy; managed_server() then opens proxy sessions "
         "(also read from ATROPOS_PROXY_URL).",
     )
-
-
-def server_class_for(server_type: str) -> type[APIServer]:
-    """The backend class for a config's ``server_type``."""
-    from atroposlib.envs.server_handling.sglang_server import SGLangServer
-    from atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
-    from atroposlib.envs.server_handling.vllm_server import VLLMServer
-
-    classes: dict[str, type[APIServer]] = {
-        "openai": OpenAIServer,
-        "trl": TrlVllmServer,
-        "sglang": SGLangServer,
-        "vllm": VLLMServer,
-    }
-    if server_type not in classes:
-        raise ValueError(f"unknown server_type {server_type!r}; expected one of {sorted(classes)}")
-    return classes[server_type]
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError as e:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from e
-
-
-def slurm_inference_urls(
-    env: Mapping[str, str] | None = None, hostnames: Sequence[str] | None = None
-) -> list[str] | None:
-    """Inference server URLs of a SLURM allocation, or None with fewer than 2 nodes.
-
-    Nodes after the first ``NUM_TRAINING_NODES`` (default 1) each run ``8 // INFER_TP``
-    servers on ports 9000, 9001, ... ``hostnames`` overrides ``scontrol show hostnames``.
-    """
-    env = os.environ if env is None else env
-    if hostnames is None:
-        nodelist = env.get("SLURM_JOB_NODELIST")
-        if not nodelist:
-            return None
-        try:
-            result = subprocess.run(
-                ["scontrol", "show", "hostnames", nodelist],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            )
-        except (OSError, subprocess.SubprocessError) as e:
-            raise RuntimeError(
-                f"SLURM_JOB_NODELIST is set but `scontrol show hostnames` failed: {e}"
-            ) from e
-        hostnames = result.stdout.split()
-    nodes = list(hostnames)
-    if len(nodes) < 2:
-        return None
-    num_training = _env_int(env, "NUM_TRAINING_NODES", 1)
-    tp = _env_int(env, "INFER_TP", 1)
-    if tp < 1 or tp > GPUS_PER_NODE:
-        raise ValueError(f"INFER_TP must be between 1 and {GPUS_PER_NODE}, got {tp}")
-    return [
-        f"http://{node}:{SLURM_BASE_PORT + i}/v1"
-        for node in nodes[num_training:]
-        for i in range(GPUS_PER_NODE // tp)
-    ]
-
-
-def _configs_from_template(template: ServerBaseline, urls: Sequence[str]) -> list[APIServerConfig]:
-    base = template.model_dump()
-    base.pop("base_url", None)
-    base.pop("api_key", None)
-    return [APIServerConfig(**{**base, "base_url": url, "api_key": "x"}) for url in urls]
 
 
 def _requested_n(kwargs: Mapping[str, Any]) -> int:
@@ -168,8 +104,9 @@ def split_n(n: int, max_n: int) -> list[int]:
     return chunks
 
 
-class ServerManager:
-    """Routes requests over a pool of inference servers.
+class ServerManager(ServerRouter):
+    """Routes requests over a pool of inference servers (the routing itself is
+    ``ServerRouter``'s, in ``server_routing``).
 
     Example::
 
@@ -180,9 +117,6 @@ class ServerManager:
             await managed.chat_completion(messages=[...], n=4)
             nodes = managed.get_state()["nodes"]
     """
-
-    sweep_interval: float = 0.1
-    """Seconds between checks for callers whose wait deadline passed."""
 
     # Defaults for managers built without ``__init__`` (``ServerManager.__new__(ServerManager)``
     # followed by ``manager.servers = [...]``, as tests and tools of the original do): every
@@ -195,9 +129,6 @@ class ServerManager:
     use_proxy: bool = False
     testing: bool = False
     slurm: bool = False
-    _sweeper: asyncio.Task[None] | None = None
-    _timeout_cache: float | None = None
-    _health_loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(
         self,
@@ -242,22 +173,6 @@ class ServerManager:
                 ]
         self._init_routing()
 
-    def _init_routing(self) -> None:
-        """Create the wait queues and subscribe to the servers' slot and health changes."""
-        self._waiters: dict[bool, deque[tuple[asyncio.Future[int], frozenset[int], float]]] = {
-            True: deque(),
-            False: deque(),
-        }
-        self._affinity: dict[str, int] = {}  # session id -> index of its server
-        for server in self.servers:
-            for sem in (getattr(server, "sem", None), getattr(server, "eval_sem", None)):
-                add_listener = getattr(sem, "add_listener", None)
-                if add_listener is not None:
-                    add_listener(self._dispatch)
-            add_health_listener = getattr(server, "add_health_listener", None)
-            if add_health_listener is not None:
-                add_health_listener(self._dispatch)
-
     def __getattr__(self, name: str) -> Any:
         # Reached only when normal lookup fails, i.e. on a manager built with ``__new__``:
         # the routing state is made on first use, so the hot path pays nothing for this.
@@ -272,266 +187,7 @@ class ServerManager:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ----------------------------------------------------------------- configuration
-    @staticmethod
-    def _resolve_configs(
-        configs: Union[ServerBaseline, Sequence[ServerBaseline]], slurm: bool
-    ) -> list[ServerBaseline]:
-        if isinstance(configs, ServerBaseline):
-            if isinstance(configs, APIServerConfig) and configs.base_url:
-                return [configs]  # one server at its base_url
-            urls = slurm_inference_urls()
-            if urls is None:
-                urls = [f"http://localhost:{p}/v1" for p in DEFAULT_LOCAL_PORTS]
-            return list(_configs_from_template(configs, urls))
-        configs = list(configs)
-        if not slurm or not configs:
-            return configs
-        urls = slurm_inference_urls()
-        if urls is None:
-            logger.warning(
-                "slurm=True but fewer than 2 SLURM nodes found; using the configs as given"
-            )
-            return configs
-        return list(_configs_from_template(configs[0], urls))
-
-    # ----------------------------------------------------------------- slot routing
-    @staticmethod
-    def _free_slots(server: APIServer, is_train: bool) -> float:
-        if not is_train:
-            return server.eval_sem.available()
-        free = server.sem.available()
-        eval_sem = server.eval_sem
-        if eval_sem._value < eval_sem.max_val:  # eval in progress: leave its share
-            free -= eval_sem.available()
-        return free
-
-    def _pick(self, is_train: bool, exclude: frozenset[int] = frozenset()) -> int | None:
-        best, best_slots = None, 0.0
-        free_slots = self._free_slots
-        for i, server in enumerate(self.servers):
-            if not server._server_healthy or (exclude and i in exclude):
-                continue
-            slots = free_slots(server, is_train)
-            if slots > best_slots:
-                best, best_slots = i, slots
-        return best
-
-    def _take(self, idx: int, is_train: bool) -> bool:
-        server = self.servers[idx]
-        return (server.sem if is_train else server.eval_sem).try_acquire()
-
-    def _release(self, idx: int, is_train: bool) -> None:
-        server = self.servers[idx]
-        (server.sem if is_train else server.eval_sem).release()
-
-    def _dispatch(self) -> None:
-        """Hand free slots to queued callers, FIFO, eval first."""
-        waiters = self._waiters
-        if not (waiters[True] or waiters[False]):
-            return
-        for is_train in (False, True):
-            queue = self._waiters[is_train]
-            while queue:
-                fut, exclude, _ = queue[0]
-                if fut.done():
-                    queue.popleft()
-                    continue
-                idx = self._pick(is_train, exclude)
-                if idx is None or not self._take(idx, is_train):
-                    break
-                queue.popleft()
-                fut.set_result(idx)
-
-    def _start_health_checks(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._health_loop is loop:
-            return
-        self._health_loop = loop
-        for server in self.servers:
-            server.start_health_check()
-
-    async def _acquire_slot(self, is_train: bool, exclude: frozenset[int], timeout: float) -> int:
-        """Take a slot on the best server, waiting FIFO up to ``timeout`` seconds.
-
-        Waiters carry their deadline and one sweeper task expires them, so waiting
-        costs no timer per request.
-        """
-        queue = self._waiters[is_train]
-        if not queue:
-            idx = self._pick(is_train, exclude)
-            if idx is not None and self._take(idx, is_train):
-                return idx
-        if timeout <= 0:
-            raise asyncio.TimeoutError()
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[int] = loop.create_future()
-        entry = (fut, exclude, loop.time() + timeout)
-        queue.append(entry)
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = loop.create_task(self._sweep_expired(), context=contextvars.Context())
-        try:
-            return await fut
-        except BaseException:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._release(fut.result(), is_train)  # granted just before we were cancelled
-            try:
-                queue.remove(entry)
-            except ValueError:
-                pass
-            raise
-
-    async def _sweep_expired(self) -> None:
-        """Fail waiters whose deadline passed (runs while anyone waits)."""
-        loop = asyncio.get_running_loop()
-        while any(self._waiters.values()):
-            await asyncio.sleep(self.sweep_interval)
-            now = loop.time()
-            for queue in self._waiters.values():
-                if not queue:
-                    continue
-                expired = [e for e in queue if e[2] <= now or e[0].done()]
-                for entry in expired:
-                    queue.remove(entry)
-                    if not entry[0].done():
-                        entry[0].set_exception(asyncio.TimeoutError())
-
-    def _wait_timeout(self) -> float:
-        if self._timeout_cache is None:
-            self._timeout_cache = float(
-                max(getattr(s.config, "timeout", DEFAULT_TIMEOUT) for s in self.servers)
-            )
-        return self._timeout_cache
-
-    def _describe(self, tried: Sequence[int] = ()) -> list[str]:
-        """Every server with its health, marking those this request tried."""
-        out = []
-        for i, server in enumerate(self.servers):
-            state = "healthy" if server.server_healthy else "unhealthy"
-            mark = f", tried {tried.count(i)}x" if i in tried else ", not tried"
-            out.append(f"{server.name} ({state}{mark})")
-        return out
-
-    async def _call(self, kind: str, kwargs: dict[str, Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        if self._health_loop is not loop:
-            self._start_health_checks()
-        is_train = kwargs.get("split", "train") != "eval"
-        started = loop.time()
-        session = CURRENT_SESSION.get()
-        if session is not None:
-            return await self._call_session(kind, kwargs, is_train, started, session)
-        # Fast path: a slot is free now and nobody is queued.
-        first: tuple[int, BaseException] | None = None
-        if not self._waiters[is_train]:
-            idx = self._pick(is_train)
-            if idx is not None and self._take(idx, is_train):
-                try:
-                    return await self.servers[idx].run_request(
-                        kind, kwargs, slot_held=True, fail_fast=True
-                    )
-                except Exception as e:  # classified by _call_with_failover
-                    first = (idx, e)
-                finally:
-                    self._release(idx, is_train)
-        return await self._call_with_failover(kind, kwargs, is_train, started, first)
-
-    async def _call_session(
-        self, kind: str, kwargs: dict[str, Any], is_train: bool, started: float, session: str
-    ) -> Any:
-        """A request of ``session``: on its pinned server while that one is healthy (waiting
-        for a slot there), else fail over and re-pin to the server that answers."""
-        idx = self._affinity.get(session)
-        first: tuple[int, BaseException] | None = None
-        if idx is not None and idx < len(self.servers) and self.servers[idx]._server_healthy:
-            held = self._take(idx, is_train)
-            if not held:
-                others = frozenset(i for i in range(len(self.servers)) if i != idx)
-                try:
-                    await self._acquire_slot(is_train, others, self._wait_timeout())
-                    held = True
-                except asyncio.TimeoutError:
-                    pass  # its server stayed busy or went down: any server will do
-            if held:
-                try:
-                    return await self.servers[idx].run_request(
-                        kind, kwargs, slot_held=True, fail_fast=True
-                    )
-                except Exception as e:  # classified by _call_with_failover
-                    first = (idx, e)
-                finally:
-                    self._release(idx, is_train)
-        return await self._call_with_failover(kind, kwargs, is_train, started, first, session)
-
-    def _pin(self, session: str, idx: int) -> None:
-        affinity = self._affinity
-        if affinity.get(session) == idx:
-            return
-        if session not in affinity and len(affinity) >= MAX_PINNED_SESSIONS:
-            affinity.pop(next(iter(affinity)))  # the oldest pin
-        affinity[session] = idx
-
-    def _on_failure(self, idx: int, error: BaseException, exclude: set[int]) -> None:
-        """Decide whether a failed attempt may be retried elsewhere; raise ``error`` if not."""
-        server = self.servers[idx]
-        if isinstance(error, ServerUnavailableError):
-            if not server._health_enabled:
-                exclude.add(idx)  # stays "healthy" without probes; do not retry it for this call
-            logger.warning("request failed on %s, trying another server: %s", server.name, error)
-            return
-        if is_client_error(error) or isinstance(error, (NotImplementedError, KeyError, ValueError)):
-            raise error
-        exclude.add(idx)
-        if not any(s.server_healthy and i not in exclude for i, s in enumerate(self.servers)):
-            raise error
-        logger.warning("request failed on %s, retrying on another server: %r", server.name, error)
-
-    async def _call_with_failover(
-        self,
-        kind: str,
-        kwargs: dict[str, Any],
-        is_train: bool,
-        started: float,
-        first: tuple[int, BaseException] | None,
-        session: str | None = None,
-    ) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = started + self._wait_timeout()
-        tried: list[int] = []
-        exclude: set[int] = set()
-        last_error: BaseException | None = None
-        max_tries = 2 * len(self.servers) + 2
-        if first is not None:
-            tried.append(first[0])
-            last_error = first[1]
-            self._on_failure(first[0], first[1], exclude)
-        while True:
-            if len(tried) >= max_tries:
-                raise NoHealthyServerError(
-                    self._describe(tried), loop.time() - started, last_error
-                ) from last_error
-            try:
-                # Past the deadline only servers not yet failed may be tried, without waiting.
-                if tried and loop.time() >= deadline:
-                    skip = frozenset(exclude | set(tried))
-                else:
-                    skip = frozenset(exclude) if exclude else _NO_EXCLUDE
-                idx = await self._acquire_slot(is_train, skip, deadline - loop.time())
-            except asyncio.TimeoutError:
-                names = self._describe(tried)
-                raise NoHealthyServerError(names, loop.time() - started, last_error) from last_error
-            tried.append(idx)
-            try:
-                result = await self.servers[idx].run_request(
-                    kind, kwargs, slot_held=True, fail_fast=True
-                )
-                if session is not None:
-                    self._pin(session, idx)
-                return result
-            except Exception as e:
-                last_error = e
-                self._on_failure(idx, e, exclude)
-            finally:
-                self._release(idx, is_train)
+    _resolve_configs = staticmethod(resolve_server_configs)
 
     async def wait_for_sem(self, is_training: bool = True) -> None:
         """Wait until some healthy server has a free slot (train or eval)."""
