@@ -1,4 +1,5 @@
-"""Server configs, the adaptive semaphore and the ``APIServer`` base class.
+"""The ``APIServer`` base class (server configs and the adaptive semaphore are importable from
+here too; they live in ``server_config`` and ``adaptive_semaphore``).
 
 ``APIServer`` owns the request path shared by every backend: a background health
 check, train/eval semaphores, retries (one tenacity policy, :meth:`APIServer.retrying`), attempt
@@ -16,16 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import math
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, ClassVar, Literal
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -34,283 +33,33 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.errors import (
     ServerUnavailableError,
     is_retryable,
     is_transport_error,
 )
 from atroposlib.envs.server_handling.sampling_record import note_request
+from atroposlib.envs.server_handling.server_config import (  # noqa: F401 - original import path
+    _CONFIG_DEFAULTS,
+    EFFORT_TO_MAX_TOKENS,
+    REASONING_EFFORTS,
+    VALID_REASONING_EFFORTS,
+    APIServerConfig,
+    OpenaiConfig,
+    ReasoningConfig,
+    ServerBaseline,
+    ServerType,
+    config_value,
+    invalid_effort_message,
+    is_official_openai,
+)
 from atroposlib.utils.aio import cancel_and_wait, within
 
 logger = logging.getLogger(__name__)
 
-ServerType = Literal["openai", "trl", "sglang", "vllm"]
-
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-VALID_REASONING_EFFORTS = set(REASONING_EFFORTS)
-"""The accepted reasoning efforts, as a set (the original's name)."""
 CLOSE_RECANCEL_S = 0.5
 """How long :meth:`APIServer.close` waits for the cancelled health loop before cancelling again."""
-EFFORT_TO_MAX_TOKENS: dict[str, int] = {
-    "none": 1024,
-    "minimal": 3200,
-    "low": 6400,
-    "medium": 16000,
-    "high": 25600,
-    "xhigh": 30400,
-}
-
-
-def invalid_effort_message(value: Any) -> str:
-    """The error for a reasoning effort outside :data:`REASONING_EFFORTS` (value and choices)."""
-    return f"Invalid reasoning_effort {value!r}. Must be one of: {', '.join(REASONING_EFFORTS)}"
-
-
-class ServerBaseline(BaseModel):
-    """Settings shared by every inference server (and the template for discovered servers)."""
-
-    timeout: int = Field(1200, description="Seconds before a request to the server times out.")
-    num_max_requests_at_once: int = Field(
-        512,
-        ge=1,
-        description="Maximum concurrent training requests to the server "
-        "(divide by n when you request n completions at once).",
-    )
-    num_requests_for_eval: int = Field(
-        64, ge=1, description="Maximum concurrent evaluation requests to the server."
-    )
-    model_name: str = Field("default", description="Model name sent with every request.")
-    rolling_buffer_length: int = Field(
-        1000, ge=1, description="Number of recent requests kept for timing metrics."
-    )
-    server_type: ServerType = Field(
-        "openai", description="Backend type: openai, trl, sglang or vllm."
-    )
-    tokenizer_name: str = Field(
-        "none", description="Tokenizer to load for this server ('none' means use model_name)."
-    )
-
-
-class APIServerConfig(ServerBaseline):
-    """Connection settings for one OpenAI-compatible inference server."""
-
-    api_key: str | None = Field("", description="API key sent to the server.")
-    base_url: str | None = Field(
-        "", description="Base URL of the server, e.g. http://localhost:9001/v1."
-    )
-    n_kwarg_is_ignored: bool = Field(
-        False,
-        description="The server ignores the n argument; send n separate requests instead.",
-    )
-    health_check: bool = Field(
-        True, description="Probe the server in the background and route around it when down."
-    )
-
-
-OpenaiConfig = APIServerConfig
-"""Older name of :class:`APIServerConfig`, kept for environments that import it."""
-
-_CONFIG_DEFAULTS: dict[str, Any] = {
-    name: field.default for name, field in APIServerConfig.model_fields.items()
-}
-
-
-def config_value(config: Any, name: str) -> Any:
-    """``config.<name>``, or the ``APIServerConfig`` default when ``config`` lacks it.
-
-    Servers built by users' tests often carry a minimal config object (say, a class with
-    only ``model_name``); the request path reads every optional setting through here so
-    that such a server works with the defaults.
-    """
-    return getattr(config, name, _CONFIG_DEFAULTS[name])
-
-
-class ReasoningConfig(BaseModel):
-    """Reasoning ("thinking") settings injected into chat completion requests.
-
-    Setting ``effort`` or ``max_tokens`` enables reasoning.
-
-    Example::
-
-        ReasoningConfig(effort="high").build_extra_body("https://openrouter.ai/api/v1")
-        # {"reasoning": {"enabled": True, "effort": "high"}}
-    """
-
-    enabled: bool | None = Field(False, description="Ask the server for reasoning output.")
-    effort: str | None = Field(
-        None, description="Reasoning effort: none, minimal, low, medium, high or xhigh."
-    )
-    max_tokens: int | None = Field(
-        None, ge=1, description="Token budget for reasoning (used when effort is not set)."
-    )
-
-    EFFORT_TO_MAX_TOKENS: ClassVar[dict[str, int]] = EFFORT_TO_MAX_TOKENS
-    """Token budget per effort, used by ``build_extra_body(use_max_tokens=True)``."""
-
-    @model_validator(mode="after")
-    def _auto_enable(self) -> ReasoningConfig:
-        if self.effort is not None and self.effort not in REASONING_EFFORTS:
-            raise ValueError(invalid_effort_message(self.effort))
-        self.enabled = bool(self.enabled)
-        if self.effort is not None or self.max_tokens is not None:
-            self.enabled = True
-        return self
-
-    @classmethod
-    def from_env_config(cls, env_config: Any) -> ReasoningConfig:
-        """The reasoning settings of an env config (``thinking_mode``, ``reasoning_effort``,
-        ``max_reasoning_tokens``); fields the config lacks count as unset."""
-        return cls(
-            enabled=bool(getattr(env_config, "thinking_mode", False)),
-            effort=getattr(env_config, "reasoning_effort", None),
-            max_tokens=getattr(env_config, "max_reasoning_tokens", None),
-        )
-
-    def is_reasoning_kwargs_active(self) -> bool:
-        """Whether chat requests get reasoning parameters injected (``build_extra_body`` is
-        not None): reasoning is enabled, or an effort or token budget is set."""
-        return bool(self.enabled) or self.effort is not None or self.max_tokens is not None
-
-    def build_extra_body(
-        self, base_url: str | None = None, use_max_tokens: bool = False
-    ) -> dict[str, Any] | None:
-        """The ``extra_body`` that asks ``base_url`` for reasoning, or None when disabled.
-
-        ``use_max_tokens`` converts an effort into a token budget with
-        :data:`EFFORT_TO_MAX_TOKENS` (for providers that only take budgets).
-        """
-        if not self.is_reasoning_kwargs_active():
-            return None
-        if is_official_openai(base_url):
-            return {"reasoning_effort": self.effort or "medium"}
-        reasoning: dict[str, Any] = {"enabled": True}
-        if self.effort is not None and use_max_tokens:
-            reasoning["max_tokens"] = self.EFFORT_TO_MAX_TOKENS[self.effort]
-        elif self.effort is not None:
-            reasoning["effort"] = self.effort
-        elif self.max_tokens is not None:
-            reasoning["max_tokens"] = self.max_tokens
-        return {"reasoning": reasoning}
-
-
-def is_official_openai(base_url: str | None) -> bool:
-    """True when ``base_url`` points at api.openai.com."""
-    return bool(base_url) and "api.openai.com" in str(base_url)
-
-
-class AsyncSemWithAdaptiveWeight:
-    """An asyncio semaphore whose usable capacity is about ``max_val * weight``.
-
-    ``acquire`` blocks while ``_value <= min_val()`` where ``min_val() = max_val *
-    (1 - weight)``; one request is always allowed when nothing is in flight, so a
-    weight near zero throttles but never deadlocks. Waiters are served FIFO.
-    ``add_listener`` registers a callback run after every release (the
-    ``ServerManager`` uses it to hand out freed slots without polling).
-    """
-
-    def __init__(self, value: int = 1):
-        if value < 0:
-            raise ValueError("semaphore initial value must be >= 0")
-        self.max_val = value
-        self._value = value
-        self.weight = 1.0
-        self._min = 0.0  # cached min_val(), recomputed when the weight changes
-        self._waiters: deque[asyncio.Future[bool]] = deque()
-        self._listeners: list[Callable[[], None]] = []
-
-    def min_val(self) -> float:
-        """The value below which ``acquire`` blocks."""
-        return self._min
-
-    def in_use(self) -> int:
-        """Slots currently held."""
-        return self.max_val - self._value
-
-    def _can_acquire(self) -> bool:
-        value = self._value
-        return value > self._min or (value >= self.max_val > 0)
-
-    def available(self) -> float:
-        """Free capacity right now (0 when callers are queued); hot path of the router."""
-        if self._waiters:
-            return 0.0
-        value = self._value
-        free = value - self._min
-        if free > 0:
-            return free
-        return 1.0 if value >= self.max_val > 0 else 0.0
-
-    def free_slots(self) -> int:
-        """Slots that could be acquired right now without waiting."""
-        return math.ceil(self.available())
-
-    def locked(self) -> bool:
-        """True when ``acquire`` would block."""
-        return not self._can_acquire() or bool(self._waiters)
-
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free now (no waiting); return whether it did."""
-        if self._waiters or not self._can_acquire():
-            return False
-        self._value -= 1
-        return True
-
-    async def acquire(self) -> bool:
-        """Wait for a slot and take it."""
-        if self.try_acquire():
-            return True
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # the slot was granted just before the cancellation
-            else:
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
-            raise
-        return True
-
-    def release(self) -> None:
-        """Give a slot back and wake the next waiter(s) that fit."""
-        if self._value >= self.max_val:
-            raise ValueError("AsyncSemWithAdaptiveWeight released more times than acquired")
-        self._value += 1
-        if self._waiters:
-            self._wake()
-        for listener in self._listeners:
-            listener()
-
-    def _wake(self) -> None:
-        while self._waiters and self._can_acquire():
-            fut = self._waiters.popleft()
-            if fut.done():
-                continue
-            self._value -= 1
-            fut.set_result(True)
-
-    def update_weight(self, weight: float) -> None:
-        """Set the share of ``max_val`` that may be in use (``weight`` >= 0)."""
-        self.weight = max(float(weight), 0.0)
-        self._min = self.max_val * (1.0 - self.weight)
-        self._wake()
-        for listener in self._listeners:
-            listener()
-
-    def add_listener(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` whenever slots may have become free."""
-        self._listeners.append(callback)
-
-    async def __aenter__(self) -> AsyncSemWithAdaptiveWeight:
-        await self.acquire()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
-
 
 if sys.version_info >= (3, 11):
 
