@@ -3,7 +3,8 @@
 Nothing under ``atroposlib/`` outside this package imports it: the product never
 depends on a fake. Each helper is written once here and imported by tests and benchmarks:
 
-- ``fake_server``: a deterministic OpenAI/vLLM/SGLang/TRL-speaking inference server;
+- ``fake_server``: a deterministic OpenAI/vLLM/SGLang/TRL-speaking inference server (its
+  settings, request models and byte tokens in ``fake_model``, its answers in ``fake_payloads``);
   ``lean_http``: the minimal HTTP/1.1 server it can run on so that, in benchmarks, the
   stand-in costs far less CPU than the client under test.
 - ``processes``: start a command in its own process group, wait for its health URL, stop it

@@ -3,7 +3,11 @@
 The faithful import paths are the submodules (``server_baseline``, ``server_manager``,
 ``openai_server``, ``vllm_server``, ``sglang_server``, ``trl_vllm_server``,
 ``server_harness``, ``managed_server``, ``managed_server_proxy``, ``proxy_client``);
-the most used names are re-exported here for convenience.
+the most used names are re-exported here for convenience. Behind those paths the pieces
+have their own modules: ``server_config`` and ``adaptive_semaphore`` (under
+``server_baseline``), ``server_routing`` and ``server_discovery`` (under ``server_manager``),
+``sequence_node``, ``managed_tokenizer``, ``managed_adapter`` and ``dummy_managed_server``
+(under ``managed_server``).
 """
 
 import importlib
