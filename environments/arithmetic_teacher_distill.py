@@ -29,12 +29,21 @@ from atroposlib.envs.teacher_distillation_env import (
     TeacherDistillationConfig,
     TeacherDistillationEnv,
 )
-from environments.arithmetic_server import (
-    ArithmeticEnv,
-    ArithmeticEnvConfig,
-    greedy_eval,
-    sft_examples,
-)
+
+try:
+    from environments.arithmetic_server import (
+        ArithmeticEnv,
+        ArithmeticEnvConfig,
+        greedy_eval,
+        sft_examples,
+    )
+except ModuleNotFoundError:  # run as a script (python environments/...): its folder is on the path
+    from arithmetic_server import (  # type: ignore[no-redef]
+        ArithmeticEnv,
+        ArithmeticEnvConfig,
+        greedy_eval,
+        sft_examples,
+    )
 
 __all__ = [
     "ArithmeticTeacherDistillConfig",
