@@ -296,3 +296,25 @@ def test_the_loss_tables_defaults_are_the_configs():
         "max_consecutive_skipped_steps": 5,
     }
     assert {k: getattr(c, k) for k in table} == table
+
+
+# --- example_trainer/README.md, "Env-supplied `ref_logprobs`" -----------------------------------
+# "the frozen reference model scores the rest (and is not run for a micro-batch whose every
+# token has one, in single-process runs)"
+
+
+def test_the_reference_model_is_not_run_where_the_env_sent_every_ref_logprob(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, kl_coef=0.1))
+    calls = []
+    trainer.ref_model.register_forward_hook(lambda *a: calls.append(1))
+    batch = make_batch(tiny_tokenizer, n_groups=2, group_size=4, seed=5)
+    trainer.train_on_batch(batch)
+    assert len(calls) == 2  # two micro-batches of 4, no env values: the model scores both
+    for group in batch:
+        group["ref_logprobs"] = [[-30.0] * len(t) for t in group["tokens"]]
+    calls.clear()
+    m = trainer.train_on_batch(batch)
+    assert calls == []
+    assert m["train/kl"] == pytest.approx(10.0)  # the env's values: x < −20, k3 clamped at 10
