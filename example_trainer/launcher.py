@@ -152,6 +152,7 @@ class Launcher:
         self.teacher_port = (config.teacher.port or free_port()) if config.teacher else 0
         self.teacher_url = f"http://127.0.0.1:{self.teacher_port}"
         self.teacher_info: Dict[str, Any] | None = None
+        self.teacher_model: str | None = None
         self.inference_version: int | None = None
         self.t0 = time.time()
         # Seconds per phase, shown while running and written to the summary.
@@ -253,6 +254,7 @@ class Launcher:
         if built:
             self.phases["teacher"] = time.time() - t
         self.teacher_info = dict(info)
+        self.teacher_model = model
         return model
 
     def start_teacher(self, teacher_model: str) -> None:
@@ -345,7 +347,7 @@ class Launcher:
             "--openai.api_key",
             "x",
             *(
-                teacher_env_flags(self.teacher_url, c.teacher.served_model_name)
+                teacher_env_flags(self.teacher_url, c.teacher.served_model_name, self.teacher_model)
                 if c.teacher is not None
                 else []
             ),

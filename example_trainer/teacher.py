@@ -136,9 +136,11 @@ def resolve_teacher(
     return str(info["model"]), info, True
 
 
-def teacher_env_flags(base_url: str, model_name: str) -> List[str]:
-    """The ``--teacher.*`` flags that point an environment at the teacher server."""
-    return [
+def teacher_env_flags(base_url: str, model_name: str, tokenizer: str | None = None) -> List[str]:
+    """The ``--teacher.*`` flags that point an environment at the teacher server;
+    ``tokenizer`` (the teacher's checkpoint) is what the environment compares with the
+    student's tokenizer, since the served name need not be a loadable path."""
+    flags = [
         "--teacher.base_url",
         f"{base_url.rstrip('/')}/v1",
         "--teacher.model_name",
@@ -148,3 +150,4 @@ def teacher_env_flags(base_url: str, model_name: str) -> List[str]:
         "--teacher.api_key",
         "x",
     ]
+    return flags + (["--teacher.tokenizer_name", tokenizer] if tokenizer else [])

@@ -71,9 +71,12 @@ def test_teacher_server_url_reaches_every_environment_and_only_with_a_teacher(tm
     assert flags["--teacher.model_name"] == "tch"
     assert flags["--teacher.server_type"] == "vllm"
     assert flags["--openai.model_name"] == "/student"
-    # A given checkpoint is served as is: nothing is built.
-    model, info, built = resolve_teacher(cfg.teacher, launcher.procs)
-    assert (model, built) == ("/teacher", False) and launcher.procs.children == {}
+    # A given checkpoint is served as is: nothing is built; the environment compares its
+    # tokenizer (the checkpoint's, not the served name's) with the student's.
+    assert launcher.prepare_teacher() == "/teacher" and launcher.procs.children == {}
+    cmd = launcher.env_cmd("environments/arithmetic_teacher_distill.py", "/student")
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
+    assert flags["--teacher.tokenizer_name"] == "/teacher"
     plain = config_from_args(["--run-dir", str(tmp_path / "plain")])
     assert not any(a.startswith("--teacher.") for a in Launcher(plain).env_cmd("e.py", "/s"))
 
