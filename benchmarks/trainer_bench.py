@@ -22,19 +22,17 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from example_trainer.config import TrainingConfig
+from example_trainer.data import pad_data_to_good_offset
+from example_trainer.trainers import GRPOTrainer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from example_trainer.config import TrainingConfig  # noqa: E402
-from example_trainer.data import pad_data_to_good_offset  # noqa: E402
-from example_trainer.trainers import GRPOTrainer  # noqa: E402
 
 
 def synthetic_batch(
