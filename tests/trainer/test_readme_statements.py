@@ -318,3 +318,23 @@ def test_the_reference_model_is_not_run_where_the_env_sent_every_ref_logprob(
     m = trainer.train_on_batch(batch)
     assert calls == []
     assert m["train/kl"] == pytest.approx(10.0)  # the env's values: x < −20, k3 clamped at 10
+
+
+# --- example_trainer/README.md, `--max-consecutive-skipped-steps` -------------------------------
+# "a step whose gradient is not finite is skipped (weights and optimizer state kept,
+# `train/skipped_steps` counts them); `n` in a row stop the run (exit 1) with a message; 0 = never
+# stop"
+
+
+def test_zero_consecutive_skipped_steps_never_stops_the_run(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    trainer = GRPOTrainer(cpu_config(tiny_model_dir, tmp_path, max_consecutive_skipped_steps=0))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.model.register_forward_hook(
+        lambda m, a, out: setattr(out, "logits", out.logits * math.nan)
+    )
+    for k in (1, 2):
+        m = trainer.train_on_batch(make_batch(tiny_tokenizer, seed=k))
+        assert m["train/skipped_steps"] == k
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
