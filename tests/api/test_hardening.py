@@ -327,17 +327,22 @@ def test_persist_recover_salvages_what_it_can_and_reports_it(tmp_path, caplog, m
     assert check_database(db) is None
 
 
-def test_damaged_database_exits_without_a_traceback(crashed: Path, tmp_path):
+def test_damaged_database_exits_without_a_traceback(
+    crashed: Path, tmp_path, caplog, capsys, monkeypatch
+):
+    import atroposlib.cli.run_api as run_api
+
+    def serve(*args, **kwargs):
+        raise AssertionError("run-api started on a damaged database")
+
+    monkeypatch.setattr(run_api.uvicorn, "run", serve)
     db = _copy(crashed, tmp_path / "copy")
     _damage("truncated WAL", db)
-    run = subprocess.run(
-        [PYTHON, "-m", "atroposlib.cli.run_api", "--persist", str(db), "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    out = run.stdout + run.stderr
-    assert run.returncode == 2 and "--persist-recover" in out and "Traceback" not in out
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as info:
+        run_api.main(["--persist", str(db), "--port", str(free_port())])
+    captured = capsys.readouterr()
+    out = caplog.text + captured.out + captured.err
+    assert info.value.code == 2 and "--persist-recover" in out and "Traceback" not in out
 
 
 # ------------------------------------------------------------ 12. in-flight bodies

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -196,19 +197,17 @@ def _run_cli(module: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_bad_input_gives_a_message_and_exit_code_not_a_traceback(
-    tmp_path: Path, write_jsonl, make_group, capsys
+    tmp_path: Path, write_jsonl, make_group, capsys, caplog
 ) -> None:
     bad = write_jsonl(tmp_path / "bad.jsonl", [make_group("q", ["a", "b"], [1.0, 0.0]), "{broken"])
-    proc = _run_cli(
-        "atroposlib.cli.sft",
-        str(tmp_path / "o_bad.jsonl"),
-        "--from-file",
-        str(bad),
-        "--save-messages",
-        "--no-progress",
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "bad.jsonl:2: not valid JSON" in proc.stderr and "Traceback" not in proc.stderr
+    with caplog.at_level(logging.WARNING):
+        code = sft.main(
+            [str(tmp_path / "o_bad.jsonl"), "--from-file", str(bad), "--save-messages"]
+            + ["--no-progress"]
+        )
+    err = caplog.text + capsys.readouterr().err
+    assert code == 2, err
+    assert "bad.jsonl:2: not valid JSON" in err and "Traceback" not in err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     for src, expected in ((empty, "the file is empty"), (tmp_path / "nope.jsonl", "no such file")):
@@ -226,6 +225,8 @@ def test_bad_input_gives_a_message_and_exit_code_not_a_traceback(
 
 
 def test_unreachable_api_gives_a_message_and_exit_code(tmp_path: Path, port: int) -> None:
+    """``atropos-dpo-gen``'s process smoke (``atropos-sft-gen``'s is
+    tests/tools/test_live_api.py::test_sft_gen_live_collects_from_batches)."""
     proc = _run_cli(
         "atroposlib.cli.dpo",
         str(tmp_path / "o.jsonl"),
