@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -97,6 +96,7 @@ def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
 
 
 def test_console_entry_exits_2_on_unknown_flag():
+    """``atropos-grpo``'s process smoke: the console module, in a process of its own."""
     proc = subprocess.run(
         [sys.executable, "-m", "example_trainer.grpo", "--model-name", "m", "--bogus"],
         capture_output=True,
@@ -161,32 +161,41 @@ def test_model_name_spelled_as_a_missing_path_is_refused(name, capsys):
     assert f"{name} does not exist" in capsys.readouterr().err
 
 
-def test_missing_model_path_exits_2_with_one_line():
-    proc = subprocess.run(
-        [sys.executable, "-m", "example_trainer.grpo", "--model-name", "/does/not/exist"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "/does/not/exist does not exist" in lines[0], proc.stderr
+@pytest.fixture
+def grpo_main(monkeypatch):
+    """``atropos-grpo``'s ``main`` (the console entry), callable in-process: the signal and
+    parent-death supervision it installs first belongs to a process of its own, not this one."""
+    from example_trainer import grpo
+
+    monkeypatch.setattr(grpo.supervision, "install", lambda *a, **k: None)
+    return grpo.main
 
 
-def test_unresolvable_hub_name_offline_exits_2_with_one_line(tmp_path):
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_HOME": str(tmp_path),  # an empty cache
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "example_trainer.grpo", "--model-name", "someorg/no-such-model"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+def test_missing_model_path_exits_2_with_one_line(grpo_main, capsys):
+    with pytest.raises(SystemExit) as exc:
+        grpo_main(["--model-name", "/does/not/exist"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "/does/not/exist does not exist" in lines[0], err
+
+
+def test_unresolvable_hub_name_offline_exits_2_with_one_line(
+    grpo_main, tmp_path, capsys, monkeypatch
+):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
+    verbosity = huggingface_hub.logging.get_verbosity()
+    try:
+        code = grpo_main(["--model-name", "someorg/no-such-model"])
+    finally:
+        huggingface_hub.logging.set_verbosity(verbosity)
+    assert code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert "someorg/no-such-model" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
