@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -58,35 +57,52 @@ def test_the_lock_pins_every_direct_dependency_inside_its_declared_range():
         assert req.specifier.contains(pins[name], prereleases=True), (name, pins[name])
 
 
-def _fake_distribution(root: Path, name: str, version: str) -> Path:
-    """A dist-info directory that makes importlib.metadata report ``version`` for ``name``
-    (placed on PYTHONPATH ahead of site-packages); the real package still imports."""
-    info = root / f"{name}-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    return root
+def _past_the_check(*args, **kwargs):
+    raise AssertionError("the command went on past the dependency check")
+
+
+def _serve_model(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from atroposlib.cli import serve_model
+
+    monkeypatch.setattr(serve_model, "validate", _past_the_check)
+    serve_model.main(argv)
+
+
+def _grpo(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from example_trainer import grpo
+
+    # The signal and parent-death supervision main installs first is a process's own.
+    monkeypatch.setattr(grpo.supervision, "install", lambda *a, **k: None)
+    monkeypatch.setattr(grpo, "model_problem", _past_the_check)
+    grpo.main(argv)
 
 
 @pytest.mark.smoke
 @pytest.mark.parametrize(
-    "command",
+    "main, command",
     [
-        ["-m", "atroposlib.cli.serve_model", "MODEL"],
-        ["-m", "example_trainer.grpo", "--model-name", "MODEL", "--training-steps", "1"],
+        (_serve_model, ["MODEL"]),
+        (_grpo, ["--model-name", "MODEL", "--training-steps", "1"]),
     ],
     ids=["atropos-serve-model", "atropos-grpo"],
 )
-def test_commands_exit_2_at_start_on_an_unsupported_transformers(command, tmp_path, tiny_model_dir):
-    import os
+def test_commands_exit_2_at_start_on_an_unsupported_transformers(
+    main, command, tiny_model_dir, monkeypatch, capsys
+):
+    """The console entries' ``main``, called in-process with transformers' metadata saying
+    4.40.0 (the real package still imports): exit 2 with one line, before anything starts."""
+    from importlib import metadata
 
-    fake = _fake_distribution(tmp_path / "site", "transformers", "4.40.0")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT)])}
-    argv = [str(tiny_model_dir) if a == "MODEL" else a for a in command]
-    proc = subprocess.run(
-        [sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120
+    real = metadata.version
+    monkeypatch.setattr(
+        metadata, "version", lambda name: "4.40.0" if name == "transformers" else real(name)
     )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    argv = [str(tiny_model_dir) if a == "MODEL" else a for a in command]
+    with pytest.raises(SystemExit) as exc:
+        main(argv, monkeypatch)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     floor = declared_ranges()["transformers"].specifier
     assert "transformers 4.40.0 is installed" in lines[0] and str(floor) in lines[0]
