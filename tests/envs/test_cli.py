@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -219,15 +219,14 @@ def test_evaluate_config_yaml_has_merged_values(tmp_path):
     assert saved["slurm"] is False
 
 
-def test_script_exits_2_on_unknown_flag():
-    proc = subprocess.run(
-        [sys.executable, str(TRIVIAL), "serve", "--env.bogus", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert "--env.bogus" in proc.stderr
+def test_script_exits_2_on_unknown_flag(capsys, monkeypatch):
+    """The environment file run as a script (its ``__main__`` block, ``TrivialEnv.cli()``),
+    in-process with the script's ``sys.argv``."""
+    monkeypatch.setattr(sys, "argv", [str(TRIVIAL), "serve", "--env.bogus", "1"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(TRIVIAL), run_name="__main__")
+    assert exc.value.code == 2
+    assert "--env.bogus" in capsys.readouterr().err
 
 
 def test_server_manager_options_are_accepted_and_validated(tmp_path):
