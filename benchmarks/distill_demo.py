@@ -18,6 +18,7 @@ Usage::
     python benchmarks/distill_demo.py --runs 5
     python benchmarks/distill_demo.py --runs 5 --rl-runs 2 --json distill.json
     python benchmarks/distill_demo.py --summaries runs/distill-demo/*/summary.json
+    python benchmarks/distill_demo.py --summaries A/summary.json B/summary.json --budget-steps 150
 """
 
 from __future__ import annotations
@@ -107,6 +108,18 @@ def run_from_summary(
     )
 
 
+def at_step_budget(run: Run, steps: int) -> Run:
+    """``run`` as if it had stopped at ``steps``: after = mean of its last three evals at or
+    before that step (how a longer run, e.g. the teacher's own RL, compares at the
+    distillation's step budget)."""
+    evals = [e for e in run.evals if e["step"] <= steps]
+    points = [e for e in evals if e["label"] != "before"][-3:]
+    after = sum(e["score"] for e in points) / len(points) if points else None
+    return Run(
+        **{**asdict(run), "after": after, "evals": evals, "steps": min(run.steps or 0, steps)}
+    )
+
+
 def command(config: Path, run_dir: Path, steps: int | None) -> List[str]:
     """The ``atropos-grpo-run`` command line of one run."""
     cmd = [sys.executable, "-m", "example_trainer.run", "--config", str(config)]
@@ -176,6 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="Report on these summary.json files instead of running (with a teacher: distill).",
     )
+    p.add_argument(
+        "--budget-steps",
+        type=int,
+        help="With --summaries: score each run by its evals up to this step (its last three).",
+    )
     ns = p.parse_args(argv)
     if ns.summaries:
         loaded = [json.loads(s.read_text()) for s in ns.summaries]
@@ -183,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [
             run_from_summary("distill" if s.get("teacher") else "rl", s, teacher) for s in loaded
         ]
+        if ns.budget_steps is not None:
+            runs = [at_step_budget(r, ns.budget_steps) for r in runs]
         print(report(runs))
         return 0
     import yaml
