@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             r = run_from_summary(kind, done.summary, teacher, done.load)
         runs.append(r)
-        print(report([r]).splitlines()[2], flush=True)
+        print(row(counts[kind], r), flush=True)
     print(report(runs))
     if ns.json:
         ns.json.write_text(
