@@ -29,7 +29,11 @@ from atroposlib.envs.teacher_distillation_env import (
     TeacherDistillationConfig,
     TeacherDistillationEnv,
 )
-from environments.gsm8k_server import DEFAULT_MODEL, GSM8kConfig, GSM8kEnv
+
+try:
+    from environments.gsm8k_server import DEFAULT_MODEL, GSM8kConfig, GSM8kEnv
+except ModuleNotFoundError:  # run as a script (python environments/...): its folder is on the path
+    from gsm8k_server import DEFAULT_MODEL, GSM8kConfig, GSM8kEnv  # type: ignore[no-redef]
 
 TEACHER_BASE_URL = "http://localhost:9003/v1"
 

@@ -79,3 +79,23 @@ def test_process_mode_writes_groups_with_teacher_top_k(
 
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
+
+
+def test_the_file_runs_as_a_script_from_another_folder(tmp_path):
+    # ``python environments/gsm8k_server_teacher_distill.py ...`` (as the launcher and the
+    # README start environments): the ``environments`` package is not importable there, the
+    # file's own folder is.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(distill_env.__file__).resolve()
+    done = subprocess.run(
+        [sys.executable, str(script), "process", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--env.teacher_top_k" in done.stdout
