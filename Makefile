@@ -14,10 +14,10 @@ TORCH  := requirements-torch.txt
 # The smoke subset: tests marked `smoke` in these files (serve-model completion and /generate
 # against a plain forward, the cache contract, one trainer step, an environment in process mode,
 # run-api ingest and /batch, view-run --file, the start-up version check).
-SMOKE  := tests/serve_model/test_transformers_contract.py tests/serve_model/test_openai_api.py \
-	tests/serve_model/test_generate_and_clients.py tests/trainer/test_checkpoint_resume.py \
+SMOKE  := tests/serving/test_transformers_contract.py tests/serving/test_openai_api.py \
+	tests/serving/test_generate_and_clients.py tests/example_trainer/test_checkpoint_resume.py \
 	tests/environments/test_arithmetic_process.py tests/api/test_endpoints.py \
-	tests/tools/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
+	tests/cli/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
 SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 .PHONY: install test test-tier2 test-all demo lint format config-docs bench browser slurm clean lock test-latest test-oldest

@@ -67,16 +67,16 @@ TIER2_IMPLIED_BY = ("slow", "vllm", "multinode", "slurm")
 # the per-file report's (.cache/test-times.json) on a loaded 2-core machine, 2026-11-28.
 TIER2_TESTS = (
     # full stacks: atropos-grpo-run / torchrun with run-api, serve-model and environments
-    "tests/trainer/test_supervision.py",  # 270 s: three torchrun runs, ended three ways
-    "tests/trainer/test_e2e.py",  # 150 s: the one-command run, and the launcher killed twice
-    "tests/trainer/test_grad_parity.py",  # 100 s: two torchrun ranks vs one process
-    "tests/trainer/test_distributed.py",  # 55 s: the same loss curve on two processes
+    "tests/example_trainer/test_supervision.py",  # 270 s: three torchrun runs, ended three ways
+    "tests/example_trainer/test_e2e.py",  # 150 s: the one-command run, and the launcher killed twice
+    "tests/example_trainer/test_grad_parity.py",  # 100 s: two torchrun ranks vs one process
+    "tests/example_trainer/test_distributed.py",  # 55 s: the same loss curve on two processes
     "tests/envs/test_async_versions.py",  # 35 s: a trainer, serve-model and an environment
     "tests/envs/test_serve_loop.py",  # 30 s: no group lost across 503s and an API restart
     # server restarts
-    "tests/trainer/test_sync_and_api.py::test_lora_restart_serves_the_merged_adapter",  # 50 s
-    "tests/trainer/test_sync_and_api.py::test_restart_mode_restarts_a_real_server",  # 50 s
-    "tests/trainer/test_original_interface.py::test_vllm_manager_functions_over_a_real_server",
+    "tests/example_trainer/test_sync_and_api.py::test_lora_restart_serves_the_merged_adapter",  # 50 s
+    "tests/example_trainer/test_sync_and_api.py::test_restart_mode_restarts_a_real_server",  # 50 s
+    "tests/example_trainer/test_original_interface.py::test_vllm_manager_functions_over_a_real_server",
     "tests/environments/test_textarena_opponent.py::test_process_mode_against_a_second_serve",
     "tests/environments/test_gsm8k_teacher_distill.py",  # 18 s: a second serve-model as teacher
     "tests/server_handling/test_proxy_abandoned.py",  # 28 s: its own slot-limited serve-model
@@ -90,19 +90,19 @@ TIER2_TESTS = (
     "tests/environments/test_textarena_workers.py::test_games_hung_in_c_end_at_the_limit",
     "tests/compat/test_env_files.py::test_env_stops_after_max_server_downtime",
     "tests/server_handling/test_proxy_body_timeout.py",  # 20 s: bodies that trickle to a timeout
-    "tests/serve_model/test_swap_in_place.py::test_in_place_loader_holds_one_tensor_at_a_time",
-    "tests/tools/test_view_run.py::test_file_mode_page_shows_group_text_and_score_in_chromium",
+    "tests/serving/test_swap_in_place.py::test_in_place_loader_holds_one_tensor_at_a_time",
+    "tests/cli/test_view_run.py::test_file_mode_page_shows_group_text_and_score_in_chromium",
     # the slowest files left after the above on a fresh clone (590 s default tier, load ~1,
     # 2026-11-28): each starts its own processes (environments, servers, a Gradio app)
     "tests/compat/test_env_files.py",  # 44 s: the original's env files run as processes
     "tests/environments/test_verifiers_v1.py",  # 26 s: verifiers tasksets through the proxy
     "tests/server_handling/test_proxy_hostile.py",  # 25 s: hostile clients against the proxy
     "tests/envs/test_sampling_record.py",  # 21 s: environments against serve-model
-    "tests/tools/test_view_run.py",  # 20 s: the Gradio viewer
-    "tests/serve_model/test_weight_check.py",  # 15 s: checkpoints refused by a real server
+    "tests/cli/test_view_run.py",  # 20 s: the Gradio viewer
+    "tests/serving/test_weight_check.py",  # 15 s: checkpoints refused by a real server
     "tests/api/test_schemathesis.py",  # 13 s: property-based requests to run-api
     "tests/api/test_disk_full.py",  # 12 s: run-api on a full file system
-    "tests/serve_model/test_body_timeout.py",  # 10 s: bodies that trickle to a timeout
+    "tests/serving/test_body_timeout.py",  # 10 s: bodies that trickle to a timeout
     "tests/utils/test_pipelining_bound.py",  # 10 s: connections whose answers are not taken
 )
 

@@ -7,7 +7,7 @@ argument ``past_key_values`` to ``cache``; 4.x sizes masks from a ``cache_positi
 tensor where 5.x passes a query length). This module is written against the
 interface as documented and accepts the extra arguments newer versions pass, so a
 release that changes it breaks here, and the contract test
-(``tests/serve_model/test_transformers_contract.py``) is what fails first.
+(``tests/serving/test_transformers_contract.py``) is what fails first.
 
 What the rest of the package may use:
 

@@ -23,7 +23,7 @@ from atroposlib.testing.launch import run_api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
 from atroposlib.testing.trainer import register_trainer
-from tests.serve_model.support import direct_logprobs, serve_cmd
+from tests.serving.support import direct_logprobs, serve_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNCS = 5

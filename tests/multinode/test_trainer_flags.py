@@ -16,7 +16,7 @@ from example_trainer.config import TrainingConfig
 from example_trainer.launcher import Launcher, rendezvous_flags
 from example_trainer.run_config import RunConfig
 from example_trainer.weight_sync import HttpReloadSync, LoraOnlySync, WeightSyncError
-from tests.trainer.test_sync_and_api import _Server
+from tests.example_trainer.test_sync_and_api import _Server
 
 # --- atropos-grpo ------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import yaml
 from atroposlib.testing.multinode import MARK_ENV, marked_processes, signal_processes
 from atroposlib.testing.ports import free_port
 from atroposlib.utils.parent_death import die_with_parent
-from tests.trainer.conftest import make_batch
+from tests.example_trainer.conftest import make_batch
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(600)]
 

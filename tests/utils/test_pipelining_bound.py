@@ -17,7 +17,7 @@ from atroposlib.testing.pipelining import assert_flood_grows_server_little
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 from tests.api.conftest import start_api
-from tests.serve_model.support import serve_cmd
+from tests.serving.support import serve_cmd
 
 
 def _server_grows_little(port: int, pid: int) -> None:
