@@ -381,3 +381,27 @@ def test_the_cycle_detector_on_a_synthetic_package(tmp_path):
     assert len(problems) == 3
     assert problems[0].startswith("new import cycle among ['pkg.f', 'pkg.g']")
     assert "KNOWN_CYCLES['gone'] is no longer a cycle" in problems[2]
+
+
+# Test folders that exercise several packages together rather than one.
+CROSS_CUTTING_TEST_DIRS = {"compat", "docs", "multinode", "routers", "slurm", "vllm"}
+
+
+def test_test_folders_are_named_after_the_packages_they_test():
+    """``tests/<name>/`` mirrors a package: a sub-package of ``atroposlib`` (or of
+    ``atroposlib.envs``), ``example_trainer`` or ``environments``; the few cross-cutting
+    folders are listed above."""
+    root = Path(__file__).resolve().parent
+    repo = root.parent
+    packages = {p.name for p in (repo / "atroposlib").iterdir() if (p / "__init__.py").exists()}
+    packages |= {
+        p.name for p in (repo / "atroposlib" / "envs").iterdir() if (p / "__init__.py").exists()
+    }
+    packages |= {"example_trainer", "environments"}
+    folders = {
+        d.name
+        for d in root.iterdir()
+        if d.is_dir() and any(d.glob("test_*.py")) and not d.name.startswith((".", "_"))
+    }
+    strays = sorted(folders - packages - CROSS_CUTTING_TEST_DIRS)
+    assert not strays, f"test folders named after no package: {strays}"
