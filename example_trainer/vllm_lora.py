@@ -27,14 +27,16 @@ from typing import Callable, Sequence
 
 import httpx
 
+from example_trainer.config_groups import LoraOptions
+
 VLLM_ADAPTER_NAME = "policy-lora"
 """The model name the trained adapter is served under by vLLM's own server (``lora_only``)."""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.32 accepts for ``--max-lora-rank``."""
 
-DEFAULT_LORA_R = 16
-"""The trainer's default ``lora_r`` (``LoraConfig.lora_r``)."""
+DEFAULT_LORA_R: int = LoraOptions.model_fields["lora_r"].default
+"""The trainer's default ``lora_r`` (read from its config model, so the two cannot drift)."""
 
 
 class AdapterWaitError(RuntimeError):
