@@ -9,6 +9,7 @@ a wall-time limit that each script sets (``DemoRun.MAX_WALL_S``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -103,14 +104,8 @@ def run_demo(
     env = {**os.environ, **env}
     sampler = LoadSampler(load_every) if load_every is not None else None
     t0 = time.time()
-    with log.open("w") as f:
-        if sampler is not None:
-            with sampler:
-                rc = subprocess.call(
-                    list(cmd), cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT
-                )
-        else:
-            rc = subprocess.call(list(cmd), cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    with log.open("w") as f, sampler if sampler is not None else contextlib.nullcontext():
+        rc = subprocess.call(list(cmd), cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
     wall = time.time() - t0
     path = run_dir / "summary.json"  # run_dir is a link to the run's own directory
     summary = json.loads(path.read_text()) if path.exists() else None
@@ -147,15 +142,20 @@ def aggregate(runs: Sequence[DemoRun], keys: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
+def spread(values: Sequence[float], spec: str) -> str:
+    """``median (min to max)`` of ``values`` in format ``spec``; a dash when there are none."""
+    if not values:
+        return "—"
+    med = statistics.median(values)
+    return f"{format(med, spec)} ({format(min(values), spec)} to {format(max(values), spec)})"
+
+
 def summary_line(runs: Sequence[DemoRun], keys: Sequence[Tuple[str, str]]) -> str:
-    """ "N of M runs meet the bar; KEY median X (MIN to MAX); ..." for each (key, format)."""
-    agg = aggregate(runs, [k for k, _ in keys])
-    parts = [f"{agg['meet_bar']} of {agg['runs']} runs meet the bar"]
+    """ "N of M runs meet the bar; KEY median X (MIN to MAX); ..." for each (key, format)
+    that some run has."""
+    parts = [f"{sum(r.meets_bar for r in runs)} of {len(runs)} runs meet the bar"]
     for key, spec in keys:
-        if key in agg:
-            a = agg[key]
-            parts.append(
-                f"{key} median {format(a['median'], spec)} "
-                f"({format(a['min'], spec)} to {format(a['max'], spec)})"
-            )
+        values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+        if values:
+            parts.append(f"{key} median {spread(values, spec)}")
     return "; ".join(parts)

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.demo_runs import fmt, run_demo  # noqa: E402
+from benchmarks.demo_runs import fmt, run_demo, spread  # noqa: E402
 
 CONFIGS = ROOT / "example_trainer" / "configs"
 DISTILL = CONFIGS / "distill_cpu.yaml"
@@ -138,14 +138,6 @@ def row(i: int, r: Run) -> str:
         f"{r.wall_s:.0f} s{build} | {load} | "
         f"{'yes' if r.meets_bar else 'no' + ('' if r.status == 'ok' else f' ({r.status})')} |"
     )
-
-
-def spread(values: Sequence[float], spec: str) -> str:
-    """``median (min to max)``."""
-    if not values:
-        return "—"
-    med = statistics.median(values)
-    return f"{format(med, spec)} ({format(min(values), spec)} to {format(max(values), spec)})"
 
 
 def report(runs: Sequence[Run]) -> str:
