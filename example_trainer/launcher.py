@@ -287,7 +287,18 @@ class Launcher:
             cmd, env = self.inference_cmd(model)
             self.procs.start("inference", cmd, extra_env=env)
             self.procs.wait_healthy("inference", f"{self.inf_url}/health", c.startup_timeout)
+            if c.inference_backend == "vllm" and not c.trainer.get("resume"):
+                self._name_vllm_start_version()
         self.procs.wait_healthy("api", f"{self.api_url}/health", c.startup_timeout)
+
+    def _name_vllm_start_version(self) -> None:
+        """vLLM names the weights it starts with ``"default"``, which is no policy version:
+        name them step 0, so the rollouts made before the first update carry a version too."""
+        try:
+            url = f"{self.inf_url}/update_weight_version"
+            httpx.post(url, json={"new_version": "0"}, timeout=30.0).raise_for_status()
+        except httpx.HTTPError as exc:
+            logger.warning("could not set vLLM's weight version to 0 (%s)", exc)
 
     def trainer_cmd(self, model: str) -> List[str]:
         """The ``atropos-grpo`` command line (under ``torchrun`` for several processes)."""

@@ -103,10 +103,12 @@ def test_grpo_run_serves_with_vllm_and_reloads_weights_every_step(
     assert summary["status"] == "ok"
     assert summary["inference_weights_version"] == 5  # vLLM's /weight_info at the end
     assert 0.0 <= summary["eval_before"] <= 1.0 and 0.0 <= summary["eval_after"] <= 1.0
-    # The environment's rollouts carried vLLM's weight version (the trainer's step) into the
-    # groups trained on: the trainer measured how stale they were.
-    stale = [r["off_policy/staleness_max"] for r in rows if "off_policy/staleness_max" in r]
-    assert stale and all(0 <= s <= 3 for s in stale), rows
+    # The environment's rollouts carried vLLM's weight version (the trainer's step; 0 for the
+    # weights vLLM started with, which vLLM itself calls "default") into every batch trained
+    # on: the trainer measured how stale each was.
+    stale = [r.get("off_policy/staleness_max") for r in rows]
+    assert all(s is not None and 0 <= s <= 3 for s in stale), stale
+    assert rows[0]["off_policy/policy_version_min"] == 0.0, rows[0]
     # Nothing of the run is left: vLLM's server and engine processes included.
     assert any("vllm.entrypoints.openai.api_server" in c for c in cmdlines), cmdlines
     left = [p for p in seen.values() if _alive(p)]
