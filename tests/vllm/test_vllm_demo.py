@@ -107,7 +107,8 @@ def test_grpo_run_serves_with_vllm_and_reloads_weights_every_step(
     # weights vLLM started with, which vLLM itself calls "default") into every batch trained
     # on: the trainer measured how stale each was.
     stale = [r.get("off_policy/staleness_max") for r in rows]
-    assert all(s is not None and 0 <= s <= 3 for s in stale), stale
+    # (at most the updates made before that step: the environment may run ahead of them)
+    assert all(s is not None and 0 <= s <= i for i, s in enumerate(stale)), stale
     assert rows[0]["off_policy/policy_version_min"] == 0.0, rows[0]
     # Nothing of the run is left: vLLM's server and engine processes included.
     assert any("vllm.entrypoints.openai.api_server" in c for c in cmdlines), cmdlines
