@@ -36,6 +36,7 @@ from .vllm_lora import (
     serves_adapter,
     wait_for_adapter,
 )
+from .vllm_weights import VLLMWeightClient, VLLMWeightError
 
 logger = logging.getLogger("atropos-grpo-run")
 
@@ -295,9 +296,8 @@ class Launcher:
         """vLLM names the weights it starts with ``"default"``, which is no policy version:
         name them step 0, so the rollouts made before the first update carry a version too."""
         try:
-            url = f"{self.inf_url}/update_weight_version"
-            httpx.post(url, json={"new_version": "0"}, timeout=30.0).raise_for_status()
-        except httpx.HTTPError as exc:
+            VLLMWeightClient(self.inf_url, timeout=30.0).set_version(0)
+        except VLLMWeightError as exc:
             logger.warning("could not set vLLM's weight version to 0 (%s)", exc)
 
     def trainer_cmd(self, model: str) -> List[str]:
@@ -503,8 +503,7 @@ class Launcher:
     def _inference_version(self) -> int | None:
         try:
             if self.config.inference_backend == "vllm":
-                got = httpx.get(f"{self.inf_url}/weight_info", timeout=5.0).json()
-                version = got.get("weight_version")
+                version = VLLMWeightClient(self.inf_url, timeout=5.0).weight_version()
                 return int(version) if str(version).isdigit() else None
             return httpx.get(f"{self.inf_url}/health", timeout=5.0).json().get("version")
         except (httpx.HTTPError, ValueError, AttributeError):
