@@ -34,7 +34,9 @@ def test_an_earlier_freeze_stands():
     before = gc.get_freeze_count()
     with startup_objects_frozen() as froze:
         assert not froze
-    assert gc.get_freeze_count() == before
+    # frozen objects that die meanwhile (another thread's garbage) leave the count, so the
+    # count may drop a little; undoing the earlier freeze would drop it to 0
+    assert gc.get_freeze_count() > before // 2
 
 
 def test_the_rollout_api_run_in_process_leaves_no_freeze_behind():
