@@ -225,18 +225,21 @@ class _Conn(asyncio.Protocol):
             if self.trailer_bytes > MAX_HEADER_BYTES:
                 self._stop(MalformedAnswer(f"answer trailers exceed {MAX_HEADER_BYTES} bytes"))
             return
-        self._count_head(len(name) + len(value) + 4)
+        # The bound on the header block itself: one read can carry it whole, body included,
+        # and completes it before data_received's count of the bytes read so far is checked.
+        # (Counted inline: this runs for every header of every answer.)
+        self.head_parsed += len(name) + len(value) + 4
+        if self.head_parsed > MAX_HEADER_BYTES:
+            self._head_too_large()
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
 
     def on_status(self, reason: bytes) -> None:
-        self._count_head(len(reason) + 15)
-
-    def _count_head(self, n: int) -> None:
-        # The bound on the header block itself: one read can carry it whole, body included,
-        # and completes it before data_received's count of the bytes read so far is checked.
-        self.head_parsed += n
+        self.head_parsed += len(reason) + 15
         if self.head_parsed > MAX_HEADER_BYTES:
-            self._stop(MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes"))
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        self._stop(MalformedAnswer(f"answer headers exceed {MAX_HEADER_BYTES} bytes"))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
