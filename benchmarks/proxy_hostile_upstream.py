@@ -1,7 +1,7 @@
 """The managed-server proxy in front of a hostile inference server (issue: "a hostile or broken
 upstream exhausts the proxy").
 
-Starts the hostile upstream double (``tests/server_handling/hostile_upstream.py``) and a proxy
+Starts the hostile upstream double (``tests/hostile_upstream.py``) and a proxy
 process over it, then for each hostile answer posts one chat request while a thread polls
 ``/health``. Prints the answer's status and time, the proxy's RSS before / at its peak /
 after (read from ``/proc``, so the machine's load does not change it), and the slowest
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from atroposlib.testing.ports import free_port  # noqa: E402
 from atroposlib.testing.processes import PYTHON, start_process, stop_process, wait_http  # noqa: E402
 from atroposlib.tiny_model import load_tiny_tokenizer  # noqa: E402
-from tests.server_handling.hostile_upstream import HOSTILE, Upstream  # noqa: E402
+from tests.hostile_upstream import HOSTILE, Upstream  # noqa: E402
 
 CASES = [
     ("Content-Length 10**12, then 300 MB", {"mode": "huge_length", "mb": 300}),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Any, Dict, Iterator
 
 import pytest
 
@@ -21,6 +21,7 @@ os.environ.pop("ATROPOS_API_KEY", None)
 os.environ.pop("ATROPOS_PROXY_URL", None)
 
 from atroposlib.testing.ports import free_port  # noqa: E402
+from tests.fake_servers import FakeServer, fake_servers  # noqa: E402
 
 # Per-file times (.cache/test-times.json) and the default tier's budget (make test's --budget).
 pytest_plugins = ["tests._timing", "pytester"]
@@ -30,6 +31,25 @@ pytest_plugins = ["tests._timing", "pytester"]
 def port() -> int:
     """A free TCP port on 127.0.0.1."""
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def fake_pool() -> Iterator[list[FakeServer]]:
+    """Five fake inference servers (processes) with 5 ms latency, started together and
+    shared by the server-layer and proxy tests.
+
+    Servers 0-2 are never reconfigured for long; 3-4 are the failover tests' pair.
+    """
+    with fake_servers(5, "--latency-ms", "5") as servers:
+        yield servers
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    """The offline tiny tokenizer (ChatML template, eos <|im_end|>)."""
+    from atroposlib.tiny_model import load_tiny_tokenizer
+
+    return load_tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +99,7 @@ TIER2_TESTS = (
     "tests/example_trainer/test_original_interface.py::test_vllm_manager_functions_over_a_real_server",
     "tests/environments/test_textarena_opponent.py::test_process_mode_against_a_second_serve",
     "tests/environments/test_gsm8k_teacher_distill.py",  # 18 s: a second serve-model as teacher
-    "tests/server_handling/test_proxy_abandoned.py",  # 28 s: its own slot-limited serve-model
+    "tests/proxy/test_proxy_abandoned.py",  # 28 s: its own slot-limited serve-model
     "tests/compat/test_verifiers_server.py",  # 32 s: the original's verifiers env, in processes
     # long demos: the README's and the tutorial's commands run as written
     "tests/docs/test_readme_commands.py",  # 85 s
@@ -89,14 +109,14 @@ TIER2_TESTS = (
     "tests/environments/test_reasoning_gym.py::test_generator_pool_raises_on_a_failing_call",
     "tests/environments/test_textarena_workers.py::test_games_hung_in_c_end_at_the_limit",
     "tests/compat/test_env_files.py::test_env_stops_after_max_server_downtime",
-    "tests/server_handling/test_proxy_body_timeout.py",  # 20 s: bodies that trickle to a timeout
+    "tests/proxy/test_proxy_body_timeout.py",  # 20 s: bodies that trickle to a timeout
     "tests/serving/test_swap_in_place.py::test_in_place_loader_holds_one_tensor_at_a_time",
     "tests/cli/test_view_run.py::test_file_mode_page_shows_group_text_and_score_in_chromium",
     # the slowest files left after the above on a fresh clone (590 s default tier, load ~1,
     # 2026-11-28): each starts its own processes (environments, servers, a Gradio app)
     "tests/compat/test_env_files.py",  # 44 s: the original's env files run as processes
     "tests/environments/test_verifiers_v1.py",  # 26 s: verifiers tasksets through the proxy
-    "tests/server_handling/test_proxy_hostile.py",  # 25 s: hostile clients against the proxy
+    "tests/proxy/test_proxy_hostile.py",  # 25 s: hostile clients against the proxy
     "tests/envs/test_sampling_record.py",  # 21 s: environments against serve-model
     "tests/cli/test_view_run.py",  # 20 s: the Gradio viewer
     "tests/serving/test_weight_check.py",  # 15 s: checkpoints refused by a real server

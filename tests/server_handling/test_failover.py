@@ -12,7 +12,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import stop_process, wait_http
-from tests.server_handling.conftest import FakeServer, fake_servers, start_fake
+from tests.fake_servers import FakeServer, fake_servers, start_fake
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -13,7 +13,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServer, APIServer
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.session_affinity import CURRENT_SESSION, in_session
 from atroposlib.testing.processes import stop_process
-from tests.server_handling.conftest import fake_servers
+from tests.fake_servers import fake_servers
 
 USER = [{"role": "user", "content": "2+2?"}]
 

@@ -14,7 +14,7 @@ set with ``POST /mode`` and a JSON body ``{"mode": NAME, ...parameters}``:
 
 ``GET /stats`` reports the requests answered per mode. Every answer closes its connection.
 
-    python -m tests.server_handling.hostile_upstream --port 9123
+    python -m tests.hostile_upstream --port 9123
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import start_process, stop_process, wait_http
 
 MB = 1024 * 1024
-HOSTILE = [sys.executable, "-m", "tests.server_handling.hostile_upstream"]
+HOSTILE = [sys.executable, "-m", "tests.hostile_upstream"]
 
 
 class Upstream:
@@ -170,7 +170,7 @@ async def _main(host: str, port: int) -> None:
 
 
 def main() -> None:
-    """``python -m tests.server_handling.hostile_upstream --port N [--host H]``."""
+    """``python -m tests.hostile_upstream --port N [--host H]``."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

@@ -15,7 +15,7 @@ from atroposlib.envs.server_handling.proxy_client import ProxyManagedServer
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.testing.proxy import running_proxy
-from tests.server_handling.conftest import fake_servers
+from tests.fake_servers import fake_servers
 
 USER = [{"role": "user", "content": "Name a color."}]
 KEY = "proxy-test-key"

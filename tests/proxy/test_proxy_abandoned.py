@@ -21,7 +21,7 @@ from atroposlib.testing.launch import serve_model_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
 from atroposlib.testing.proxy import running_proxy
-from tests.server_handling.conftest import FakeServer, fake_servers
+from tests.fake_servers import FakeServer, fake_servers
 
 KEY = "abandon-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from atroposlib.testing.proxy import running_proxy
-from tests.server_handling.conftest import fake_servers
-from tests.server_handling.hostile_upstream import Upstream, running_upstream
+from tests.fake_servers import fake_servers
+from tests.hostile_upstream import Upstream, running_upstream
 
 KEY = "stream-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -17,8 +17,8 @@ import pytest
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import stop_process, wait_http
 from atroposlib.testing.proxy import running_proxy
-from tests.server_handling.conftest import start_fake
-from tests.server_handling.hostile_upstream import Upstream, running_upstream
+from tests.fake_servers import start_fake
+from tests.hostile_upstream import Upstream, running_upstream
 
 KEY = "hostile-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -16,7 +16,7 @@ from atroposlib.envs.server_handling.managed_server_proxy import create_app
 from atroposlib.envs.server_handling.server_harness import ServerHarness
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.testing.proxy import running_proxy
-from tests.server_handling.conftest import fake_servers
+from tests.fake_servers import fake_servers
 
 KEY = "redteam-proxy-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -1,4 +1,5 @@
-"""Fixtures of the server-layer tests: fake inference servers as real processes."""
+"""Fake inference servers as real processes, for the server-layer and proxy tests (the
+``fake_pool`` fixture in ``tests/conftest.py`` is five of them shared by a session)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import httpx
-import pytest
 
 from atroposlib.testing.launch import fake_server_cmd
 from atroposlib.testing.ports import free_port
@@ -58,21 +58,3 @@ def fake_servers(count: int, *extra: str, tmp_path=None) -> Iterator[list[FakeSe
     finally:
         for s in servers:
             stop_process(s.proc)
-
-
-@pytest.fixture(scope="session")
-def fake_pool() -> Iterator[list[FakeServer]]:
-    """Five fake servers with 5 ms latency, started together and shared by the tests.
-
-    Servers 0-2 are never reconfigured for long; 3-4 are the failover tests' pair.
-    """
-    with fake_servers(5, "--latency-ms", "5") as servers:
-        yield servers
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    """The offline tiny tokenizer (ChatML template, eos <|im_end|>)."""
-    from atroposlib.tiny_model import load_tiny_tokenizer
-
-    return load_tiny_tokenizer()

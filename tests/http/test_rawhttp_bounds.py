@@ -23,7 +23,7 @@ from atroposlib.http.client import (
     RawHttpClient,
     _Conn,
 )
-from tests.server_handling.hostile_upstream import Upstream, running_upstream
+from tests.hostile_upstream import Upstream, running_upstream
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from atroposlib.testing.pipelining import assert_flood_grows_server_little
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.proxy import running_proxy
 from atroposlib.testing.stalled_uploads import answer_of, stalled_uploads
-from tests.server_handling.conftest import fake_servers
+from tests.fake_servers import fake_servers
 
 USER = [{"role": "user", "content": "hi"}]
 
