@@ -1,8 +1,8 @@
 """The CPU distillation demo's bar over several runs, beside RL alone from the same start.
 
 Runs ``atropos-grpo-run --config example_trainer/configs/distill_cpu.yaml`` ``--runs``
-times in a row (each in its own directory under ``--out``), then the default demo's RL
-(``demo_cpu.yaml``: the same warm-up, task, eval and trainer settings, no teacher)
+times in a row (each in its own directory under ``--out``), then the teacher's own RL
+(``teacher_cpu.yaml``: the same warm-up, task, eval and trainer settings, no teacher)
 ``--rl-runs`` times with the same number of trainer steps. Every run's ``summary.json``
 gives held-out greedy accuracy (200 sums) before → after (after = mean of the last three
 evals) and, for the distillation runs, the teacher's accuracy on the same eval.
@@ -38,7 +38,7 @@ from benchmarks.demo_runs import fmt, run_demo, spread  # noqa: E402
 
 CONFIGS = ROOT / "example_trainer" / "configs"
 DISTILL = CONFIGS / "distill_cpu.yaml"
-RL_ALONE = CONFIGS / "demo_cpu.yaml"
+RL_ALONE = CONFIGS / "teacher_cpu.yaml"
 MAX_WALL_S = 600.0
 SHARE = 0.8  # the student's after as a share of the teacher's accuracy
 

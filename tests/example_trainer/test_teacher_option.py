@@ -16,6 +16,7 @@ from example_trainer.teacher import MARKER, build_teacher, resolve_teacher, teac
 ROOT = Path(__file__).resolve().parents[2]
 DISTILL = ROOT / "example_trainer" / "configs" / "distill_cpu.yaml"
 DEMO = ROOT / "example_trainer" / "configs" / "demo_cpu.yaml"
+TEACHER = ROOT / "example_trainer" / "configs" / "teacher_cpu.yaml"
 
 
 def _config(tmp_path: Path, teacher: object) -> list[str]:
@@ -29,13 +30,16 @@ def _config(tmp_path: Path, teacher: object) -> list[str]:
 def test_distill_config_serves_the_demo_teacher_to_the_teacher_env_with_distillation_on():
     cfg = config_from_args(["--config", str(DISTILL)])
     assert cfg.teacher is not None
-    assert Path(cfg.teacher.from_config).resolve() == DEMO
+    assert Path(cfg.teacher.from_config).resolve() == TEACHER
     assert cfg.teacher.port == 0 and cfg.teacher.model is None
     assert cfg.envs == ["environments/arithmetic_teacher_distill.py"]
     assert cfg.trainer["distill_enabled"] is True
-    # The student starts from the demo's own warm-up and is scored by the demo's eval.
+    # The student starts from the teacher's (and the demo's) warm-up, is scored by the same
+    # eval and trains with the teacher's settings plus the teacher's term.
+    teacher = config_from_args(["--config", str(TEACHER)])
     demo = config_from_args(["--config", str(DEMO)])
-    assert cfg.warmup == demo.warmup and cfg.eval == demo.eval
+    assert cfg.warmup == teacher.warmup == demo.warmup and cfg.eval == teacher.eval == demo.eval
+    assert {k: v for k, v in cfg.trainer.items() if not k.startswith("distill")} == teacher.trainer
 
 
 @pytest.mark.parametrize(
