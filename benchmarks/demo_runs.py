@@ -3,8 +3,9 @@
 ``async_demo.py`` (the default demo under the async-RL knobs) and ``vllm_demo.py`` (the
 demo with vLLM serving) both run ``atropos-grpo-run`` several times, read each run's
 ``summary.json`` (held-out greedy accuracy before → after, after = mean of the last three
-evals) and hold it to the same learning bar: after >= 2x before and >= +0.3, status ok, within
-a wall-time limit that each script sets (``DemoRun.MAX_WALL_S``).
+evals) and hold it to the same learning bar: after >= 2x before and >= +0.3 (``min_gain``; the
+reasoning-gym demo's is +0.2), status ok, within a wall-time limit that each script sets
+(``DemoRun.MAX_WALL_S``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class DemoRun:
     before: float | None
     after: float | None
     wall_s: float
+    min_gain: float = 0.3
 
     @property
     def gain(self) -> float | None:
@@ -47,9 +49,9 @@ class DemoRun:
 
     @property
     def learned(self) -> bool:
-        """after >= 2x before and >= +0.3 (the learning half of the bar)."""
+        """after >= 2x before and >= ``min_gain`` above it (the learning half of the bar)."""
         gain = self.gain
-        return gain is not None and gain >= 0.3 and self.after >= 2 * self.before  # type: ignore[operator]
+        return gain is not None and gain >= self.min_gain and self.after >= 2 * self.before  # type: ignore[operator]
 
     @property
     def meets_bar(self) -> bool:

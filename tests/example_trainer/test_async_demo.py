@@ -100,3 +100,21 @@ def test_bench_reports_summaries_with_median_and_range(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 of 3 runs meet the bar" in out
     assert "gain median +0.300 (+0.100 to +0.400)" in out
+
+
+def test_min_gain_sets_the_reasoning_gym_demos_bar(tmp_path, capsys):
+    bench = _bench()
+    # 0.205 -> 0.442: 2.16x and +0.237 meets reasoning-gym's +0.2, not the arithmetic demo's +0.3
+    summary = {"status": "ok", "eval_before": 0.205, "eval_after": 0.442, "wall_time_s": 385.0}
+    assert bench.result_from_summary(summary).meets_bar is False
+    assert bench.result_from_summary(summary, min_gain=0.2).meets_bar is True
+    # +0.172 stays under it
+    low = {**summary, "eval_after": 0.377}
+    assert bench.result_from_summary(low, min_gain=0.2).meets_bar is False
+    paths = []
+    for i, s in enumerate([summary, low]):
+        p = tmp_path / f"s{i}.json"
+        p.write_text(json.dumps(s))
+        paths.append(str(p))
+    assert bench.main(["--summaries", *paths, "--min-gain", "0.2"]) == 0
+    assert "1 of 2 runs meet the bar" in capsys.readouterr().out
