@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,20 @@ def test_a_bad_budget_is_a_usage_error_naming_the_setting(project, monkeypatch):
     result = project.runpytest("-p", "tests._timing", "--budget")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*ATROPOS_TEST_BUDGET_S / time_budget_s*'eight minutes'*"])
+
+
+def test_under_two_xdist_workers_the_controller_sums_writes_and_judges(project, monkeypatch):
+    """`make test` runs the default tier on pytest-xdist workers: their reports reach the
+    controller, which alone writes every file's time and fails a session over its budget."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    project.makeini(INI + "time_budget_s = 0.2\n")
+    result = project.runpytest_subprocess(
+        "-p", "tests._timing", "-n", "2", "--file-times=times.json", "--budget"
+    )
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*2 workers*", "*time budget exceeded*", "*s  test_slow.py"])
+    report = json.loads((project.path / "times.json").read_text())
+    files = {entry["path"]: entry for entry in report["files"]}
+    assert files["test_slow.py"]["seconds"] >= 0.4 and files["test_fast.py"]["tests"] == 2

@@ -255,6 +255,7 @@ async def test_the_rollout_api_client_refuses_a_gzip_bomb_status_answer(bomb):
             await client.aclose()
 
 
+# mtime=0: the ids hold the bodies, and every pytest-xdist worker must collect the same ids
 @pytest.mark.parametrize(
     ("headers", "body", "error", "match"),
     [
@@ -262,12 +263,22 @@ async def test_the_rollout_api_client_refuses_a_gzip_bomb_status_answer(bomb):
         ({"content-encoding": "gzip"}, b"not gzip", MalformedAnswer, "gzip answer is not valid"),
         (
             {"content-encoding": "gzip"},
-            gzip.compress(b"a" * 100)[:-9],
+            gzip.compress(b"a" * 100, mtime=0)[:-9],
             MalformedAnswer,
             "truncated",
         ),
-        ({"content-encoding": "gzip"}, gzip.compress(b"a" * 101), AnswerTooLarge, "100 bytes"),
-        ({"content-encoding": "gzip"}, gzip.compress(b"a" * 60) * 2, AnswerTooLarge, "limit"),
+        (
+            {"content-encoding": "gzip"},
+            gzip.compress(b"a" * 101, mtime=0),
+            AnswerTooLarge,
+            "100 bytes",
+        ),
+        (
+            {"content-encoding": "gzip"},
+            gzip.compress(b"a" * 60, mtime=0) * 2,
+            AnswerTooLarge,
+            "limit",
+        ),
         ({"content-encoding": "deflate"}, zlib.compress(b"a" * 101), AnswerTooLarge, "deflate"),
     ],
 )
