@@ -45,7 +45,7 @@ class RunResult(DemoRun):
 
 
 def result_from_summary(
-    summary: Mapping[str, Any], wall_s: float | None = None, min_gain: float = 0.3
+    summary: Mapping[str, Any], wall_s: float | None = None, min_gain: float = RunResult.min_gain
 ) -> RunResult:
     """A :class:`RunResult` from a parsed ``summary.json`` (its own wall time unless given),
     held to a gain of at least ``min_gain``."""
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--min-gain",
         type=float,
-        default=0.3,
+        default=RunResult.min_gain,
         help="The bar's least gain over before (the reasoning-gym demo's: 0.2).",
     )
     p.add_argument(

@@ -77,7 +77,8 @@ def test_under_two_xdist_workers_the_controller_sums_writes_and_judges(project, 
     """`make test` runs the default tier on pytest-xdist workers: their reports reach the
     controller, which alone writes every file's time and fails a session over its budget."""
     root = Path(__file__).resolve().parents[1]
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     project.makeini(INI + "time_budget_s = 0.2\n")
     result = project.runpytest_subprocess(
         "-p", "tests._timing", "-n", "2", "--file-times=times.json", "--budget"
