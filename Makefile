@@ -20,7 +20,7 @@ SMOKE  := tests/serving/test_transformers_contract.py tests/serving/test_openai_
 	tests/cli/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
 SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: install test test-tier2 test-all demo lint format config-docs bench browser slurm clean lock test-latest test-oldest
+.PHONY: install test test-tier2 test-all demo lint format config-docs bench browser sandbox slurm clean lock test-latest test-oldest
 
 install: $(STAMP)
 
@@ -144,6 +144,15 @@ browser:
 	      || echo "chromium could not be installed; the browser test will be skipped"; \
 	  else echo "chromium not found; the browser test will be skipped"; fi; }
 
+# The code sandbox (atroposlib/sandbox, tests/sandbox) runs programs in Debian's bubblewrap;
+# install it when we can (root with apt-get). Without it the sandbox tests fail naming the fix.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
+	      || echo "bubblewrap could not be installed; the sandbox tests will fail (apt-get install bubblewrap)"; \
+	  else echo "bwrap not found; install bubblewrap (apt-get install bubblewrap) for the sandbox tests"; fi; }
+
 # The Slurm test (tests/slurm) runs examples/slurm/atropos.sbatch under Debian's slurm-wlm,
 # whose daemons it starts itself; install it when we can (root with apt-get).
 slurm:
@@ -159,12 +168,12 @@ slurm:
 # 2 cores; `make test TEST_WORKERS=0` runs it in one process); the second tier's full stacks
 # run one at a time.
 TEST_WORKERS ?= 2
-test: install browser $(VF_STAMP)
+test: install browser sandbox $(VF_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m "not tier2" -n $(TEST_WORKERS) --budget --durations=20
 
 # The second tier (tests marked tier2, slow, vllm, multinode or slurm): full stacks, real vLLM
 # from .venv-vllm, multi-node rehearsals, the Slurm template under slurm-wlm. CI runs it after `make test`.
-test-tier2: install browser slurm $(VF_STAMP) $(VLLM_STAMP) $(ROUTER_STAMP)
+test-tier2: install browser sandbox slurm $(VF_STAMP) $(VLLM_STAMP) $(ROUTER_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m tier2 --durations=20 \
 	  --file-times=.cache/test-times-tier2.json
 

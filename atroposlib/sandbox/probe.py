@@ -13,7 +13,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 from atroposlib.sandbox.command import PRLIMIT, bwrap_argv
 from atroposlib.sandbox.config import SandboxConfig
@@ -34,25 +34,31 @@ USERNS_FIX = (
 _PROBE_TIMEOUT_S = 30.0
 
 
-def drop_privileges(config: SandboxConfig) -> Dict[str, object]:
-    """``subprocess`` arguments that start bubblewrap as ``config.uid`` when we are root.
+SETPRIV = "/usr/bin/setpriv"
+"""util-linux's ``setpriv``: how root starts bubblewrap as an unprivileged user (an argv
+prefix rather than ``subprocess``'s ``user=``, which uvloop's subprocesses do not take)."""
+
+
+def drop_privileges(config: SandboxConfig) -> List[str]:
+    """The argv prefix that starts bubblewrap as ``config.uid`` when we are root (else none).
 
     Root's processes are exempt from the process limit, and root's uid would own the
     sandbox's user namespace, so root never runs one itself.
     """
     if os.geteuid() != 0:
-        return {}
-    return {"user": config.uid, "group": config.uid, "extra_groups": []}
+        return []
+    uid = str(config.uid)
+    return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
 
 
 @functools.lru_cache(maxsize=8)
 def _probe(bwrap: str, uid: int, as_root: bool) -> Tuple[bool, str]:
     config = SandboxConfig(uid=uid)
     argv = bwrap_argv(bwrap, config, ["/usr/bin/true"], limits=False)
-    extra = drop_privileges(config) if as_root else {}
+    prefix = drop_privileges(config) if as_root else []
     try:
         done = subprocess.run(
-            argv, capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False, **extra
+            [*prefix, *argv], capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
@@ -72,16 +78,16 @@ def check_bwrap(config: SandboxConfig) -> str:
             f"the code sandbox needs bubblewrap, and {config.bwrap!r} was not found on PATH: "
             f"{INSTALL_FIX}"
         )
-    if not os.access(PRLIMIT, os.X_OK):
-        raise SandboxUnavailable(
-            f"the code sandbox sets its limits with {PRLIMIT}, which is missing: install "
-            "util-linux (`apt-get install util-linux`)"
-        )
+    for tool in (PRLIMIT, SETPRIV) if os.geteuid() == 0 else (PRLIMIT,):
+        if not os.access(tool, os.X_OK):
+            raise SandboxUnavailable(
+                f"the code sandbox needs {tool}, which is missing: install util-linux "
+                "(`apt-get install util-linux`)"
+            )
     ok, said = _probe(bwrap, config.uid, os.geteuid() == 0)
     if not ok:
         raise SandboxUnavailable(
-            f"bubblewrap cannot create a sandbox here (it said: {said or 'nothing'}); "
-            f"{USERNS_FIX}"
+            f"bubblewrap cannot create a sandbox here (it said: {said or 'nothing'}); {USERNS_FIX}"
         )
     return bwrap
 

@@ -152,13 +152,13 @@ class Sandbox:
         start = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
+                *drop_privileges(cfg),
                 *command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(info_w, *file_fds),
                 start_new_session=True,
-                **drop_privileges(cfg),  # type: ignore[arg-type]
             )
         except BaseException:
             os.close(info_r)
@@ -259,9 +259,7 @@ async def _child_pid(fd: int) -> int | None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     pipe = os.fdopen(fd, "rb", buffering=0)
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), pipe
-    )
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     try:
         text = await reader.readuntil(b"}")
         return int(json.loads(text)["child-pid"])

@@ -137,7 +137,9 @@ except OSError as e:
 
 async def test_a_fork_bomb_is_contained_and_its_neighbour_runs(sandbox):
     token = uuid.uuid4().hex
-    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    bomb = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
     bombed, neighbour = await asyncio.gather(
         sandbox.run_python(bomb, args=[token], timeout_s=1.0),
         sandbox.run_python("import os; os.fork() or print('still forking')"),
