@@ -4,7 +4,8 @@ The isolation is :mod:`.command`'s; this module starts the run without blocking 
 loop (an asyncio subprocess), bounds its output while reading it, and at the deadline or
 the output bound kills the program's whole process tree: the program runs in its own pid
 namespace, and killing that namespace's first process makes the kernel kill every process
-in it before bubblewrap can exit, so no process outlives :meth:`Sandbox.run`.
+in it; :meth:`Sandbox.run` returns only once that process has ended (a pidfd says so), so
+no process outlives the run, whether it ended on its own or was killed.
 
 Example::
 
@@ -199,11 +200,12 @@ class Sandbox:
                 task.cancel()
             # bubblewrap exited, so the info pipe is closed: this read ends at once.
             await asyncio.wait([info], timeout=_DRAIN_S)
-            child_pid = info.result() if info.done() and not info.cancelled() else None
+            child = info.result() if info.done() and not info.cancelled() else None
             info.cancel()
+            await _reap_namespace(child)
         duration = time.monotonic() - start
         reason, exit_code, signum = _classify(
-            proc.returncode, killed_for, child_pid, err.data, out.truncated or err.truncated
+            proc.returncode, killed_for, child is not None, err.data, out.truncated or err.truncated
         )
         return SandboxResult(
             stdout=out.data.decode(errors="replace"),
@@ -254,34 +256,74 @@ async def _write(proc: asyncio.subprocess.Process, data: bytes) -> None:
         proc.stdin.close()
 
 
-async def _child_pid(fd: int) -> int | None:
-    """The host pid of the sandbox's first process, from bubblewrap's ``--info-fd`` JSON."""
+@dataclass
+class _Child:
+    """The sandbox's first process on the host: its pid, and a pidfd that stays bound to it."""
+
+    pid: int
+    pidfd: int | None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+
+    async def wait_gone(self, timeout: float) -> bool:
+        """Whether the process ended within ``timeout`` s (a pidfd is readable once it has).
+
+        The first process of a pid namespace ends only after the kernel has killed and
+        reaped every other process in it, so then nothing of the sandbox is left.
+        """
+        if self.pidfd is None:
+            return True
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.add_reader(self.pidfd, lambda: gone.done() or gone.set_result(None))
+        try:
+            await asyncio.wait_for(gone, timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(self.pidfd)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+async def _child_pid(fd: int) -> _Child | None:
+    """The sandbox's first process, from bubblewrap's ``--info-fd`` JSON (None: it failed
+    before starting the sandbox)."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     pipe = os.fdopen(fd, "rb", buffering=0)
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     try:
         text = await reader.readuntil(b"}")
-        return int(json.loads(text)["child-pid"])
+        pid = int(json.loads(text)["child-pid"])
     except (asyncio.IncompleteReadError, ValueError, KeyError):
-        return None  # bubblewrap failed before it started the sandbox
+        return None
     finally:
         transport.close()
+    try:
+        return _Child(pid, os.pidfd_open(pid))
+    except ProcessLookupError:  # already ended and reaped: its namespace is gone with it
+        return _Child(pid, None)
 
 
 async def _kill_tree(proc: asyncio.subprocess.Process, info: asyncio.Future) -> None:
     """Kill the sandbox's pid namespace (through its first process) and wait for bubblewrap.
 
-    bubblewrap exits only once that process is reaped, and the kernel reaps a namespace's
-    first process only after every other process in it is gone. While bubblewrap runs it
-    has not reaped its child, so the child's pid cannot have been reused.
+    bubblewrap exits once that process is reaped, and the kernel reaps a namespace's first
+    process only after every other process in it is gone.
     """
-    child_pid = None
-    if info.done() and not info.cancelled():
-        child_pid = info.result()
-    if child_pid is not None and proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child_pid, signal.SIGKILL)
+    child = info.result() if info.done() and not info.cancelled() else None
+    if child is not None and proc.returncode is None:
+        child.kill()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(proc.wait()), _KILL_GRACE_S)
     if proc.returncode is None:  # bubblewrap itself is stuck: its session goes, with it
@@ -291,10 +333,28 @@ async def _kill_tree(proc: asyncio.subprocess.Process, info: asyncio.Future) -> 
         await proc.wait()
 
 
+async def _reap_namespace(child: _Child | None) -> None:
+    """Wait until nothing of the sandbox is left, killing what remains after a grace.
+
+    When the program exits, bubblewrap reports its status and exits at once, while the
+    namespace's first process may still be killing what the program left behind (a
+    daemon): the run is not over before that process has ended.
+    """
+    if child is None:
+        return
+    try:
+        if not await child.wait_gone(_KILL_GRACE_S):
+            logger.warning("sandbox: namespace of pid %d outlived its program; killing", child.pid)
+            child.kill()
+            await child.wait_gone(_KILL_GRACE_S)
+    finally:
+        child.close()
+
+
 def _classify(
     returncode: int | None,
     killed_for: EndReason | None,
-    child_pid: int | None,
+    started: bool,
     stderr: bytes,
     truncated: bool,
 ) -> tuple[EndReason, int | None, int | None]:
@@ -304,7 +364,7 @@ def _classify(
     if truncated:  # the flood ended on its own before the kill: still over the bound
         return EndReason.OUTPUT_LIMIT, returncode, None
     code = returncode if returncode is not None else -1
-    if child_pid is None and code != 0:
+    if not started and code != 0:
         return EndReason.SANDBOX_ERROR, code, None
     if code == 0:
         return EndReason.OK, 0, None
