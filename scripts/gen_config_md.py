@@ -45,6 +45,16 @@ MODELS: list[tuple[str, str, str]] = [
         "`--env.<field>` on a `TeacherDistillationEnv`.",
     ),
     (
+        "Code sandbox: `SandboxConfig`",
+        "atroposlib.sandbox.config:SandboxConfig",
+        "`Sandbox(SandboxConfig(...))` in Python (docs/sandbox.md).",
+    ),
+    (
+        "Code-execution server: `SandboxServerSettings`",
+        "atroposlib.sandbox.settings:SandboxServerSettings",
+        "`atropos-sandbox-server --<field-with-dashes>`, or `ATROPOS_SANDBOX_<FIELD>`.",
+    ),
+    (
         "Trainer: `TrainingConfig`",
         "example_trainer.config:TrainingConfig",
         "`atropos-grpo --<field-with-dashes>`.",

@@ -7,6 +7,9 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -230,3 +233,34 @@ if {then!r} == "loop":
     assert result.reason is expected, result
     assert "spawned" in result.stdout
     assert _processes_with(token) == []
+
+
+def test_the_sandbox_dies_with_the_process_that_started_it():
+    token = uuid.uuid4().hex
+    starter = (
+        "import asyncio, sys\n"
+        "from atroposlib.sandbox import Sandbox\n"
+        "code = 'import time\\ntime.sleep(60)'\n"
+        "asyncio.run(Sandbox().run_python(code, args=[sys.argv[1]]))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", starter, token])
+
+    def sandboxed() -> list[int]:  # the starter's own command line holds the token too
+        return [pid for pid in _processes_with(token) if pid != proc.pid]
+
+    try:
+        for _ in range(200):  # the sandboxed sleeper appears (at most ~20 s on a loaded machine)
+            if sandboxed():
+                break
+            time.sleep(0.1)
+        assert sandboxed(), "the sandboxed program never started"
+        proc.kill()  # SIGKILL: no cleanup code runs in the starter
+        proc.wait(timeout=10)
+        for _ in range(50):
+            if not sandboxed():
+                break
+            time.sleep(0.1)
+        assert sandboxed() == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
