@@ -144,7 +144,7 @@ async def test_a_fork_bomb_is_contained_and_its_neighbour_runs(sandbox):
         "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     )
     bombed, neighbour = await asyncio.gather(
-        sandbox.run_python(bomb, args=[token], timeout_s=1.0),
+        sandbox.run_python(bomb, args=[token], timeout_s=0.6),
         sandbox.run_python("import os; os.fork() or print('still forking')"),
     )
     assert bombed.reason in (EndReason.TIMEOUT, EndReason.CPU_LIMIT), bombed
@@ -161,10 +161,10 @@ async def test_a_memory_hog_ends_with_memory_limit():
 
 
 async def test_an_infinite_loop_is_killed_at_the_deadline(sandbox):
-    result = await sandbox.run_python("while True:\n    pass\n", timeout_s=1.0)
+    result = await sandbox.run_python("while True:\n    pass\n", timeout_s=0.5)
     assert result.reason is EndReason.TIMEOUT, result
-    assert 1.0 <= result.duration_s < 4.0
-    assert "1 s deadline" in result.message
+    assert 0.5 <= result.duration_s < 4.0
+    assert "0.5 s deadline" in result.message
 
 
 async def test_cpu_time_is_bounded_separately_from_the_deadline():
