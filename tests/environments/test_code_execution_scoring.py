@@ -16,6 +16,7 @@ from environments.code_execution_scoring import (
     outputs_match,
     values_match,
 )
+from tests.environments.env_helpers import process_argv
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +94,35 @@ def test_output_and_value_comparison():
     assert not outputs_match("abc", "abd")
     assert values_match([1, [2.0000001]], [1, [2.0]])
     assert not values_match(True, 1) and not values_match("1", 1)
+
+
+async def test_the_environment_scores_a_group_in_the_sandbox(tiny_model_dir, tmp_path):
+    from atroposlib.envs.cli import build_env, parse_cli
+    from environments.code_execution_server import CodingEnv
+
+    serve = {"model": str(tiny_model_dir), "base_url": "http://127.0.0.1:9/v1"}  # never called
+    argv = process_argv(serve, tmp_path / "unused.jsonl", group_size=4)
+    env = build_env(CodingEnv, parse_cli(CodingEnv, argv))
+    await env.setup()
+    item = next(i for i in env.train if i["problem_type"] == "stdin_stdout")
+    answers = [
+        f"Here it is:\n```python\n{item['solution']}```\n",
+        "```python\nprint('wrong')\n```\n",
+        "I will not write code.",
+        f"```python\n{item['solution']}```",  # right, but cut at the token limit
+    ]
+    rollouts = [
+        {
+            "text": text,
+            "messages": [{"role": "assistant", "content": text}],
+            "finish_reason": "length" if i == 3 else "stop",
+            "tokens": [1, 2, 3],
+            "masks": [-100, 2, 3],
+            "logprobs": [1.0, -0.5, -0.5],
+        }
+        for i, text in enumerate(answers)
+    ]
+    group = await env.score(rollouts, item)
+    assert group["scores"] == [1.0, -1.0, -1.0, 1.0]
+    assert [o["set_advantage_to_zero"] for o in group["overrides"]] == [False, False, False, True]
+    assert env.end_reasons["ok"] == 3 and env.end_reasons["no_code"] == 0
