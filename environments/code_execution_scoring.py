@@ -212,7 +212,9 @@ class SandboxExecutor:
         inputs, outputs = list(tests["input"]), list(tests["output"])
         kind = "func" if item.get("problem_type") == "func" else "stdin_stdout"
         fn_name = item.get("fn_name") or tests.get("fn_name") or "none"
-        keep = max(1024, self.sandbox.config.max_output_bytes // (2 * max(len(inputs), 1)))
+        # Each test's stdout is cut to its share of the output bound, with room for JSON's
+        # escapes, so one chatty test cannot push the report past the bound.
+        keep = max(1024, self.sandbox.config.max_output_bytes // (4 * max(len(inputs), 1)))
         job = {
             "kind": kind,
             "inputs": inputs,

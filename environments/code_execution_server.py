@@ -238,7 +238,8 @@ class CodingEnv(BaseEnv):
             self.test = self.test[: cfg.max_eval_items]
         if not self.train:
             raise ValueError(f"coding_env: no usable training problems ({self.skips.summary()})")
-        self.executor = self._make_executor()
+        # The sandbox's start-up check runs a trial sandbox: off the event loop.
+        self.executor = await asyncio.to_thread(self._make_executor)
         logger.info("coding_env: %d train, %d test problems", len(self.train), len(self.test))
 
     def _make_executor(self) -> Any:
@@ -251,6 +252,8 @@ class CodingEnv(BaseEnv):
                 timeout_s=cfg.test_timeout_s,
                 memory_mb=cfg.sandbox_memory_mb,
                 max_processes=cfg.sandbox_max_processes,
+                # Room for every test's stdout at once (the harness reports them together).
+                max_output_bytes=8 << 20,
             ),
             max_concurrency=cfg.max_concurrent_runs,
         )
