@@ -119,6 +119,31 @@ print(json.dumps(out))
         assert not os.path.exists(path), path
 
 
+async def test_no_privileges_and_no_way_to_gain_them(sandbox):
+    code = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+out = {"cap_eff": [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]}
+out["unshare_user"] = libc.unshare(0x10000000)  # CLONE_NEWUSER: -1 when refused
+out["unshare_net"] = libc.unshare(0x40000000)  # CLONE_NEWNET
+try:
+    os.setuid(0)
+    out["setuid"] = "root"
+except OSError:  # EINVAL: no uid 0 exists in the sandbox's user namespace
+    out["setuid"] = "refused"
+print(json.dumps(out))
+"""
+    result = await sandbox.run_python(code)
+    assert result.reason is EndReason.OK, result
+    out = json.loads(result.stdout)
+    assert out == {
+        "cap_eff": "0000000000000000",
+        "unshare_user": -1,
+        "unshare_net": -1,
+        "setuid": "refused",
+    }, out
+
+
 async def test_the_process_limit_stops_forks_inside_one_sandbox(sandbox):
     code = """
 import os, time
