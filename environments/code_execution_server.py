@@ -139,6 +139,16 @@ class CodeConfig(BaseEnvConfig):
     sandbox_max_processes: int = Field(
         16, ge=4, description="Processes and threads one sandboxed program may hold."
     )
+    sandbox_python: str | None = Field(
+        None,
+        description="Interpreter the solutions run with; default: this Python when the sandbox "
+        "user can read it, else /usr/bin/python3 (the standard library only).",
+    )
+    sandbox_ro_paths: List[str] = Field(
+        default_factory=list,
+        description="Host paths mounted read-only in the sandbox, e.g. a virtual environment "
+        "whose packages (numpy...) solutions may import.",
+    )
     max_concurrent_runs: int | None = Field(
         None, ge=1, description="Sandboxed programs running at once; default: twice the CPUs."
     )
@@ -252,6 +262,8 @@ class CodingEnv(BaseEnv):
                 timeout_s=cfg.test_timeout_s,
                 memory_mb=cfg.sandbox_memory_mb,
                 max_processes=cfg.sandbox_max_processes,
+                python=cfg.sandbox_python,
+                ro_paths=cfg.sandbox_ro_paths,
                 # Room for every test's stdout at once (the harness reports them together).
                 max_output_bytes=8 << 20,
             ),

@@ -98,14 +98,14 @@ def bwrap_argv(
         "sandbox",
         *_host_root_args(),
     ]
-    for path in ro_paths:
-        args += ["--ro-bind", path, path]
     tmp_size = str(config.tmp_mb << 20)
     # /dev is a tmpfs of its own: read-only but for a /dev/shm as bounded as /tmp.
     args += ["--proc", "/proc", "--dev", "/dev", "--size", tmp_size, "--tmpfs", "/dev/shm"]
     args += ["--remount-ro", "/dev", "--size", tmp_size, "--tmpfs", "/tmp"]
     for fd, name in files:
         args += ["--file", str(fd), f"/tmp/{name}"]
+    for path in ro_paths:  # after the tmpfs, so that a path under /tmp is not hidden by it
+        args += ["--ro-bind", path, path]
     args += ["--chdir", "/tmp", "--clearenv"]
     for key, value in SANDBOX_ENV:
         args += ["--setenv", key, value]

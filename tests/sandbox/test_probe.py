@@ -84,3 +84,23 @@ async def test_bad_inputs_are_refused_before_a_run():
         files={"data.txt": "content"},
     )
     assert ok.reason is EndReason.OK and ok.stdout == "arg content\n", ok
+
+
+async def test_extra_read_only_paths_are_visible_and_read_only():
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-ro-"))
+    try:
+        folder.chmod(0o755)
+        (folder / "lib.py").write_text("VALUE = 42\n")
+        (folder / "lib.py").chmod(0o644)
+        sandbox = Sandbox(SandboxConfig(ro_paths=[str(folder)]))
+        code = (
+            f"import sys; sys.path.insert(0, {str(folder)!r}); import lib; print(lib.VALUE)\n"
+            f"open({str(folder / 'new.txt')!r}, 'w')\n"
+        )
+        result = await sandbox.run_python(code)
+        assert result.stdout == "42\n" and "Read-only file system" in result.stderr, result
+        assert not (folder / "new.txt").exists()
+        with pytest.raises(ValueError, match="ro_paths"):
+            Sandbox(SandboxConfig(ro_paths=[str(folder / "missing")]))
+    finally:
+        shutil.rmtree(folder)
