@@ -14,6 +14,7 @@ from fastapi.routing import APIRoute
 from atroposlib.api import APISettings, create_app
 from tests.api.conftest import Api
 
+
 def _not_int(value: str) -> bytes:
     return (
         b'{"detail":[{"type":"int_parsing","loc":["query","env_id"],'
@@ -28,6 +29,8 @@ def _too_long(digits: int) -> bytes:
         b'"msg":"Unable to parse input string as an integer, exceeded maximum size",'
         b'"input":"<str: ' + str(digits + 2).encode() + b' JSON characters, not echoed>"}]}'
     )
+
+
 _MISSING = (
     b'{"detail":[{"type":"missing","loc":["query","env_id"],'
     b'"msg":"env_id is required: GET /status-env?env_id=N"}]}'
