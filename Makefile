@@ -2,7 +2,7 @@
 #   make demo   install, then run the whole RL loop on the embedded tiny model (CPU)
 #   make test   install, then run the default tier of the test suite (minutes)
 #   make test-tier2 / test-all   the second tier (full stacks, vLLM, multi-node) / both
-#   make lint   ruff over the code
+#   make lint   ruff over the code, shellcheck over the shell scripts
 #   make lock   regenerate requirements.lock from pyproject.toml (newest allowed versions)
 #   make test-latest / test-oldest   the smoke checks on the newest / lowest allowed versions
 PYTHON ?= python3
@@ -11,6 +11,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 LOCK   := requirements.lock
 TORCH  := requirements-torch.txt
+# PyPI's torch for Linux is the multi-GB CUDA build: the CPU build comes from torch's own index,
+# unless a find-links directory (PIP_FIND_LINKS) already holds a CPU wheel, as on machines that
+# keep one on local disk (then nothing is fetched). TORCH_INDEX=URL picks another index (a CUDA
+# one, a mirror); TORCH_INDEX= none.
+TORCH_INDEX ?= $(if $(wildcard $(addsuffix /torch-*+cpu-*.whl,$(PIP_FIND_LINKS))),,https://download.pytorch.org/whl/cpu)
+TORCH_PIP := -r $(TORCH) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 # The smoke subset: tests marked `smoke` in these files (serve-model completion and /generate
 # against a plain forward, the cache contract, one trainer step, an environment in process mode,
 # run-api ingest and /batch, view-run --file, the start-up version check).
@@ -20,7 +26,7 @@ SMOKE  := tests/serving/test_transformers_contract.py tests/serving/test_openai_
 	tests/cli/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
 SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: install test test-tier2 test-all demo lint format config-docs bench browser sandbox slurm clean lock test-latest test-oldest
+.PHONY: install test test-tier2 test-all demo lint shellcheck format config-docs bench browser sandbox slurm clean lock test-latest test-oldest
 
 install: $(STAMP)
 
@@ -28,7 +34,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(LOCK) $(TORCH)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r $(TORCH)
+	$(PY) -m pip install -q $(TORCH_PIP)
 	$(PY) -m pip install -q -r $(LOCK)
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
@@ -84,7 +90,7 @@ $(VLLM_VENV): $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK) $(TORCH)
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q -r $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_PIP)
 	$(VLLM_VENV)/bin/python -m pip install -q -c $(TORCH) -r $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
@@ -118,7 +124,7 @@ $(ROUTER_STAMP): Makefile
 define smoke_in
 	rm -rf $(1) && $(PYTHON) -m venv $(1)
 	$(1)/bin/pip install -q --upgrade pip
-	$(1)/bin/pip install -q -r $(TORCH)
+	$(1)/bin/pip install -q $(TORCH_PIP)
 	$(1)/bin/pip install -q $(2) -e ".[all]"
 	$(1)/bin/pip freeze --exclude-editable > $(1)/versions.txt
 	@grep -iE '^(transformers|tokenizers|torch|fastapi|uvicorn|pydantic|openai|gradio)==' $(1)/versions.txt
@@ -182,9 +188,21 @@ test-all: test test-tier2
 demo: install
 	WANDB_MODE=offline $(VENV)/bin/atropos-grpo-run --config example_trainer/configs/demo_cpu.yaml
 
-lint: install
+# Shell scripts users run (the Slurm template), at shellcheck's default severity.
+SHELL_SCRIPTS := examples/slurm/atropos.sbatch
+
+lint: install shellcheck
 	$(PY) -m ruff check atroposlib example_trainer environments tests benchmarks scripts
 	$(PY) -m ruff format --check atroposlib example_trainer environments tests benchmarks scripts
+	shellcheck $(SHELL_SCRIPTS)
+
+# Debian's shellcheck for `make lint`; installed when we can (root with apt-get).
+shellcheck:
+	@command -v shellcheck >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck) >/dev/null 2>&1 \
+	      || { echo "shellcheck could not be installed (apt-get install shellcheck)"; exit 1; }; \
+	  else echo "shellcheck not found: apt-get install shellcheck (or your system's package)"; exit 1; fi; }
 
 format: install
 	$(PY) -m ruff check --fix atroposlib example_trainer environments tests benchmarks scripts

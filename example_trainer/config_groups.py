@@ -164,6 +164,13 @@ class TrainingOptions(BaseModel):
         False,
         description="Continue from the newest save_path/step_N checkpoint (optimizer and step included).",
     )
+    stop_file: str | None = Field(
+        None,
+        description=(
+            "End training early, saving final_model as at the last step, once this file exists "
+            "(checked before each step; atropos-grpo-run creates it at max_wall_time)."
+        ),
+    )
 
 
 class GrpoOptions(BaseModel):

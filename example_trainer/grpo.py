@@ -12,10 +12,10 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from pathlib import Path
 from typing import Sequence
+
+from atroposlib.utils.model_check import model_problem
 
 from . import supervision
 from .cli import config_from_args
@@ -23,35 +23,6 @@ from .config import TrainingConfig
 
 TRAINING_LIBRARIES = ("transformers", "tokenizers", "torch", "accelerate", "peft")
 """Libraries the trainer depends on; checked against the declared ranges at start."""
-
-
-def model_problem(name: str) -> str | None:
-    """Why ``name`` cannot be loaded, in one line, or None when it can.
-
-    A local directory is fine. A hub name must be in the local cache or reachable;
-    otherwise transformers would print pages of traceback after a long wait.
-    """
-    if Path(os.path.expanduser(name)).exists():
-        return None
-    import huggingface_hub
-    from huggingface_hub.errors import HFValidationError
-    from transformers import AutoConfig
-
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    huggingface_hub.logging.set_verbosity_error()
-    try:
-        AutoConfig.from_pretrained(name)
-    except (OSError, ValueError, HFValidationError):
-        if offline:
-            return (
-                f"--model-name {name}: not a local directory and not in the Hugging Face cache "
-                "(HF_HUB_OFFLINE=1 is set, so the hub was not asked)"
-            )
-        return (
-            f"--model-name {name}: not a local directory, and the Hugging Face hub could not resolve it "
-            "(no network? download it once, or use a local directory; HF_HUB_OFFLINE=1 skips the hub)"
-        )
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 
 import httpx
 
-from atroposlib.utils.ports import free_port
+from atroposlib.utils.ports import busy_port_message, free_port
 
 from .evaluation import Evaluator
 from .inference_process import VLLM_SERVE_ENV, server_command, split_device
@@ -27,7 +27,13 @@ from .plugins import load_function
 from .processes import ProcessGroup
 from .run_config import RunConfig
 from .status import PlainProgress, eta_seconds, progress_text, status_table
-from .summary import new_run_dir, read_metrics, resumed_run_dir, write_summary
+from .summary import (
+    TIME_LIMIT_EXIT,
+    new_run_dir,
+    read_metrics,
+    resumed_run_dir,
+    write_summary,
+)
 from .teacher import resolve_teacher, teacher_env_flags
 from .vllm_lora import (
     VLLM_ADAPTER_NAME,
@@ -39,6 +45,30 @@ from .vllm_lora import (
 from .vllm_weights import VLLMWeightClient, VLLMWeightError
 
 logger = logging.getLogger("atropos-grpo-run")
+
+STOP_GRACE = 120.0
+"""Seconds the trainer has, once ``max_wall_time`` is reached, to finish its step and save
+``final_model`` before it is stopped without one."""
+KEY_HYPERPARAMETERS = (
+    "training_steps",
+    "batch_size",
+    "gradient_accumulation_steps",
+    "seq_len",
+    "lr",
+    "lr_scheduler",
+    "min_lr_ratio",
+    "warmup_steps",
+    "optimizer",
+    "weight_decay",
+    "max_grad_norm",
+    "loss_type",
+    "clip_eps",
+    "kl_coef",
+    "entropy_coef",
+    "ppo_epochs",
+    "seed",
+)
+"""The trainer settings ``summary.md`` lists (every setting is in ``summary.json``'s config)."""
 
 
 def _default_training_steps() -> int:
@@ -114,6 +144,24 @@ def rendezvous_flags(config: RunConfig) -> List[str]:
     return flags
 
 
+def busy_ports(config: RunConfig) -> List[str]:
+    """One line per fixed port this node's services need that is taken now, naming the
+    setting to change and a free port; checked before the warm-up and the model load."""
+    if config.only_trainer:
+        return []
+    needed = [(config.api_host, config.api_port, "--api-port")]
+    if config.owns_inference and not config.external_inference:
+        needed.append(("127.0.0.1", config.inference_port, "--inference-port"))
+    if config.teacher is not None:
+        needed.append(("127.0.0.1", config.teacher.port, "teacher.port:"))
+    problems = []
+    for host, port, flag in needed:
+        problem = busy_port_message(host, port, flag, any_port=True)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
 class Launcher:
     """Runs one training job end to end. See the module docstring."""
 
@@ -161,6 +209,12 @@ class Launcher:
         self.rl_started: float | None = None
         self.pace_origin: tuple[float, int] | None = None  # (time, step) of the first step seen
         self.total_steps = int(config.trainer.get("training_steps") or _default_training_steps())
+        # Created at max_wall_time: the trainer ends after its step and saves final_model.
+        self.stop_file = Path(config.trainer.get("stop_file") or self.run_dir / "stop-requested")
+        if not config.trainer.get("stop_file"):
+            self.stop_file.unlink(missing_ok=True)  # a resumed run's earlier stop
+        self.stop_reason: str | None = None
+        self.stop_deadline: float | None = None
 
     # -- phases
     def prepare_model(self) -> str:
@@ -317,6 +371,7 @@ class Launcher:
             "progress": False,
             "inference_backend": "vllm" if c.inference_backend == "vllm" else "serve_model",
             "device": self.device,
+            "stop_file": str(self.stop_file),
         }
         if c.precision != "auto":
             fields["precision"] = c.precision
@@ -396,8 +451,9 @@ class Launcher:
         c = self.config
         t = time.time()
         model = self.prepare_model()
+        self.prepare_seconds = time.time() - t
         if c.warmup is not None:
-            self.phases["warm-up"] = time.time() - t
+            self.phases["warm-up"] = self.prepare_seconds
         if c.only_trainer:
             # Another node runs run-api, inference and the environments: the trainer's ranks
             # of this node are all there is to start here.
@@ -413,6 +469,7 @@ class Launcher:
                 None,
                 phases=self.phases,
                 total_steps=self.total_steps,
+                record=self.record(model),
             )
             return status
         teacher_model = self.prepare_teacher()
@@ -433,10 +490,12 @@ class Launcher:
             self.evaluate("before", 0, model)
         status = self.monitor(model)
         self.phases["RL"] = time.time() - self.rl_started
-        if status == 0 and c.owns_inference:
+        # A run stopped at max_wall_time trained what it trained: it is evaluated too.
+        finished = status in (0, TIME_LIMIT_EXIT)
+        if finished and c.owns_inference:
             self.evaluate("after", self._last_step(), model)
             self.inference_version = self._inference_version()
-        elif status == 0 and c.eval is not None:
+        elif finished and c.eval is not None:
             self.evaluate_served_checkpoint(model)
         write_summary(
             self.run_dir,
@@ -448,8 +507,46 @@ class Launcher:
             phases=self.phases,
             total_steps=self.total_steps,
             teacher=self.teacher_info,
+            record=self.record(model),
         )
         return status
+
+    def counted_seconds(self) -> float:
+        """Seconds of this run that count against ``max_wall_time``: all but the one-time work
+        (building or finding the model and its cached warm-up; a teacher's ``from_config``
+        run), which a first run pays and later ones do not."""
+        one_time = getattr(self, "prepare_seconds", 0.0) + self.phases.get("teacher", 0.0)
+        return time.time() - self.t0 - one_time
+
+    def record(self, model: str) -> Dict[str, Any]:
+        """What ``summary.md`` lists besides the scores: why the run stopped, the final model
+        and checkpoints, the key trainer settings and the whole configuration."""
+        from .config import TrainingConfig
+
+        save = Path(self.save_path)
+        checkpoints = sorted(
+            (str(d) for d in save.glob("step_*") if d.is_dir()),
+            key=lambda d: int(d.rsplit("_", 1)[1]) if d.rsplit("_", 1)[1].isdigit() else 0,
+        )
+        final = next(
+            (str(save / n) for n in ("final_model", "final_adapter") if (save / n).is_dir()), None
+        )
+        trainer = {**self.config.trainer, "model_name": model}
+        try:
+            settings = TrainingConfig(**trainer).model_dump()
+        except ValueError:  # checked at start; a resumed run's odd values are shown as given
+            settings = trainer
+        return {
+            "stop_reason": self.stop_reason,
+            "final_model": final,
+            "checkpoints": checkpoints,
+            "hyperparameters": {
+                "model": model,
+                "group_size": self.config.group_size,
+                **{k: settings.get(k) for k in KEY_HYPERPARAMETERS if k in settings},
+            },
+            "config": self.config.model_dump(mode="json"),
+        }
 
     def evaluate(self, label: str, step: int, model: str) -> None:
         """One eval, its time added to the ``eval`` phase (evals during RL overlap training)."""
@@ -557,24 +654,51 @@ class Launcher:
                 elif step > 0 and plain.due(step, time.time()):
                     print(self.progress(step), flush=True)
                 if rc is not None:
-                    if rc != 0:
-                        console.print(
-                            f"[red]trainer exited with code {rc}[/red]\n"
-                            + self.procs.children["trainer"].log_tail()
-                        )
-                    return rc
+                    return self._trainer_exited(rc, step, console)
                 dead = self.procs.failed(ignore=("trainer",))
                 if dead is not None:
-                    console.print(
-                        f"[red]{dead.name} exited with code {dead.returncode()}[/red]\n{dead.log_tail()}"
+                    self.stop_reason = f"{dead.name} exited with code {dead.returncode()}"
+                    console.print(f"[red]{self.stop_reason}[/red]\n{dead.log_tail()}")
+                    return 1
+                limit = self.config.max_wall_time
+                if limit and self.stop_deadline is None and self.counted_seconds() > limit:
+                    self._request_stop(step, console)
+                elif self.stop_deadline is not None and time.time() > self.stop_deadline:
+                    self.stop_reason = (
+                        f"{self.stop_reason}; the trainer did not end within {STOP_GRACE:.0f}s "
+                        "and was stopped: no final model (the checkpoints are listed below)"
                     )
-                    return 1
-                # Making the teacher (teacher.from_config, once) is not this run's training.
-                elapsed = time.time() - self.t0 - self.phases.get("teacher", 0.0)
-                if self.config.max_wall_time and elapsed > self.config.max_wall_time:
-                    console.print("[red]max_wall_time reached[/red]")
-                    return 1
+                    console.print(f"[red]{self.stop_reason}[/red]")
+                    return TIME_LIMIT_EXIT
                 time.sleep(self.config.status_interval)
+
+    def _request_stop(self, step: int, console: Any) -> None:
+        """``max_wall_time`` is reached: ask the trainer to end after its step (stop file)."""
+        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+        self.stop_file.touch()
+        self.stop_deadline = time.time() + STOP_GRACE
+        self.stop_reason = (
+            f"max_wall_time ({self.config.max_wall_time:.0f}s, one-time work not counted) "
+            f"reached at step {step} of {self.total_steps}"
+        )
+        console.print(
+            f"[yellow]{self.stop_reason}: the trainer ends after this step and saves "
+            "final_model[/yellow]"
+        )
+
+    def _trainer_exited(self, rc: int, step: int, console: Any) -> int:
+        """The run's status once the trainer has exited with ``rc``."""
+        if rc != 0:
+            self.stop_reason = f"the trainer exited with code {rc}"
+            console.print(
+                f"[red]{self.stop_reason}[/red]\n" + self.procs.children["trainer"].log_tail()
+            )
+            return rc
+        if self.stop_deadline is not None:
+            self.stop_reason = f"{self.stop_reason}; the trainer saved final_model at step {step}"
+            return TIME_LIMIT_EXIT
+        self.stop_reason = f"trained all {step} of {self.total_steps} steps"
+        return 0
 
     def shutdown(self) -> None:
         """Stop every child process and everything they started (bounded; see ProcessGroup.stop_many)."""

@@ -32,16 +32,15 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, NoReturn, Sequence
 
 import httpx
-import yaml
 from pydantic import ValidationError
 
 from atroposlib.utils.settings_cli import add_fields
 
-from . import supervision
-from .launcher import Launcher, as_flags
+from . import config_file, supervision
+from .launcher import Launcher, as_flags, busy_ports
 from .plugins import load_function
 from .processes import TRAINER_STOP_TIMEOUT
 from .run_config import EvalSection, RunConfig, WarmupSection
@@ -117,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
-    """Merge the YAML file and flags into a :class:`RunConfig` (exit 2 on bad input)."""
+    """Merge the YAML file and flags into a :class:`RunConfig` (exit 2 on bad input: a flag's
+    mistake names the flag, the file's names the file and the key path)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     trainer_args: List[str] = []
     if "--" in argv:
@@ -128,41 +128,76 @@ def config_from_args(argv: Sequence[str] | None = None) -> RunConfig:
     data: Dict[str, Any] = {}
     if ns.config:
         try:
-            data = yaml.safe_load(Path(ns.config).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            parser.error(f"--config: {exc}")
-        if not isinstance(data, dict):
-            parser.error("--config: the YAML file must hold a mapping")
-    for key in _DIRECT:
-        if key in ns:  # given on the command line: overrides the YAML file
-            data[key] = getattr(ns, key)
+            data = config_file.load(ns.config)
+        except config_file.ConfigFileError as exc:
+            _fail(str(exc))
+        from .config import TrainingConfig
+
+        unknown = config_file.unknown_keys(data, RunConfig, {"trainer": TrainingConfig})
+        if unknown:
+            _fail("; ".join(f"{ns.config}: {u}" for u in unknown))
+    flags = {key for key in _DIRECT if key in ns}  # given on the command line: override the file
+    for key in flags:
+        data[key] = getattr(ns, key)
     if ns.training_steps is not None:
+        if not isinstance(data.get("trainer", {}), dict):
+            _fail(f"{ns.config}: trainer: must be a mapping of atropos-grpo settings")
         data.setdefault("trainer", {})["training_steps"] = ns.training_steps
     if ns.no_warmup:
         data["warmup"] = None
+        flags.add("warmup")
     if ns.no_eval:
         data["eval"] = None
+        flags.add("eval")
     data["trainer_args"] = list(data.get("trainer_args", [])) + trainer_args
     try:
         cfg = RunConfig(**data)
     except ValidationError as exc:
-        parser.error("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        _fail(config_file.explain(exc.errors(), ns.config, flags))
+    trainer_flags = {"training_steps"} if ns.training_steps is not None else set()
+    problem = _trainer_section_problem(cfg, ns.config, trainer_flags)
+    if problem:
+        _fail(problem)
     _check_trainer_settings(cfg)
     return cfg
+
+
+def _fail(message: str) -> NoReturn:
+    """One line naming what to fix, exit status 2 (no usage block: the flags parsed)."""
+    print(f"atropos-grpo-run: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _trainer_settings(cfg: RunConfig) -> Dict[str, Any]:
+    """The trainer's settings the launcher decides (device, bridge mode, world size)."""
+    launcher_side = {"device": cfg.trainer_device(), "weight_bridge_mode": cfg.weight_bridge_mode}
+    if cfg.precision != "auto":
+        launcher_side["precision"] = cfg.precision
+    world = cfg.trainer_procs * cfg.nnodes
+    return {**launcher_side, **({"world_size": world} if world > 1 else {})}
+
+
+def _trainer_section_problem(cfg: RunConfig, path: str | None, flags: set) -> str | None:
+    """The errors of the ``trainer:`` section's values, named ``FILE: trainer.key`` (or by
+    flag, for ``--training-steps``); None when the section is valid or the errors are not in
+    it (the command-line check that follows words those)."""
+    from .config import TrainingConfig
+
+    try:
+        TrainingConfig(**{**_trainer_settings(cfg), **dict(cfg.trainer), "model_name": "x"})
+    except ValidationError as exc:
+        mine = [e for e in exc.errors() if e["loc"] and e["loc"][0] in cfg.trainer]
+        return config_file.explain(mine, path, flags, prefix="trainer.") if mine else None
+    return None
 
 
 def _check_trainer_settings(cfg: RunConfig) -> None:
     """Validate the trainer's flags now (exit 2), not after the services started."""
     from .cli import config_from_args as trainer_config
 
-    launcher_side = {"device": cfg.trainer_device(), "weight_bridge_mode": cfg.weight_bridge_mode}
-    if cfg.precision != "auto":
-        launcher_side["precision"] = cfg.precision
-    world = cfg.trainer_procs * cfg.nnodes
-    env_world = {"world_size": world} if world > 1 else {}
     trainer_config(
         [
-            *as_flags({**launcher_side, **env_world, **dict(cfg.trainer)}),
+            *as_flags({**_trainer_settings(cfg), **dict(cfg.trainer)}),
             *cfg.trainer_args,
             "--model-name",
             "x",
@@ -178,6 +213,9 @@ def _on_signal(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atropos-grpo-run``."""
     cfg = config_from_args(argv)
+    busy = busy_ports(cfg)
+    if busy:
+        _fail("; ".join(busy))
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

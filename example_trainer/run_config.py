@@ -114,7 +114,12 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_dir: str | None = Field(
         None,
-        description="Directory for logs, checkpoints and the summary (default runs/run-<time>).",
+        description=(
+            "Where the run's logs, checkpoints and summary go. Each run gets a new directory "
+            "DIR-<time> beside DIR, and DIR becomes a link to the latest (a real directory "
+            "already at DIR is renamed DIR-<its time>, never overwritten); with trainer.resume "
+            "the run continues in DIR's target. Default: a new runs/run-<time>."
+        ),
     )
     model: str = Field(
         "tiny", description="Model directory or hub name; 'tiny' = the offline tiny model."
@@ -274,7 +279,15 @@ class RunConfig(BaseModel):
         180.0, gt=0, description="Seconds each service may take to become healthy."
     )
     max_wall_time: float = Field(
-        0.0, ge=0, description="Stop everything after this many seconds (0 = no limit)."
+        0.0,
+        ge=0,
+        description=(
+            "Stop training after this many seconds (0 = no limit). One-time work is not counted "
+            "(building the tiny model, the cached warm-up, a teacher's from_config run). At the "
+            "limit the trainer ends after its current step and saves final_model, the evals "
+            "after training still run, and atropos-grpo-run exits 124 with the reason in "
+            "summary.md."
+        ),
     )
     status_interval: float = Field(1.0, gt=0, description="Seconds between status refreshes.")
 

@@ -22,6 +22,18 @@ RESULT_FILES = ("metrics.jsonl", "summary.json", "summary.md", "curve.png")
 # ±0.07 (95 %) from sampling alone, so a single point would over- or under-state a run.
 AFTER_EVALS = 3
 
+TIME_LIMIT_EXIT = 124
+"""Exit status of a run stopped at ``max_wall_time`` (``timeout``'s: the limit, not a crash)."""
+
+
+def status_text(status: int) -> str:
+    """``ok``, ``stopped at max_wall_time`` or ``failed (N)`` for a run's exit status."""
+    if status == 0:
+        return "ok"
+    if status == TIME_LIMIT_EXIT:
+        return "stopped at max_wall_time"
+    return f"failed ({status})"
+
 
 def read_metrics(path: Path) -> List[Dict[str, Any]]:
     """Trainer ``metrics.jsonl`` rows (a partial last line is skipped)."""
@@ -123,13 +135,17 @@ def write_summary(
     phases: Dict[str, float] | None = None,
     total_steps: int | None = None,
     teacher: Dict[str, Any] | None = None,
+    record: Dict[str, Any] | None = None,
 ) -> Dict[str, Any]:
     """``summary.json``, ``summary.md`` and ``curve.png`` in ``run_dir``; prints the result.
 
     ``eval_set`` describes what the evals scored (``held_out``, ``size``,
     ``train_size``); ``phases`` the seconds spent per phase (warm-up, RL, eval);
-    ``teacher`` a distillation run's teacher (``model``, its ``eval``, ``build_seconds``).
+    ``teacher`` a distillation run's teacher (``model``, its ``eval``, ``build_seconds``);
+    ``record`` why the run stopped and what it left (``stop_reason``, ``final_model``,
+    ``checkpoints``, ``hyperparameters``, ``config``: see ``Launcher.record``).
     """
+    record = record or {}
     rows = read_metrics(run_dir / "metrics.jsonl")
     before = next((e["score"] for e in evals if e["label"] == "before"), None)
     after, after_points = after_score(evals)
@@ -138,7 +154,9 @@ def write_summary(
         {**e, "ci95": list(wilson_interval(e["score"], e.get("n") or size or 0))} for e in evals
     ]
     summary: Dict[str, Any] = {
-        "status": "ok" if status == 0 else f"failed ({status})",
+        "status": status_text(status),
+        "exit_status": status,
+        "stop_reason": record.get("stop_reason"),
         "wall_time_s": round(time.time() - started, 1),
         "phases_s": {k: round(v, 1) for k, v in (phases or {}).items()},
         "steps": rows[-1]["step"] if rows else 0,
@@ -153,6 +171,10 @@ def write_summary(
         "final_loss": rows[-1].get("train/loss") if rows else None,
         "inference_weights_version": inference_version,
         "run_dir": str(run_dir),
+        "final_model": record.get("final_model"),
+        "checkpoints": record.get("checkpoints", []),
+        "hyperparameters": record.get("hyperparameters", {}),
+        "config": record.get("config"),
     }
     if teacher is not None:
         summary["teacher"] = teacher
@@ -167,6 +189,8 @@ def write_summary(
         + (f" ({phase_text})" if phase_text else ""),
         f"- trainer steps: {summary['steps']}" + (f" / {total_steps}" if total_steps else ""),
     ]
+    if summary["stop_reason"]:
+        lines.append(f"- stopped because: {summary['stop_reason']}")
     if eval_set:
         lines.append(
             f"- eval set: {eval_set.get('size')} problems, "
@@ -209,6 +233,7 @@ def write_summary(
             lines.append(
                 f"| {e['label']} | {e['step']} | {e['score']:.3f} | {lo:.3f} – {hi:.3f} | {n or '?'} |"
             )
+    lines += _record_lines(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run_dir / "summary.md").write_text("\n".join(lines) + "\n")
     try:
@@ -222,7 +247,9 @@ def write_summary(
                 f"run {summary['status']}: {summary['steps']} steps in "
                 f"{format_seconds(summary['wall_time_s'])}"
                 + (f" ({phase_text})" if phase_text else ""),
+                *([f"stopped because: {summary['stop_reason']}"] if summary["stop_reason"] else []),
                 *([headline] if headline else []),
+                *([f"final model: {summary['final_model']}"] if summary["final_model"] else []),
                 f"curve:   {run_dir / 'curve.png'}",
                 f"summary: {run_dir / 'summary.md'}",
             ]
@@ -230,6 +257,42 @@ def write_summary(
         flush=True,
     )
     return summary
+
+
+def _record_lines(summary: Dict[str, Any]) -> List[str]:
+    """``summary.md``'s sections on what the run left (model, checkpoints) and how it was set."""
+    lines = ["", "## Models", ""]
+    final = summary.get("final_model")
+    lines.append(f"- final model: {final}" if final else "- final model: none was saved")
+    checkpoints = summary.get("checkpoints") or []
+    lines.append(
+        f"- checkpoints ({len(checkpoints)}): "
+        + (", ".join(checkpoints) if checkpoints else "none")
+    )
+    hyper = summary.get("hyperparameters") or {}
+    if hyper:
+        lines += ["", "## Key settings", "", "| setting | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in hyper.items()]
+    config = summary.get("config")
+    if config:
+        import yaml
+
+        lines += [
+            "",
+            "## Configuration",
+            "",
+            "The run's whole configuration (file and flags merged; every trainer setting not",
+            "listed here has its default, see `atropos-grpo --help`):",
+            "",
+            "```yaml",
+            yaml.safe_dump(config, sort_keys=False).rstrip(),
+            "```",
+        ]
+    return lines
+
+
+LOSS_PANEL = (("train/loss", "loss"), ("train/entropy", "entropy"), ("train/kl", "KL to reference"))
+"""The training-signal plots under the reward curve: metric key and title."""
 
 
 def plot_curve(
@@ -240,23 +303,21 @@ def plot_curve(
     after_points: Sequence[Dict[str, Any]] = (),
 ) -> None:
     """Reward per step (and its moving average), every eval point with its 95 % interval
-    when known, and the "after" mean over the steps it averages, as a PNG."""
+    when known, and the "after" mean over the steps it averages; under it the loss, entropy
+    and KL per step, each on its own scale (a metric the trainer did not log says so). A PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = plt.figure(figsize=(9, 6.5))
+    grid = fig.add_gridspec(2, len(LOSS_PANEL), height_ratios=(2, 1))
+    ax = fig.add_subplot(grid[0, :])
     steps = [r["step"] for r in rows]
     scores = [r.get("train/mean_score", 0.0) for r in rows]
     if steps:
         ax.plot(steps, scores, alpha=0.35, label="batch mean reward")
-        k = max(1, len(scores) // 10)
-        avg = [
-            sum(scores[max(0, i - k + 1) : i + 1]) / len(scores[max(0, i - k + 1) : i + 1])
-            for i in range(len(scores))
-        ]
-        ax.plot(steps, avg, label=f"reward (moving avg {k})")
+        ax.plot(steps, _moving_average(scores), label=f"reward (moving avg {_window(scores)})")
     if evals:
         xs = [e["step"] for e in evals]
         ys = [e["score"] for e in evals]
@@ -280,6 +341,33 @@ def plot_curve(
     ax.set_ylim(-0.05, 1.05)
     ax.legend(loc="best", fontsize="small")
     ax.grid(alpha=0.3)
+    for i, (key, title) in enumerate(LOSS_PANEL):
+        sub = fig.add_subplot(grid[1, i])
+        points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if points:
+            xs = [x for x, _ in points]
+            ys = [y for _, y in points]
+            sub.plot(xs, ys, alpha=0.35, color=f"C{i + 2}")
+            sub.plot(xs, _moving_average(ys), color=f"C{i + 2}")
+        else:
+            sub.text(0.5, 0.5, "not logged", ha="center", va="center", transform=sub.transAxes)
+        sub.set_title(title, fontsize="small")
+        sub.set_xlabel("trainer step", fontsize="small")
+        sub.tick_params(labelsize="x-small")
+        sub.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def _window(values: Sequence[float]) -> int:
+    return max(1, len(values) // 10)
+
+
+def _moving_average(values: Sequence[float]) -> List[float]:
+    """Trailing mean over a tenth of the series (at least one point)."""
+    k = _window(values)
+    return [
+        sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1])
+        for i in range(len(values))
+    ]

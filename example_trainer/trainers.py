@@ -22,6 +22,7 @@ import copy
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -358,6 +359,9 @@ class GRPOTrainer:
             ctx.on_main(setup, "starting (API registration, inference server)")
             pending = _in_background(fetch) if ctx.is_main else None
             while self.step < cfg.training_steps:
+                if self._stop_requested():
+                    logger.info("%s exists: ending at step %d", cfg.stop_file, self.step)
+                    break
                 t0 = time.perf_counter()
                 # Every rank takes part in on_main's collective; only rank 0 has a future.
                 prepared = ctx.on_main(functools.partial(_result, pending), "fetching a batch")
@@ -412,6 +416,13 @@ class GRPOTrainer:
                 sync.close()
             if writer is not None:
                 writer.close()
+
+    def _stop_requested(self) -> bool:
+        """Whether ``stop_file`` exists (rank 0 looks; every rank gets the same answer)."""
+        if not self.config.stop_file:
+            return False
+        seen = self.ctx.is_main and os.path.exists(self.config.stop_file)
+        return bool(self.ctx.broadcast(seen))
 
     def _sync_weights(self, sync: WeightSync | None) -> float:
         """Push the weights to inference when due (rank 0 drives; all ranks gather)."""

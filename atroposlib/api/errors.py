@@ -20,6 +20,7 @@ __all__ = [
     "QueueFullError",
     "StorageError",
     "UnknownEnvError",
+    "echoed_input",
     "error_response",
     "install_error_handlers",
     "invalid_body",
@@ -124,25 +125,48 @@ def error_response(exc: ApiError) -> tuple[int, list[tuple[bytes, bytes]], bytes
     return exc.status_code, headers, json.dumps(exc.payload(), separators=(",", ":")).encode()
 
 
+MAX_ECHOED_INPUT = 1024
+"""Longest ``input`` (in JSON characters) a 422 entry echoes; a larger one is described
+instead, so a rejected multi-megabyte group is not sent back (docs/design.md, "Bounded inputs")."""
+
+
+def echoed_input(value: Any) -> Any:
+    """The ``input`` of a 422 entry: ``value`` itself when its JSON form is short, else a
+    string naming its type and size (also for values JSON cannot carry, such as ``NaN``).
+    Raw bytes (a body that is not JSON) are echoed as text."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return f"<{type(value).__name__}: not echoed>"
+    if len(text) <= MAX_ECHOED_INPUT:
+        return value
+    size = f"{len(value)} items, " if isinstance(value, (list, dict)) else ""
+    return f"<{type(value).__name__}: {size}{len(text)} JSON characters, not echoed>"
+
+
 def validation_detail(
     errors: Sequence[dict[str, Any]], prefix: Sequence[Any] = ("body",)
 ) -> list[dict]:
-    """Turn pydantic errors into FastAPI-style ``detail`` entries (without echoing inputs)."""
-    return [
-        {
+    """Turn pydantic errors into FastAPI-style ``detail`` entries, each with the ``input``
+    it refused as FastAPI gives it (bounded by :data:`MAX_ECHOED_INPUT`)."""
+    out = []
+    for e in errors:
+        entry = {
             "type": e.get("type", "value_error"),
             "loc": [*prefix, *e.get("loc", ())],
             "msg": e.get("msg", ""),
         }
-        for e in errors
-    ]
+        if "input" in e:
+            entry["input"] = echoed_input(e["input"])
+        out.append(entry)
+    return out
 
 
 def invalid_body(e: ValidationError, prefix: Sequence[Any] = ("body",)) -> BodyValidationError:
-    """The 422 of a body that pydantic rejected: every error, located, inputs not echoed."""
-    return BodyValidationError(
-        validation_detail(e.errors(include_url=False, include_input=False), prefix)
-    )
+    """The 422 of a body that pydantic rejected: every error, located, with its input."""
+    return BodyValidationError(validation_detail(e.errors(include_url=False), prefix))
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -152,15 +176,7 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _request_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    detail = [
-        {
-            "type": e.get("type", "value_error"),
-            "loc": list(e.get("loc", ())),
-            "msg": e.get("msg", ""),
-        }
-        for e in exc.errors()
-    ]
-    return JSONResponse({"detail": detail}, status_code=422)
+    return JSONResponse({"detail": validation_detail(exc.errors(), ())}, status_code=422)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from typing import Sequence
 
 import uvicorn
@@ -18,6 +19,7 @@ import uvicorn
 from atroposlib.api.settings import APISettings
 from atroposlib.http.security import is_loopback_host, load_api_key
 from atroposlib.http.transport import http_protocol
+from atroposlib.utils.ports import busy_port_message
 from atroposlib.utils.settings_cli import add_fields, parse_values, validate
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``run-api``."""
     values = parse_values(build_parser(), argv)
     settings = validate(APISettings, values, prog=PROG)
+    busy = busy_port_message(settings.host, settings.port, "--port")
+    if busy:
+        print(f"{PROG}: error: {busy}", file=sys.stderr)
+        raise SystemExit(2)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

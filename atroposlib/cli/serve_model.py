@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 
 from atroposlib.serving.config import ServeModelConfig
@@ -32,18 +33,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_before_loading(config: ServeModelConfig) -> None:
+    """Exit 2 with one line naming the fix when the model cannot be found or the port is
+    taken: both are known in a second, loading the model takes much longer."""
+    from atroposlib.utils.model_check import model_problem
+    from atroposlib.utils.ports import busy_port_message
+
+    problem = model_problem(config.model, what="MODEL") or busy_port_message(
+        config.host, config.port, "--port"
+    )
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse flags, load the model and run uvicorn until interrupted."""
     import uvicorn
 
     from atroposlib.http.security import is_loopback_host, load_api_key
     from atroposlib.http.transport import http_protocol
-    from atroposlib.serving.app import create_app
     from atroposlib.utils.dependencies import exit_if_unsupported
 
     values = parse_values(build_parser(), argv)
     exit_if_unsupported(PROG, SERVING_LIBRARIES)
     config = validate(ServeModelConfig, values, prog=PROG)
+    check_before_loading(config)
+    from atroposlib.serving.app import create_app  # imports torch: after the quick checks
+
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -21,7 +21,6 @@ the mode; the layering of values into a :class:`ParsedCli` is
 from __future__ import annotations
 
 import asyncio
-import difflib
 import logging
 import os
 import sys
@@ -66,6 +65,7 @@ from atroposlib.envs.health import (
 from atroposlib.envs.offline import ProcessFailedError
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig, ServerBaseline
 from atroposlib.utils.cli import adjust_model_defaults
+from atroposlib.utils.suggest import closest
 
 if TYPE_CHECKING:
     from atroposlib.envs.hooks import EnvHooks
@@ -234,17 +234,6 @@ def _known_flags(mode_model: Type[BaseModel]) -> set:
     return flags
 
 
-def _closest(name: str, candidates: Sequence[str], cutoff: float) -> List[str]:
-    """The candidates nearly as similar to ``name`` as the best one (at most three)."""
-    scored = sorted(
-        ((difflib.SequenceMatcher(None, name, c).ratio(), c) for c in candidates), reverse=True
-    )
-    if not scored or scored[0][0] < cutoff:
-        return []
-    best = scored[0][0]
-    return [c for ratio, c in scored[:3] if ratio >= best - 0.04]
-
-
 def _check_flag_names(argv: Sequence[str], known: set) -> None:
     """Refuse an unknown ``--flag`` naming the closest known ones (a typo costs one run)."""
     for arg in argv:
@@ -253,12 +242,12 @@ def _check_flag_names(argv: Sequence[str], known: set) -> None:
         name = arg.split("=", 1)[0]
         if name in known or name.replace("-", "_") in known:
             continue
-        close = _closest(name, sorted(known), cutoff=0.6)
+        close = closest(name, sorted(known), cutoff=0.6)
         if not close and NAMESPACE_SEP in name:
             # the field part alone, e.g. --env.gs_size -> --env.group_size
             prefix, _, field_name = name.partition(NAMESPACE_SEP)
             fields = [k.partition(NAMESPACE_SEP)[2] for k in known if k.startswith(prefix + ".")]
-            close = [f"{prefix}{NAMESPACE_SEP}{f}" for f in _closest(field_name, fields, 0.5)]
+            close = [f"{prefix}{NAMESPACE_SEP}{f}" for f in closest(field_name, fields, 0.5)]
         hint = f"; did you mean {' or '.join(close)}?" if close else " (see --help)"
         raise CliError(f"unrecognized arguments: {name}{hint}")
 

@@ -68,6 +68,7 @@ from atroposlib.serving.kv_cache import (
     CachePlan,
     SlotKV,
     check_supported,
+    kv_cache_line,
     plan_slots,
 )
 from atroposlib.serving.pause import record_served_version
@@ -158,13 +159,14 @@ class Engine(EngineSteps):
         self.prefill_passes = 0
         self.generated_tokens = 0
         logger.info(
-            "KV cache: %d sequences x %d tokens = %.1f MiB on %s (%s, sized by %s)",
-            self.max_num_seqs,
-            max_model_len,
-            self.kv.nbytes / 2**20,
-            self._device,
-            self._dtype,
-            self.cache_plan.reason,
+            kv_cache_line(
+                self.max_num_seqs,
+                max_model_len,
+                self.kv.nbytes,
+                self._device,
+                self._dtype,
+                self.cache_plan.reason,
+            )
         )
 
     def _prepare(self, model: Any) -> Any:

@@ -195,6 +195,27 @@ def budget_plan(
     return CachePlan(max_num_seqs, max_len, per_slot, "--max-num-seqs")
 
 
+def kv_cache_line(
+    slots: int, max_len: int, nbytes: int, device: torch.device, dtype: torch.dtype, reason: str
+) -> str:
+    """The start-up log line that says what the cache costs, truthfully per device.
+
+    On CUDA the whole cache is allocated at start. On CPU it is a bound: the zero pages
+    are mapped, not committed, and only the positions sequences actually reach take RAM
+    (a tiny model's 256 x 32768-token reservation is a few GiB of address space while the
+    process stays at a few hundred MB).
+    """
+    size = f"{slots} sequences x {max_len} tokens"
+    mib = nbytes / 2**20
+    if device.type == "cpu":
+        return (
+            f"KV cache: {size} (sized by {reason}); up to {mib:.1f} MiB of {dtype} on cpu, "
+            "reserved as address space only: RAM is used as sequences grow (lower "
+            "--max-num-seqs or --max-model-len to lower the bound)"
+        )
+    return f"KV cache: {size} = {mib:.1f} MiB of {dtype} allocated on {device} (sized by {reason})"
+
+
 class SlotKV:
     """The preallocated cache: ``slots`` sequences of up to ``max_len`` tokens each."""
 

@@ -78,3 +78,15 @@ def test_tutorial_code_is_lint_clean_and_the_page_passes_make_lint(tmp_path):
         cwd=ROOT,
     )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_second_terminal_commands_need_no_variable_from_the_first():
+    """A block started in a new terminal (a background server) runs pasted as it is: it reads
+    no shell variable that an earlier block set (``"$MODEL"`` there expands to nothing)."""
+    import re
+
+    for block in parse_blocks(TUTORIAL):
+        if block.kind != "background":
+            continue
+        names = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", block.text))
+        assert not names, f"{block.where}: uses ${sorted(names)} set in another terminal"

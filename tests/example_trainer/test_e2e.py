@@ -148,3 +148,31 @@ def test_killing_the_runner_leaves_no_child_processes(tmp_path, sig, n_children)
         for p in kids:  # never leave our own processes behind, even when the assertion failed
             if p.is_running():
                 p.kill()
+
+
+def test_a_run_at_max_wall_time_ends_with_a_final_model_and_says_why(tmp_path):
+    """The whole stack with more steps than the limit allows: the trainer ends after its
+    step at max_wall_time, saves final_model, the run exits 124 and the summary names the
+    limit as the reason (the first run's one-time work, the tiny model's build, not counted)."""
+    config = _write_config(tmp_path, steps=100_000, with_eval=False)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["max_wall_time"] = 75
+    config.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "example_trainer.run", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    run_dir = tmp_path / "run"
+    assert proc.returncode == 124, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < rows[-1]["step"] < 100_000
+    assert (run_dir / "checkpoints" / "final_model" / "config.json").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped at max_wall_time" and summary["exit_status"] == 124
+    assert summary["stop_reason"].startswith("max_wall_time (75s, one-time work not counted)")
+    assert summary["final_model"].endswith("final_model")
+    assert "stopped because: max_wall_time" in (run_dir / "summary.md").read_text()
+    assert "run stopped at max_wall_time" in proc.stdout

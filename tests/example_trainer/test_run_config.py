@@ -45,7 +45,7 @@ def test_flags_override_yaml_and_trainer_args_pass_through(tmp_path):
     [
         (["--bogus"], None, "--bogus"),
         ([], {"not_a_field": 1}, "not_a_field"),
-        ([], {"trainer": {"lr": -1}}, "--lr"),
+        ([], {"trainer": {"lr": -1}}, "bad.yaml: trainer.lr: "),
         (["--", "--no-such-trainer-flag"], None, "--no-such-trainer-flag"),
         ([], "- just\n- a list\n", "mapping"),
     ],

@@ -108,6 +108,8 @@ def test_template_runs_under_slurm(cluster, tmp_path, tiny_model_dir):
         text = out.read_text()
         assert "run-api and 1 inference server(s) healthy" in text, context
         assert f"trainer finished: {STEPS} steps" in text, context
+        # The job's output is also in the run directory, whole (not in the submit directory).
+        assert f"trainer finished: {STEPS} steps" in (run / "job.log").read_text(), context
 
         # The trainer stepped to the end, on groups the environment sent through run-api.
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
