@@ -124,6 +124,7 @@ TIER2_TESTS = (
     "tests/api/test_schemathesis.py",  # 13 s: property-based requests to run-api
     "tests/api/test_disk_full.py",  # 12 s: run-api on a full file system
     "tests/api/test_poison.py::test_the_vocab_size_survives_a_restart",  # 16 s: run-api twice
+    "tests/example_trainer/test_poison_groups.py::test_poison_batches_leave_a_run_training",  # 15 s: run-api, trainer restarted twice
     "tests/serving/test_fuzz.py",  # property-based requests to a serve-model of its own
     "tests/serving/test_body_timeout.py",  # 10 s: bodies that trickle to a timeout
     "tests/utils/test_pipelining_bound.py",  # 10 s: connections whose answers are not taken
