@@ -2,7 +2,8 @@
 
 Plays the same scripted episodes (TextArena games, both seats a scripted player) through
 ``play_episode`` twice, alternating round by round: with the game in this process
-(``TextArenaGame``, each call in a thread with its time limit, as before worker processes)
+(``TextArenaGame`` kept out of a worker, each call in a thread with its time limit, as
+before worker processes: ``play_episode`` now moves any game it can pickle into a worker)
 and with the game in a warm worker process (``ProcessGame``: a pickle each way over a
 pipe). Prints wall and CPU microseconds per step for each (CPU: this process's threads
 plus the live workers'), the median and range over the rounds. The worker's start is
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import time
@@ -26,6 +28,13 @@ from atroposlib.envs.adapters.game_worker import GameWorkerPool, ProcessGame
 from atroposlib.envs.adapters.text_games import play_episode
 from atroposlib.envs.adapters.textarena import scripted_player
 from atroposlib.envs.adapters.textarena_game import TextArenaGame, textarena_factory
+
+
+class _InProcess(TextArenaGame):
+    """A TextArena game that refuses to pickle, so ``play_episode`` steps it in a thread."""
+
+    def __reduce__(self) -> tuple:
+        raise TypeError("kept in this process for the comparison")
 
 
 def _cpu(pool: GameWorkerPool) -> float:
@@ -61,7 +70,7 @@ async def main(rounds: int, episodes: int, game_id: str) -> None:
     worker: List[Tuple[float, float]] = []
     for _ in range(rounds):
         for out, make in (
-            (thread, lambda: TextArenaGame(game_id, 2)),
+            (thread, lambda: _InProcess(game_id, 2)),
             (worker, lambda: ProcessGame(pool, factory, 2)),
         ):
             steps, wall, cpu = await _episodes(make, pool, episodes)
@@ -83,4 +92,6 @@ if __name__ == "__main__":
     parser.add_argument("--episodes", type=int, default=40)
     parser.add_argument("--game", default="Nim-v0")
     args = parser.parse_args()
+    # The thread arm's "cannot run in a worker process" warning, once per episode, is expected.
+    logging.getLogger("atroposlib.envs.adapters.game_worker").setLevel(logging.ERROR)
     asyncio.run(main(args.rounds, args.episodes, args.game))

@@ -64,8 +64,12 @@ def check_atropos_api(
         time.sleep(interval)
 
 
-def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict[str, Any]:
-    """The ``/register`` body for ``config`` (same fields as the original trainer)."""
+def registration_payload(
+    config: TrainingConfig, starting_step: int = 0, vocab_size: int | None = None
+) -> Dict[str, Any]:
+    """The ``/register`` body for ``config`` (the original trainer's fields, and
+    ``vocab_size`` when given: the API then refuses groups with ids the model lacks)."""
+    extra = {"vocab_size": vocab_size} if vocab_size is not None else {}
     return registration_body(
         config.api_batch_size,
         config.seq_len,
@@ -77,6 +81,7 @@ def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict
         if config.checkpoint_interval > 0
         else config.training_steps,
         starting_step=starting_step,
+        **extra,
     )
 
 
@@ -86,10 +91,12 @@ def registration_payload(config: TrainingConfig, starting_step: int = 0) -> Dict
     retry=retry_if_exception_type((httpx.HTTPError, AtroposAPIError)),
     reraise=True,
 )
-def register_trainer(config: TrainingConfig, starting_step: int = 0) -> Dict[str, Any]:
+def register_trainer(
+    config: TrainingConfig, starting_step: int = 0, vocab_size: int | None = None
+) -> Dict[str, Any]:
     """``POST /register``; returns the JSON answer (with ``uuid``)."""
     client = TrainerAPIClient(config.atropos_url, timeout=REQUEST_TIMEOUT)
-    data = client.register(registration_payload(config, starting_step))
+    data = client.register(registration_payload(config, starting_step, vocab_size))
     logger.info("registered trainer with %s (uuid %s)", config.atropos_url, data["uuid"])
     return data
 

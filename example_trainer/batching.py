@@ -32,6 +32,16 @@ from .off_policy import policy_version_summary
 logger = logging.getLogger(__name__)
 
 
+class EmptyBatchError(ValueError):
+    """A batch with no sequence that can be trained on (every group rejected, or none long
+    enough to predict a token): the trainer acknowledges it and fetches the next one."""
+
+    def __init__(self, message: str, rejected_groups: int = 0, rejected_sequences: int = 0):
+        super().__init__(message)
+        self.rejected_groups = rejected_groups
+        self.rejected_sequences = rejected_sequences
+
+
 def groups_per_env(batch: Sequence[Mapping[str, Any]]) -> Dict[str, float]:
     """``train/groups_env_<env_id>``: how many of the batch's groups each environment sent
     (which environments a multi-environment run is really training on)."""
@@ -100,24 +110,30 @@ def prepare_batch(
     mask_truncated: bool = False,
     mini_batches: int = 1,
     overlong: tuple[int, int, float] | None = None,
+    vocab_size: int | None = None,
 ) -> PreparedBatch:
     """Shift a batch into samples, cut it into mini-batches, split each across the ranks.
 
     Sequences are cut to ``seq_len`` inputs before anything is counted. A group that
     cannot be trained on (:class:`~example_trainer.data.GroupError`: a negative
-    temperature, inconsistent lengths, a mask entry that is not its token) is skipped,
-    logged naming its env and the field, and counted in ``train/rejected_groups``.
+    temperature, inconsistent lengths, a mask entry that is not its token, a token id
+    the model cannot take: negative, beyond int64 or ``>= vocab_size``) is skipped, logged
+    naming its env and the field, and counted in ``train/rejected_groups`` (its sequences
+    in ``train/rejected_sequences``). A batch left with nothing to train on raises
+    :class:`EmptyBatchError`.
     """
     batch_std = batch_score_std(batch) if scale_rewards == "batch" else None
     samples: List[Sample] = []
-    rejected = 0
+    rejected = rejected_seqs = 0
     for i, group in enumerate(batch):
         try:
             got = group_to_samples(
-                group, seq_len, scale_rewards, batch_std, mask_truncated, overlong
+                group, seq_len, scale_rewards, batch_std, mask_truncated, overlong, vocab_size
             )  # type: ignore[arg-type]
         except GroupError as exc:
             rejected += 1
+            tokens = group.get("tokens")
+            rejected_seqs += len(tokens) if isinstance(tokens, list) else 0
             logger.error(
                 "group %d of the batch (env_id %s) skipped: %s", i, group.get("env_id"), exc
             )
@@ -126,9 +142,11 @@ def prepare_batch(
             s.group, s.index = i, len(samples)
             samples.append(s)
     if not samples:
-        raise ValueError(
+        raise EmptyBatchError(
             "batch has no trainable sequences"
-            + (f" ({rejected} groups rejected, see the log)" if rejected else "")
+            + (f" ({rejected} groups rejected, see the log)" if rejected else ""),
+            rejected,
+            rejected_seqs,
         )
     shares: List[List[Sample]] = [[] for _ in range(world_size)]
     minis: List[MiniBatchInfo] = []
@@ -166,6 +184,7 @@ def prepare_batch(
             "train/truncated_sequences": float(sum(s.truncated for s in samples)),
             "train/short_inference_logprobs": float(short),
             "train/rejected_groups": float(rejected),
+            "train/rejected_sequences": float(rejected_seqs),
             **groups_per_env(batch),
         },
         minis=minis,

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -200,6 +200,49 @@ def check_masks(tokens: Sequence[Sequence[int]], masks: Sequence[Sequence[int]])
                 )
 
 
+_MAX_ID = 2**63 - 1
+"""The largest id a ``torch.long`` tensor holds; a larger one fails the whole batch's padding."""
+
+
+def _id_rows(group: Mapping[str, Any]) -> Iterator[tuple[str, Sequence[Any]]]:
+    """Every row of ids of a group, named for an error message: ``tokens[i]``, then
+    ``distill_token_ids[i][j]``."""
+    for i, row in enumerate(group.get("tokens") or ()):
+        yield f"tokens[{i}]", row
+    for i, seq in enumerate(group.get("distill_token_ids") or ()):
+        for j, pos in enumerate(seq or ()):
+            yield f"distill_token_ids[{i}][{j}]", pos or ()
+
+
+def check_token_ids(group: Mapping[str, Any], vocab_size: int | None = None) -> None:
+    """Raise :class:`GroupError` naming the first id of ``tokens`` or ``distill_token_ids``
+    that the model cannot take: not an integer, negative, beyond int64 or (with
+    ``vocab_size``, the model's embedding rows) ``>= vocab_size``. Such an id would fail
+    the embedding lookup, the teacher gather or the tensor itself, for the whole batch and
+    again each time the batch is served; masks need no check (:func:`check_masks` holds
+    them to their tokens).
+    """
+    top = _MAX_ID if vocab_size is None else min(vocab_size - 1, _MAX_ID)
+    for where, row in _id_rows(group):
+        if not row:
+            continue
+        try:  # min and max run in C; only a failing row is walked id by id
+            if 0 <= min(row) and max(row) <= top:
+                continue
+        except TypeError:
+            pass
+        for p, tok in enumerate(row):
+            try:
+                fits = 0 <= tok <= top
+            except TypeError:
+                raise GroupError(f"{where}[{p}] is {tok!r}, not an integer token id") from None
+            if not fits:
+                bound = f"the model's vocab_size {vocab_size}" if vocab_size else "2^63"
+                raise GroupError(
+                    f"{where}[{p}] is {tok!r}: a token id must be >= 0 and below {bound}"
+                )
+
+
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float) -> float:
     """DAPO's soft overlong punishment (as verl's ``overlong_buffer``): 0 up to
     ``max_len − buffer_len`` trained tokens, then falling linearly to ``−factor`` at
@@ -221,6 +264,7 @@ def group_to_samples(
     batch_std: float | None = None,
     mask_truncated: bool = False,
     overlong: tuple[int, int, float] | None = None,
+    vocab_size: int | None = None,
 ) -> List[Sample]:
     """Shift one scored group into per-sequence :class:`Sample` records.
 
@@ -231,7 +275,8 @@ def group_to_samples(
     trained-token count (its response length) to its score before the advantages are
     computed. Raises :class:`GroupError` (a ``ValueError``) naming the field when the
     group is inconsistent, including a mask entry that is not its token (see
-    :func:`check_masks`).
+    :func:`check_masks`) and a token id the model cannot take (see
+    :func:`check_token_ids`; ``vocab_size``: the model's embedding rows).
     """
     tokens: List[List[int]] = group["tokens"]
     masks: List[List[int]] = group["masks"]
@@ -247,6 +292,7 @@ def group_to_samples(
     bad = [i for i, x in enumerate(scores) if not _finite(x)]
     if bad:
         raise GroupError(f"scores[{bad[0]}] is {scores[bad[0]]!r}, not a finite number")
+    check_token_ids(group, vocab_size)
     check_masks(tokens, masks)
     if overlong is not None:
         scores = [

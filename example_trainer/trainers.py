@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterable, List, Sequence
 import torch
 
 from . import api, supervision
-from .batching import PreparedBatch, prepare_batch
+from .batching import EmptyBatchError, PreparedBatch, prepare_batch
 from .checkpointing import find_latest_checkpoint, load_trainer_state, save_checkpoint
 from .config import TrainingConfig
 from .data import Sample
@@ -83,6 +83,10 @@ class GRPOTrainer:
             load_config, str(resume_dir) if resume_dir else None
         )
         self.loss_config = LossConfig.from_training(config)
+        self.vocab_size = embedding_rows(self.model)
+        """Ids the model can look up (None: unknown): a group with a larger one is dropped."""
+        self.skipped_batches = 0
+        """Batches acknowledged without a step: nothing in them could be trained on."""
         if config.fp32_lm_head:
             fp32_lm_head(self.model)
         self.ref_model = (
@@ -259,6 +263,7 @@ class GRPOTrainer:
             scale_rewards=cfg.scale_rewards,
             mask_truncated=cfg.mask_truncated,
             mini_batches=cfg.mini_batches,
+            vocab_size=self.vocab_size,
             overlong=(
                 (cfg.seq_len, cfg.overlong_penalty_len, cfg.overlong_penalty_factor)
                 if cfg.overlong_penalty_len > 0
@@ -286,18 +291,40 @@ class GRPOTrainer:
 
     # --- the loop ----------------------------------------------------------------------
     def _fetch(self, stop: threading.Event | None = None) -> PreparedBatch:
+        """The next batch, prepared. A batch with nothing to train on (every group refused,
+        see :func:`prepare_batch`) is logged, counted (``train/skipped_batches``) and
+        acknowledged by asking for the next one: served again after a restart, it would
+        otherwise stop the run for good."""
         cfg = self.config
         t = time.perf_counter()
-        batch = api.wait_for_batch(
-            cfg.atropos_url,
-            cfg.batch_poll_interval,
-            cfg.batch_wait_timeout,
-            should_stop=lambda: supervision.stopping() or (stop is not None and stop.is_set()),
-        )
-        prepared = self.prepare(batch)
+        client = api.batch_client(cfg.atropos_url)
+        groups = seqs = 0
+        while True:
+            batch = api.wait_for_batch(
+                cfg.atropos_url,
+                cfg.batch_poll_interval,
+                cfg.batch_wait_timeout,
+                should_stop=lambda: supervision.stopping() or (stop is not None and stop.is_set()),
+            )
+            try:
+                prepared = self.prepare(batch)
+                break
+            except EmptyBatchError as exc:
+                self.skipped_batches += 1
+                groups += exc.rejected_groups
+                seqs += exc.rejected_sequences
+                logger.error(
+                    "batch %s skipped, not trained on (acknowledged with the next request): %s",
+                    client.last_batch_id,
+                    exc,
+                )
         prepared.fetch_time = time.perf_counter() - t
+        summary = prepared.summary
+        summary["train/rejected_groups"] = summary.get("train/rejected_groups", 0.0) + groups
+        summary["train/rejected_sequences"] = summary.get("train/rejected_sequences", 0.0) + seqs
+        summary["train/skipped_batches"] = float(self.skipped_batches)
         # Read here, in the one thread that fetches: the client's id moves on with prefetching.
-        prepared.batch_id = api.batch_client(cfg.atropos_url).last_batch_id
+        prepared.batch_id = client.last_batch_id
         return prepared
 
     def _save(self, name: str | None = None) -> Path | None:
@@ -347,7 +374,7 @@ class GRPOTrainer:
             nonlocal sync, writer, progress
             Path(cfg.save_path).mkdir(parents=True, exist_ok=True)
             api.check_atropos_api(cfg.atropos_url)
-            api.register_trainer(cfg, starting_step=self.step)
+            api.register_trainer(cfg, starting_step=self.step, vocab_size=self.vocab_size)
             self.seed_batch_client()
             sync = make_weight_sync(cfg, self.model, self.tokenizer)
             writer = MetricsWriter(cfg)
@@ -436,6 +463,24 @@ class GRPOTrainer:
     def close(self) -> None:
         """Leave the process group (multi-process runs)."""
         self.ctx.close()
+
+
+def embedding_rows(model: torch.nn.Module) -> int | None:
+    """How many token ids ``model`` can take: the smaller of its input embedding's rows and
+    its output layer's width (None when it exposes neither)."""
+    sizes = []
+    for getter, attr in (
+        ("get_input_embeddings", "num_embeddings"),
+        ("get_output_embeddings", "out_features"),
+    ):
+        try:
+            layer = getattr(model, getter)()
+        except (AttributeError, NotImplementedError):
+            continue
+        size = getattr(layer, attr, None)
+        if isinstance(size, int) and size > 0:
+            sizes.append(size)
+    return min(sizes) if sizes else None
 
 
 def _in_background(fn: Any) -> concurrent.futures.Future:

@@ -108,6 +108,7 @@ TIER2_TESTS = (
     "tests/environments/test_reasoning_gym.py::test_items_are_the_same_in_processes_with_",
     "tests/environments/test_reasoning_gym.py::test_generator_pool_raises_on_a_failing_call",
     "tests/environments/test_textarena_workers.py::test_games_hung_in_c_end_at_the_limit",
+    "tests/environments/test_text_game_steps.py::test_games_stuck_in_c_stall_nothing",
     "tests/compat/test_env_files.py::test_env_stops_after_max_server_downtime",
     "tests/proxy/test_proxy_body_timeout.py",  # 20 s: bodies that trickle to a timeout
     "tests/serving/test_swap_in_place.py::test_in_place_loader_holds_one_tensor_at_a_time",
@@ -122,6 +123,9 @@ TIER2_TESTS = (
     "tests/serving/test_weight_check.py",  # 15 s: checkpoints refused by a real server
     "tests/api/test_schemathesis.py",  # 13 s: property-based requests to run-api
     "tests/api/test_disk_full.py",  # 12 s: run-api on a full file system
+    "tests/api/test_poison.py::test_the_vocab_size_survives_a_restart",  # 16 s: run-api twice
+    "tests/example_trainer/test_poison_groups.py::test_poison_batches_leave_a_run_training",  # 15 s: run-api, trainer restarted twice
+    "tests/serving/test_fuzz.py",  # property-based requests to a serve-model of its own
     "tests/serving/test_body_timeout.py",  # 10 s: bodies that trickle to a timeout
     "tests/utils/test_pipelining_bound.py",  # 10 s: connections whose answers are not taken
 )

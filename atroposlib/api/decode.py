@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import msgspec
+import numpy as np
 import simdjson
 from pydantic import ValidationError
 
@@ -109,14 +110,18 @@ class GroupShape:
     rows: Dict[str, Tuple[int, ...]]
     fields: frozenset
     version: int | None = None
+    max_id: int = -1
+    """The largest id in ``tokens`` and ``distill_token_ids`` (-1: none), for the check
+    against the trainer's ``vocab_size`` (:func:`~atroposlib.api.models.check_token_ids`)."""
 
 
 _HIGH_BYTE = 7 if sys.byteorder == "little" else 0
 """Index of the most significant byte of a native uint64 (its top bit marks values >= 2^63)."""
 
 
-def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
-    """Row lengths of a list of lists whose every leaf is ``of_type`` (None: not provably so here).
+def _leaves(value: object, of_type: str) -> Tuple[Tuple[int, ...], object] | None:
+    """Row lengths and flat leaf buffer of a list of lists whose every leaf is ``of_type``
+    (None: not provably so here).
 
     One ``as_buffer`` call checks every leaf of the field in C (``"i"``: int64,
     ``"d"``: any number, ``"u"``: token ids, 0..2^63-1: the uint64 pass refuses
@@ -135,7 +140,26 @@ def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
         return None
     if of_type == "u" and not bytes(buf)[_HIGH_BYTE::8].isascii():
         return None
-    return lengths
+    return lengths, buf
+
+
+def _rows(value: object, of_type: str) -> Tuple[int, ...] | None:
+    """Row lengths of a list of lists whose every leaf is ``of_type`` (see :func:`_leaves`)."""
+    found = _leaves(value, of_type)
+    return None if found is None else found[0]
+
+
+def _id_rows(value: object) -> Tuple[Tuple[int, ...], int] | None:
+    """Row lengths and largest id of a list of token-id rows (see :func:`_leaves`).
+
+    The maximum is one C pass (numpy) over the ids ``as_buffer`` already laid out, so a
+    trainer's ``vocab_size`` is checked without a second parse.
+    """
+    found = _leaves(value, "u")
+    if found is None:
+        return None
+    ids = np.frombuffer(found[1], dtype=np.uint64)
+    return found[0], int(ids.max()) if ids.size else -1
 
 
 def _positions(data: bytes, byte: bytes, count: int) -> List[int] | None:
@@ -185,9 +209,10 @@ def _unchecked_shape(doc: object) -> Tuple[GroupShape, int] | None:
         return None  # duplicate keys: pydantic takes the last value, simdjson the first
     # ``doc.get`` of an absent key costs microseconds (a raised and caught error inside
     # pysimdjson): only present keys are looked up.
-    tokens = _rows(doc.get("tokens") if "tokens" in present else None, "u")
-    if not tokens:
+    found = _id_rows(doc.get("tokens") if "tokens" in present else None)
+    if not found or not found[0]:
         return None  # absent, not ids, or empty (min_length=1): pydantic words the error
+    tokens, max_id = found
     masks = _rows(doc.get("masks") if "masks" in present else None, "i")
     if masks is None:
         return None
@@ -228,7 +253,7 @@ def _unchecked_shape(doc: object) -> Tuple[GroupShape, int] | None:
     for name in _SLOW_FIELDS & fields:
         if doc.get(name) is not None:
             return None
-    return GroupShape(env_id, len(tokens), len(scores), rows, fields, version), arrays
+    return GroupShape(env_id, len(tokens), len(scores), rows, fields, version, max_id), arrays
 
 
 _NOT_INTS = object()
@@ -274,8 +299,23 @@ def model_shape(group: ScoredData) -> GroupShape:
         if (value := getattr(group, name)) is not None
     }
     return GroupShape(
-        group.env_id, len(group.tokens), len(group.scores), rows, frozenset(group.model_fields_set)
+        group.env_id,
+        len(group.tokens),
+        len(group.scores),
+        rows,
+        frozenset(group.model_fields_set),
+        max_id=_max_id(group),
     )
+
+
+def _max_id(group: ScoredData) -> int:
+    """The largest id of a validated group's ``tokens`` and ``distill_token_ids`` (-1: none)."""
+    top = max((max(row) for row in group.tokens if row), default=-1)
+    for seq in group.distill_token_ids or ():
+        for pos in seq:
+            if pos:
+                top = max(top, max(pos))
+    return top
 
 
 def split_shapes(body: bytes) -> List[Tuple[bytes, GroupShape | None]] | None:

@@ -23,7 +23,7 @@ from atroposlib.api.errors import (
     UnknownEnvError,
     invalid_body,
 )
-from atroposlib.api.models import check_lengths
+from atroposlib.api.models import check_lengths, check_token_ids
 from atroposlib.api.store import IncomingGroup, RolloutStore
 
 __all__ = [
@@ -50,10 +50,11 @@ def parse_body(model: type[M], body: bytes) -> M:
 
 
 def incoming(
-    parsed: Sequence[ParsedGroup], many: bool, strict: bool
+    parsed: Sequence[ParsedGroup], many: bool, strict: bool, vocab_size: int | None = None
 ) -> tuple[List[IncomingGroup], List[tuple[int | None, str]]]:
-    """Check each group's counts and lengths (docs/design.md, "Per-token fields"); the
-    groups to store and the lenient findings.
+    """Check each group's counts and lengths (docs/design.md, "Per-token fields") and its
+    token ids against the trainer's ``vocab_size``; the groups to store and the lenient
+    findings.
 
     The findings are ``(env_id, field)`` for optional per-token fields whose
     lengths disagree with ``tokens`` (accepted unless ``strict``).
@@ -64,6 +65,7 @@ def incoming(
         loc = (i,) if many else ()
         for name in check_lengths(p.shape.rows, p.shape.scores, loc, strict):
             findings.append((p.shape.env_id, name))
+        check_token_ids(p.shape.max_id, vocab_size, p.body, loc)
         out.append(
             IncomingGroup(
                 env_id=p.shape.env_id,
@@ -93,7 +95,7 @@ def ingest_groups(
     if strict is None:
         strict = store.strict_groups
     try:
-        groups, findings = incoming(parse_groups(body, many), many, strict)
+        groups, findings = incoming(parse_groups(body, many), many, strict, store.vocab_size)
         outcomes = store.ingest(groups, defer=defer)
     except (BodyValidationError, GroupInconsistentError) as e:
         store.count("rejected_invalid")

@@ -7,7 +7,8 @@ original skipped (counts and per-sequence lengths must agree; docs/design.md, "P
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, List, Mapping, Sequence
+import json
+from typing import Annotated, Any, Dict, Iterator, List, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -24,6 +25,7 @@ __all__ = [
     "Status",
     "check_group_consistency",
     "check_lengths",
+    "check_token_ids",
 ]
 
 # Strict: the stored JSON is the posted JSON, so `1.0` or `"1"` where an int belongs must be
@@ -35,7 +37,8 @@ _WIRE_CONFIG = ConfigDict(strict=True, ser_json_inf_nan="constants", extra="igno
 
 
 class Registration(BaseModel):
-    """The trainer's registration (``POST /register``); every field is required."""
+    """The trainer's registration (``POST /register``); every field but ``vocab_size`` is
+    required (the original's trainers do not send it)."""
 
     wandb_group: str = Field(..., description="W&B group the environments should join.")
     wandb_project: str = Field(..., description="W&B project the environments should join.")
@@ -53,6 +56,13 @@ class Registration(BaseModel):
         ..., ge=-_MAX_INT, le=_MAX_INT, description="Step counter value to start from."
     )
     num_steps: int = Field(..., le=_MAX_INT, description="Total number of trainer steps planned.")
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        le=2**63,
+        description="Rows of the trainer's embedding table: token ids (and distill_token_ids) "
+        ">= it are refused at ingest with a 422 naming the field and index (None: not checked).",
+    )
 
 
 class RegisterEnv(BaseModel):
@@ -124,8 +134,8 @@ class ScoredData(BaseModel):
     group_overrides: dict | None = Field(None, description="Group-level overrides.")
     images: Any | None = Field(None, description="Optional images (e.g. base64 strings).")
     env_id: int | None = Field(None, description="Set by BaseEnv: the sender's env id.")
-    distill_token_ids: List[List[List[int]]] | None = Field(
-        None, description="Teacher top-k token ids, [seq][pos][k]."
+    distill_token_ids: List[List[List[TokenId]]] | None = Field(
+        None, description="Teacher top-k token ids (0 to 2^63-1), [seq][pos][k]."
     )
     distill_logprobs: List[List[List[float]]] | None = Field(
         None, description="Teacher top-k logprobs, [seq][pos][k]."
@@ -227,3 +237,40 @@ def check_group_consistency(
         if (value := getattr(group, name)) is not None
     }
     return check_lengths(rows, len(group.scores), loc_prefix, strict)
+
+
+def _ids_at(doc: Mapping[str, Any]) -> Iterator[tuple[tuple, int]]:
+    """Every token id of a group with its location: ``tokens[i][j]`` then
+    ``distill_token_ids[i][j][k]``."""
+    for i, row in enumerate(doc.get("tokens") or ()):
+        for j, tok in enumerate(row):
+            yield ("tokens", i, j), tok
+    for i, seq in enumerate(doc.get("distill_token_ids") or ()):
+        for j, pos in enumerate(seq or ()):
+            for k, tok in enumerate(pos or ()):
+                yield ("distill_token_ids", i, j, k), tok
+
+
+def check_token_ids(
+    max_id: int, vocab_size: int | None, body: bytes, loc_prefix: tuple = ()
+) -> None:
+    """Refuse a group with a token id the trainer's embedding table has no row for.
+
+    ``max_id`` is the group's largest id (``tokens`` and ``distill_token_ids``, from the
+    one decoding pass); ``vocab_size`` the trainer's (``/register``; None: no check).
+    Only a group that fails is read again (``body``, its posted JSON), to name the first
+    id out of range: :class:`GroupInconsistentError` with its field and index. Such a group
+    would crash every trainer served it, again after each restart.
+    """
+    if vocab_size is None or max_id < vocab_size:
+        return
+    for loc, tok in _ids_at(json.loads(body)):
+        if tok >= vocab_size:
+            where = f"{loc[0]}{''.join(f'[{i}]' for i in loc[1:])}"
+            raise GroupInconsistentError(
+                loc_prefix + loc,
+                f"{where} is {tok}, not below the trainer's vocab_size {vocab_size}",
+            )
+    raise GroupInconsistentError(  # pragma: no cover - max_id came from these very ids
+        loc_prefix + ("tokens",), f"a token id is not below the trainer's vocab_size {vocab_size}"
+    )

@@ -131,6 +131,9 @@ class RolloutStore(StoreIngest, StoreBatches):
         self._warned: set[tuple[int | None, str]] = set()
         self._reset_registration()
         self.max_token_len = -1
+        self.vocab_size: int | None = None
+        """The trainer's embedding rows (``/register``'s optional ``vocab_size``): groups
+        with a token id at or above it are refused at ingest."""
         self.checkpoint_dir: str | None = None
         self.save_checkpoint_interval = -1
         if self._db is not None:
@@ -239,6 +242,7 @@ class RolloutStore(StoreIngest, StoreBatches):
             self.registry.clear()
             self.wandb_group, self.wandb_project = reg.wandb_group, reg.wandb_project
             self.batch_size, self.max_token_len = reg.batch_size, reg.max_token_len
+            self.vocab_size = reg.vocab_size
             self.checkpoint_dir = reg.checkpoint_dir
             self.save_checkpoint_interval = reg.save_checkpoint_interval
             self.num_steps, self.step = reg.num_steps, reg.starting_step

@@ -63,6 +63,7 @@ class DurableState:
     staleness: StalenessControl
     requesters: List[int]
     step: int
+    vocab_size: int | None
 
     if TYPE_CHECKING:
 
@@ -82,6 +83,7 @@ class DurableState:
         pending = self.delivery.pending
         return {
             **{key: getattr(self, key) for key in TRAINER_KEYS},
+            "vocab_size": self.vocab_size,
             "requesters": [str(r) for r in self.requesters],
             "envs": [asdict(e) for e in self.envs],
             "run_token": self.delivery.run_token,
@@ -97,6 +99,7 @@ class DurableState:
         if meta:
             for key in TRAINER_KEYS:
                 setattr(self, key, meta[key])
+            self.vocab_size = meta.get("vocab_size")  # absent in databases of older versions
             self.requesters = [int(r) for r in meta["requesters"]]
             self.registry.restore(meta["envs"])
             self.delivery.run_token = meta.get("run_token") or self.delivery.run_token

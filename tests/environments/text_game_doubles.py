@@ -78,3 +78,31 @@ class SleepingGame(TextGame):
 def exploding_game() -> TextGame:
     """A game factory that raises (a game whose constructor fails)."""
     raise ZeroDivisionError("the game's constructor failed")
+
+
+class BacktrackingGame(TextGame):
+    """A one-player game whose second step backtracks in ``re`` holding the GIL (seconds)."""
+
+    def reset(self, seed: int) -> Turn:
+        self.moves = 0
+        return Turn(0, "go")
+
+    def step(self, text: str) -> StepResult:
+        self.moves += 1
+        if self.moves == 2:
+            re.match(r"(a+)+$", "a" * 27 + "b")
+        return StepResult(Turn(0, "again"), False)
+
+
+class CountingGame(TextGame):
+    """A one-player game that ends after three moves, rewarding 1."""
+
+    def reset(self, seed: int) -> Turn:
+        self.moves = 0
+        return Turn(0, f"seed {seed}")
+
+    def step(self, text: str) -> StepResult:
+        self.moves += 1
+        if self.moves == 3:
+            return StepResult(None, True, {0: 1.0})
+        return StepResult(Turn(0, f"move {self.moves}"), False)

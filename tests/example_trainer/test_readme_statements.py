@@ -134,8 +134,8 @@ def test_training_steps_counts_api_batches_against_a_real_run_api(
     groups = make_batch(tiny_tokenizer, n_groups=6, group_size=2, seed=11)
     real_register = api.register_trainer
 
-    def register_then_queue(config, starting_step=0):
-        answer = real_register(config, starting_step)  # registration resets the queue
+    def register_then_queue(config, starting_step=0, **fields):
+        answer = real_register(config, starting_step, **fields)  # registration resets the queue
         for g in groups:
             r = httpx.post(f"{url}/scored_data", json=g, timeout=10)
             assert r.status_code == 200, r.text

@@ -20,16 +20,23 @@ reserved for them (a game's ``print`` goes to stderr).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
+import logging
 import os
 import pickle
 import signal
 import struct
+import subprocess
 import sys
+import threading
 from typing import Any, BinaryIO, Callable, List
 
-from atroposlib.envs.adapters.text_games import AsyncTextGame, StepResult, TextGame, Turn
+from atroposlib.envs.adapters.text_game_types import AsyncTextGame, StepResult, TextGame, Turn
 from atroposlib.utils.aio import within
 from atroposlib.utils.parent_death import die_with_parent
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "START_TIMEOUT_S",
@@ -37,6 +44,8 @@ __all__ = [
     "GameWorkerDied",
     "GameWorkerPool",
     "ProcessGame",
+    "in_worker",
+    "shared_pool",
 ]
 
 START_TIMEOUT_S = 120.0
@@ -57,27 +66,41 @@ class GameWorkerDied(RuntimeError):
 
 
 class GameWorker:
-    """One worker process and its pipes; one call at a time."""
+    """One worker process and its pipes; one call at a time.
 
-    def __init__(self, proc: asyncio.subprocess.Process):
+    The pipes are non-blocking and waited on with the calling event loop's reader and
+    writer callbacks, registered for one call only: no thread, no child watcher, and no
+    tie to an event loop, so an idle worker serves the next ``asyncio.run`` too (the
+    process-wide pool of :func:`shared_pool`).
+    """
+
+    def __init__(self, proc: subprocess.Popen):
         self.proc = proc
         self.dead = False
+        assert proc.stdin is not None and proc.stdout is not None
+        self._to = proc.stdin.fileno()
+        self._from = proc.stdout.fileno()
+        os.set_blocking(self._to, False)
+        os.set_blocking(self._from, False)
+        self._buffer = bytearray()
 
     @property
     def pid(self) -> int:
         """The worker's process id."""
         return self.proc.pid
 
+    @property
+    def returncode(self) -> int | None:
+        """The worker's exit status once it ended and was reaped (None while it runs)."""
+        return self.proc.poll()
+
     @classmethod
     async def spawn(cls) -> GameWorker:
         """Start a worker; it can import what this process can (``sys.path`` is sent)."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            __name__,
-            str(os.getpid()),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         worker = cls(proc)
         await worker.call("path", list(sys.path))
@@ -89,18 +112,14 @@ class GameWorker:
         if self.dead:
             raise GameWorkerDied(f"game worker {self.pid} was stopped")
         data = pickle.dumps((op, args))
-        stdin, stdout = self.proc.stdin, self.proc.stdout
-        assert stdin is not None and stdout is not None
         try:
-            stdin.write(_HEADER.pack(len(data)) + data)
-            await stdin.drain()
-            (size,) = _HEADER.unpack(await stdout.readexactly(_HEADER.size))
-            status, value = pickle.loads(await stdout.readexactly(size))
-        except (asyncio.IncompleteReadError, ConnectionError) as err:
+            await self._write(_HEADER.pack(len(data)) + data)
+            (size,) = _HEADER.unpack(await self._read(_HEADER.size))
+            status, value = pickle.loads(await self._read(size))
+        except (EOFError, OSError) as err:
             self.kill()
             raise GameWorkerDied(
-                f"game worker {self.pid} exited while running {op!r} "
-                f"(exit code {self.proc.returncode})"
+                f"game worker {self.pid} exited while running {op!r} (exit code {self.proc.poll()})"
             ) from err
         except BaseException:  # cancelled (a time limit) or an unreadable answer
             self.kill()
@@ -109,8 +128,50 @@ class GameWorker:
             raise value
         return value
 
+    async def _ready(self, fd: int, writing: bool) -> None:
+        """Until ``fd`` can be written (or read) without blocking."""
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        if writing:
+            loop.add_writer(fd, wake)
+        else:
+            loop.add_reader(fd, wake)
+        try:
+            await ready
+        finally:
+            (loop.remove_writer if writing else loop.remove_reader)(fd)
+
+    async def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._to, view) :]
+            except BlockingIOError:
+                await self._ready(self._to, writing=True)
+
+    async def _read(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            try:
+                chunk = os.read(self._from, max(size - len(self._buffer), 1 << 16))
+            except BlockingIOError:
+                await self._ready(self._from, writing=False)
+                continue
+            if not chunk:
+                raise EOFError(
+                    f"the worker's pipe closed after {len(self._buffer)} of {size} bytes"
+                )
+            self._buffer += chunk
+        out = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        return out
+
     def kill(self) -> None:
-        """SIGKILL the worker (no wait: :meth:`GameWorkerPool.close` reaps it)."""
+        """SIGKILL the worker and close its pipes (no wait: :meth:`reap` collects it)."""
         if self.dead:
             return
         self.dead = True
@@ -118,65 +179,131 @@ class GameWorker:
             self.proc.kill()
         except ProcessLookupError:
             pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+    async def reap(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Kill the worker and wait until it is reaped (polled: no thread waits on it)."""
+        self.kill()
+        for _ in range(int(timeout / _REAP_POLL_S)):
+            if self.proc.poll() is not None:
+                return
+            await asyncio.sleep(_REAP_POLL_S)
+
+
+_REAP_POLL_S = 0.01
 
 
 class GameWorkerPool:
     """Workers of one event loop: an idle one is reused, a killed one is replaced.
 
     It keeps as many idle workers as were ever busy at once (the environment's peak of
-    concurrent episodes), and :meth:`close` stops and reaps them all.
+    concurrent episodes), and :meth:`close` stops and reaps them all. Its workers serve any
+    event loop (see :class:`GameWorker`); ``loop`` is the one it was made in.
     """
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        try:
+            self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self.loop = None
         self._idle: List[GameWorker] = []
         self._all: List[GameWorker] = []
         self._closed = False
+        self._lock = threading.Lock()  # the shared pool may serve loops in several threads
 
     @property
     def pids(self) -> List[int]:
         """Process ids of the workers not yet reaped."""
-        return [w.pid for w in self._all if w.proc.returncode is None]
+        with self._lock:
+            return [w.pid for w in self._all if w.returncode is None]
 
     async def acquire(self) -> GameWorker:
         """An idle worker, or a new one."""
-        if self._closed:
-            raise RuntimeError("the game worker pool is closed")
-        self._all = [w for w in self._all if w.proc.returncode is None]
-        while self._idle:
-            worker = self._idle.pop()
-            if not worker.dead and worker.proc.returncode is None:
-                return worker
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the game worker pool is closed")
+            self._all = [w for w in self._all if w.returncode is None]
+            while self._idle:
+                worker = self._idle.pop()
+                if not worker.dead and worker.returncode is None:
+                    return worker
         worker = await GameWorker.spawn()
-        self._all.append(worker)
+        with self._lock:
+            self._all.append(worker)
         return worker
 
     def release(self, worker: GameWorker) -> None:
         """Give ``worker`` back: kept for the next game unless it was killed."""
-        if worker.dead or self._closed or worker.proc.returncode is not None:
-            worker.kill()
-            return
-        self._idle.append(worker)
+        with self._lock:
+            if worker.dead or self._closed or worker.returncode is not None:
+                worker.kill()
+                return
+            self._idle.append(worker)
 
     async def close(self) -> None:
         """Kill every worker and wait until each is reaped."""
-        self._closed = True
-        self._idle.clear()
-        workers, self._all = self._all, []
-        for worker in workers:
-            worker.kill()
-        await asyncio.gather(*(w.proc.wait() for w in workers), return_exceptions=True)
+        with self._lock:
+            self._closed = True
+            self._idle.clear()
+            workers, self._all = self._all, []
+        await asyncio.gather(*(w.reap() for w in workers), return_exceptions=True)
 
     def abandon(self) -> None:
         """Kill every worker without waiting (the pool's event loop is gone)."""
-        self._closed = True
-        for worker in self._all:
-            worker.dead = True
-            try:
-                os.kill(worker.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._all, self._idle = [], []
+        with self._lock:
+            self._closed = True
+            workers, self._all, self._idle = self._all, [], []
+        for worker in workers:
+            worker.kill()
+
+
+_shared: GameWorkerPool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> GameWorkerPool:
+    """The process-wide pool :func:`~atroposlib.envs.adapters.text_games.play_episode` runs a
+    plain :class:`TextGame` in when it is given none: its idle workers serve every later
+    episode, in any event loop; they are killed when this process exits (or by
+    ``await shared_pool().close()``, after which a new pool is made)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared._closed:
+            _shared = GameWorkerPool()
+            atexit.register(_shared.abandon)
+        return _shared
+
+
+async def in_worker(game: TextGame, pool: GameWorkerPool | None = None) -> ProcessGame | TextGame:
+    """``game`` moved into a worker process of ``pool`` (default :func:`shared_pool`), where a
+    step that overruns its limit is killed instead of holding a thread (or, stuck in C with
+    the GIL, the event loop). The game is pickled as it is now; the caller's object is left
+    as it was.
+
+    A game the worker cannot rebuild (unpicklable state, or a class the worker cannot
+    import, such as one defined in the ``__main__`` script) is returned as it is, with a
+    warning: its steps then run in a thread, which cannot stop one blocked in C.
+    """
+    try:
+        if type(game).__module__ == "__main__":
+            raise pickle.PicklingError("its class is defined in __main__, which workers do not run")
+        payload = pickle.dumps(game)
+        factory = functools.partial(pickle.loads, payload)
+        return await ProcessGame(pool or shared_pool(), factory, game.num_players).start()
+    except (GameWorkerDied, asyncio.TimeoutError):
+        raise  # the worker, not the game: nothing a thread would do better
+    except Exception as err:  # pickling here or rebuilding there failed: any error type
+        logger.warning(
+            "text game %s cannot run in a worker process (%s: %s): its steps run in a thread, "
+            "where one stuck in C is never stopped and can freeze the event loop; define it "
+            "in an importable module, with picklable state",
+            type(game).__name__,
+            type(err).__name__,
+            err,
+        )
+        return game
 
 
 class ProcessGame(AsyncTextGame):

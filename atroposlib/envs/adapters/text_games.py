@@ -9,10 +9,14 @@ are async functions ``(messages, max_tokens) -> reply``: the policy through
 interrupted after ``step_timeout_s``), ``step_error``, or the reason of an
 :class:`EpisodeEnded` a player raised (an opponent whose server failed).
 
-A :class:`TextGame` runs in a thread, which stops a step that loops in Python but not
-one blocked in C (a sleep, a regex that backtracks while holding the GIL). An
-:class:`AsyncTextGame` is awaited instead, and cancelled at its time limit: one whose
-game runs in a worker process (``game_worker.ProcessGame``) is killed there.
+A :class:`TextGame` given to :func:`play_episode` is moved into a worker process
+(``game_worker.in_worker``: pickled, then rebuilt there), and a step past its time limit
+kills that worker, which the pool replaces: a step blocked in C (a sleep, a regex that
+backtracks while holding the GIL) stops the event loop and every other episode no more
+than one that loops in Python, and leaves no thread behind. Only a game that cannot be
+pickled still runs in a thread (with a warning), which stops a step that loops in Python
+but not one blocked in C. An :class:`AsyncTextGame` is awaited, and cancelled at its time
+limit: one whose game runs in a worker process (``game_worker.ProcessGame``) is killed there.
 
 Each player keeps its own conversation: the system prompt, then for every turn its
 observation as a user message and its reply as an assistant message, so the policy's
@@ -21,14 +25,22 @@ turns extend one token sequence and only they are trained.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import ctypes
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List
 
+from atroposlib.envs.adapters.game_worker import GameWorkerPool, in_worker
+from atroposlib.envs.adapters.text_game_types import (
+    AsyncTextGame,
+    EpisodeEnded,
+    GameStepTimeout,
+    StepResult,
+    TextGame,
+    Turn,
+)
 from atroposlib.utils.aio import within
 
 logger = logging.getLogger(__name__)
@@ -48,71 +60,6 @@ __all__ = [
 
 Messages = List[Dict[str, str]]
 Player = Callable[[Messages, int], Awaitable[str]]
-
-
-@dataclass
-class Turn:
-    """Whose move it is and the observation they are shown."""
-
-    player: int
-    observation: str
-
-
-@dataclass
-class StepResult:
-    """What a step did: the next turn (None when done), final rewards (when done)."""
-
-    turn: Turn | None
-    done: bool
-    rewards: Dict[int, float] = field(default_factory=dict)
-
-
-class TextGame(abc.ABC):
-    """A text game for one or more players. Implementations may block (they run in a thread)."""
-
-    num_players: int = 1
-
-    @abc.abstractmethod
-    def reset(self, seed: int) -> Turn:
-        """Start a new game from ``seed``; the first turn."""
-
-    @abc.abstractmethod
-    def step(self, text: str) -> StepResult:
-        """Play the current player's move ``text``."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release what the game holds."""
-
-
-class AsyncTextGame(abc.ABC):
-    """A text game whose calls are awaited; a cancelled call must leave nothing running
-    (``play_episode`` cancels one at its time limit)."""
-
-    num_players: int = 1
-
-    @abc.abstractmethod
-    async def reset(self, seed: int) -> Turn:
-        """Start a new game from ``seed``; the first turn."""
-
-    @abc.abstractmethod
-    async def step(self, text: str) -> StepResult:
-        """Play the current player's move ``text``."""
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        """Release what the game holds."""
-
-
-class EpisodeEnded(Exception):
-    """Raised by a player that cannot move (say, its server is down): the episode ends
-    with ``reason`` as its ``end_reason`` and the message logged."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-class GameStepTimeout(Exception):
-    """Raised inside a game's thread when a step ran past its time limit."""
 
 
 def run_with_timeout(fn: Callable[[], Any], timeout: float) -> Any:
@@ -181,12 +128,15 @@ async def play_episode(
     max_tokens_per_turn: int = 256,
     step_timeout_s: float = 10.0,
     budget_left: Callable[[int], int] | None = None,
+    workers: GameWorkerPool | None = None,
 ) -> Episode:
     """Play ``game`` from ``seed`` with ``players[player_id]`` making the moves.
 
     ``budget_left(player)`` (tokens left in that player's sequence) ends the episode
-    before a reply could overflow it. The game's own calls get ``step_timeout_s`` each
-    (a :class:`TextGame`'s run in a thread).
+    before a reply could overflow it. The game's own calls get ``step_timeout_s`` each.
+    A :class:`TextGame` plays in a worker process of ``workers`` (by default the
+    process-wide ``game_worker.shared_pool()``), built
+    from a pickled copy of ``game``: ``game`` itself is not stepped.
     """
     conversations: Dict[int, Messages] = {}
 
@@ -199,6 +149,8 @@ async def play_episode(
 
     turns, rewards, reason = 0, {}, "done"
     try:
+        if isinstance(game, TextGame):
+            game = await in_worker(game, workers)
         turn: Turn | None = await _game_call(game, "reset", step_timeout_s, seed)
         while turn is not None:
             if turns >= max_turns:

@@ -39,6 +39,12 @@ class TextArenaGame(TextGame):
         self.env = textarena.make(game_id)
         self._random_state: Any = None
 
+    def __reduce__(self) -> tuple:
+        # TextArena's wrapped envs do not survive a pickle (their attribute delegation
+        # recurses): a game is sent to a worker process as its id and rebuilt there, fresh.
+        # It is sent before its reset (play_episode), which sets every bit of its state.
+        return (type(self), (self.game_id, self.num_players))
+
     def _with_own_random(self, fn: Callable[[], Any]) -> Any:
         with _RANDOM_LOCK:
             saved = random.getstate()
