@@ -4,6 +4,7 @@ metric keys in order and values, bit for bit), and ``compute_loss`` from log-pro
 
 from __future__ import annotations
 
+import ast
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from example_trainer.loss import compute_loss
 from example_trainer.loss_config import LossConfig
 from example_trainer.off_policy import CorrectionConfig
 from example_trainer.training import grpo_loss, token_entropy, token_logprobs
+from tests.conftest import ROOT
 from tests.example_trainer._grpo_loss_before_split import grpo_loss as grpo_loss_before
 
 B, T, V, K = 3, 9, 11, 4
@@ -26,6 +28,7 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
 
 CONFIGS = {
     "default": LossConfig(),
@@ -198,3 +201,14 @@ def test_compute_loss_asks_for_the_entropy_when_the_config_weighs_it():
             batch["labels"] != IGNORE_INDEX,
             LossConfig(entropy_coef=0.1),
         )
+
+
+def test_no_function_of_the_loss_is_over_80_lines():
+    for name in ("loss.py", "training.py"):
+        tree = ast.parse((ROOT / "example_trainer" / name).read_text())
+        long = [
+            f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 80
+        ]
+        assert not long, f"example_trainer/{name}: {long}"
