@@ -57,10 +57,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from atroposlib.utils.ports import free_port
-    from example_trainer.launcher import resolve_model
+    from example_trainer.launch.launcher import resolve_model
+    from example_trainer.launch.run_config import RunConfig
+    from example_trainer.launch.warmup import sft_warmup
     from example_trainer.plugins import load_function
-    from example_trainer.run_config import RunConfig
-    from example_trainer.warmup import sft_warmup
 
     cfg = RunConfig(**(yaml.safe_load(args.config.read_text()) or {}))
     if cfg.warmup is None or cfg.eval is None:
