@@ -21,8 +21,8 @@ uvicorn settings that reads the same bodies and answers ``{"status":"received"}`
         # in-memory, --persist and the floor, 3 runs each; prints the markdown
         # table of the READMEs (median and range)
     .venv/bin/python benchmarks/api_bench.py --table --repeats 5 --write
-        # the same, and writes the table into both READMEs (the API README's
-        # marked block and the "API ..." rows of README.md's performance table)
+        # the same, and writes the table into the API README's marked block and
+        # the "API ..." rows of docs/performance.md
 """
 
 from __future__ import annotations
@@ -701,7 +701,7 @@ def markdown_table(
 
 
 API_README = ROOT / "atroposlib" / "api" / "README.md"
-MAIN_README = ROOT / "README.md"
+MAIN_README = ROOT / "docs" / "performance.md"
 TABLE_START, TABLE_END = "<!-- api_bench table start -->", "<!-- api_bench table end -->"
 
 
@@ -711,14 +711,16 @@ def table_rows(text: str) -> List[str]:
 
 
 def write_readmes(table: str) -> None:
-    """Put ``table`` between the API README's markers and its rows into README.md's table."""
+    """Put ``table`` between the API README's markers and its rows into docs/performance.md's table."""
     text = API_README.read_text()
     start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
     lines = MAIN_README.read_text().splitlines(keepends=True)
     old = [i for i, line in enumerate(lines) if line.startswith("| API ")]
     new = table_rows(table)
     if len(old) != len(new) or old != list(range(old[0], old[0] + len(old))):
-        raise SystemExit("README.md's API rows are not one block of the same length: edit by hand")
+        raise SystemExit(
+            "docs/performance.md's API rows are not one block of the same length: edit by hand"
+        )
     lines[old[0] : old[-1] + 1] = [row + "\n" for row in new]
     API_README.write_text(text[:start] + "\n" + table + "\n" + text[end:])
     MAIN_README.write_text("".join(lines))
@@ -752,7 +754,9 @@ def main() -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of each kind with --table")
     p.add_argument(
-        "--write", action="store_true", help="with --table: write the table into both READMEs"
+        "--write",
+        action="store_true",
+        help="with --table: write the table into the API README and docs/performance.md",
     )
     p.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -5,7 +5,7 @@ times in a row, each in its own directory under ``--out`` (the plain demo's
 ``runs/demo`` is left alone), with ``run-api --max-staleness K`` and/or
 ``atropos-grpo --off-policy-correction MODE [--off-policy-clip C]``. Each run's
 ``summary.json`` gives held-out greedy accuracy before → after (after = mean of the
-last three evals); the bar (README performance table) is after >= 2x before and
+last three evals); the bar (docs/performance.md) is after >= 2x before and
 >= +0.3 (``--min-gain``: the reasoning-gym demo's is +0.2), within 10 minutes, in at least
 4 of 5 runs.
 

@@ -7,7 +7,7 @@ times in a row (each in its own directory under ``--out``), then the teacher's o
 gives held-out greedy accuracy (200 sums) before → after (after = mean of the last three
 evals) and, for the distillation runs, the teacher's accuracy on the same eval.
 
-The bar (README performance table): the student's after >= 80 % of the teacher's, status
+The bar (docs/performance.md): the student's after >= 80 % of the teacher's, status
 ok, within 10 minutes of distillation (the run's wall time less the one-time making of the
 teacher, which the first run does when ``.cache/teacher`` holds none), in at least 4 of 5
 runs. Each run also reports the first eval step at which it reached 80 % of the teacher,

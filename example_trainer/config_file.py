@@ -3,7 +3,7 @@
 A mistake in the file is reported as the file and the key path where it sits
 (``demo.yaml: trainer.trainig_steps: unknown key; did you mean trainer.training_steps?``),
 never as a command-line flag the user did not type. Unknown keys are found at every level
-the file has a schema for: the top level (:class:`~example_trainer.run_config.RunConfig`),
+the file has a schema for: the top level (:class:`~example_trainer.launch.run_config.RunConfig`),
 its sections (``warmup:``, ``eval:``, ``teacher:``) and ``trainer:`` (the fields of
 :class:`~example_trainer.config.TrainingConfig`). The suggestions come from
 :mod:`atroposlib.utils.suggest`, the helper the environment CLI's unknown flags use too.

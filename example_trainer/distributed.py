@@ -34,7 +34,7 @@ from typing import Any, Callable, List, Mapping, Sequence, Tuple, TypeVar
 
 import torch
 
-from . import supervision
+from .launch import supervision
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Sequence
 
 from atroposlib.utils.model_check import model_problem
 
-from . import supervision
 from .cli import config_from_args
 from .config import TrainingConfig
+from .launch import supervision
 
 TRAINING_LIBRARIES = ("transformers", "tokenizers", "torch", "accelerate", "peft")
 """Libraries the trainer depends on; checked against the declared ranges at start."""

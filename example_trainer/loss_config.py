@@ -3,8 +3,9 @@
 :class:`LossConfig` gathers every loss option (clip ranges, KL, importance-sampling level,
 off-policy correction, aggregation, entropy, distillation); the trainer builds it once from
 its :class:`~example_trainer.config.TrainingConfig` and passes it to
-:func:`~example_trainer.training.grpo_loss` with every micro-batch. A new loss term adds
-its fields here and reads them in ``grpo_loss``; nothing else in the loop changes.
+:func:`~example_trainer.training.grpo_loss` (or, from log-probs,
+:func:`~example_trainer.loss.compute_loss`) with every micro-batch. A new loss term adds its
+fields here and reads them in :mod:`example_trainer.loss`; nothing else in the loop changes.
 
 Example::
 

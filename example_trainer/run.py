@@ -6,15 +6,15 @@ trainer as child processes; shows their status in one place; writes each one's
 log to ``RUN_DIR/logs/``; and stops everything on exit, on any child's failure, on
 Ctrl-C or SIGTERM, and (through the kernel's parent-death signal, which every child
 and every trainer rank sets) even if the launcher is killed with ``kill -9``: no
-process of the run outlives it (see :mod:`example_trainer.supervision`).
+process of the run outlives it (see :mod:`example_trainer.launch.supervision`).
 
 Optionally (the CPU demo turns these on) it first gives the model a short cached
 supervised warm-up on the task format, evaluates before and after training,
 and writes ``curve.png`` and ``summary.json``/``summary.md`` to the run directory.
 
-This module is the command line; the pieces live next to it: :mod:`.run_config`
-(what to run), :mod:`.launcher` (the processes), :mod:`.evaluation`, :mod:`.status`
-(the live view) and :mod:`.summary` (results on disk).
+This module is the command line; the pieces live in :mod:`.launch`: :mod:`.launch.run_config`
+(what to run), :mod:`.launch.launcher` (the processes), :mod:`.launch.evaluation`,
+:mod:`.launch.status` (the live view) and :mod:`.launch.summary` (results on disk).
 
 Examples::
 
@@ -39,12 +39,13 @@ from pydantic import ValidationError
 
 from atroposlib.utils.settings_cli import add_fields
 
-from . import config_file, supervision
-from .launcher import Launcher, as_flags, busy_ports
+from . import config_file
+from .launch import supervision
+from .launch.launcher import Launcher, as_flags, busy_ports
+from .launch.processes import TRAINER_STOP_TIMEOUT
+from .launch.run_config import EvalSection, RunConfig, WarmupSection
+from .launch.summary import clear_previous_run, plot_curve, read_metrics
 from .plugins import load_function
-from .processes import TRAINER_STOP_TIMEOUT
-from .run_config import EvalSection, RunConfig, WarmupSection
-from .summary import clear_previous_run, plot_curve, read_metrics
 from .vllm_manager import wait_for_vllm_ready
 
 __all__ = [

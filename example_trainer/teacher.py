@@ -1,6 +1,6 @@
 """The teacher of a distillation run: its checkpoint, made once and cached, and its server's flags.
 
-A run config's ``teacher:`` section (:class:`~example_trainer.run_config.TeacherSection`)
+A run config's ``teacher:`` section (:class:`~example_trainer.launch.run_config.TeacherSection`)
 names a checkpoint (``model``) or a run config (``from_config``) whose trained
 ``final_model`` is the teacher. In the second case the launcher first runs that config
 as a child ``atropos-grpo-run`` (its own run-api, inference server, environments and
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
-from .processes import ProcessGroup
-from .run_config import TeacherSection
+from .launch.processes import ProcessGroup
+from .launch.run_config import TeacherSection
 
 logger = logging.getLogger(__name__)
 

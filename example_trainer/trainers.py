@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterable, List, Sequence
 
 import torch
 
-from . import api, supervision
+from . import api
 from .batching import EmptyBatchError, PreparedBatch, prepare_batch
 from .checkpointing import find_latest_checkpoint, load_trainer_state, save_checkpoint
 from .config import TrainingConfig
@@ -42,6 +42,7 @@ from .distributed import (
     load_optimizer_state_dict,
     shard_model,
 )
+from .launch import supervision
 from .loss_config import LossConfig
 from .metrics import MetricsWriter, Progress
 from .model import build_optimizer, build_scheduler, load_model, param_groups, setup_model

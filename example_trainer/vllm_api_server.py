@@ -6,7 +6,7 @@ Run it as the original documents::
     python -m example_trainer.vllm_api_server --model MODEL --port 9001 [vLLM engine flags]
 
 Routes: ``GET /health``, ``GET /health_generate``, ``POST /generate`` (the original's request
-and answer, see :func:`example_trainer.vllm_bridge.generate_answer`),
+and answer, see :func:`example_trainer.vllm_integration.bridge.generate_answer`),
 ``/bridge/info|state_dict_info|pause|resume|is_paused|sleep|wake_up|is_sleeping|debug|list_endpoints``,
 ``/lora/status|load|unload``, and vLLM's weight routes ``GET /weight_info``,
 ``POST /update_weight_version`` and, in single-copy mode, ``POST /init_weight_transfer_engine``,
@@ -54,7 +54,7 @@ from atroposlib.http.openai_protocol import (
 from atroposlib.http.security import load_api_key
 from atroposlib.http.server import ServerOptions, build_server
 from example_trainer._needs_vllm import require_vllm
-from example_trainer.vllm_bridge import (
+from example_trainer.vllm_integration.bridge import (
     BridgeInfoResponse,
     BridgeState,
     LoraLoadRequest,
@@ -64,7 +64,7 @@ from example_trainer.vllm_bridge import (
     shared_weights_problem,
     shared_weights_requested,
 )
-from example_trainer.vllm_routes import (
+from example_trainer.vllm_integration.routes import (
     Conflict,
     Served,
     install_lora_routes,

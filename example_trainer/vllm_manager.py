@@ -3,7 +3,7 @@
 ``launch_vllm_server`` starts a server (vLLM when installed, else ``atropos-serve-model``)
 on the config's ``vllm_port`` and remembers it; the other functions check, swap LoRA
 adapters into, and stop that process. The process itself is an
-:class:`~example_trainer.inference_process.InferenceProcess`; the trainer's own modes use
+:class:`~example_trainer.launch.inference_process.InferenceProcess`; the trainer's own modes use
 that module directly.
 
 Unlike the original, ``kill_process_on_port`` ends only processes this trainer started
@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from .inference_process import (
+from .launch.inference_process import (
     InferenceProcess,
     InferenceServerError,
     port_is_free,

@@ -17,13 +17,13 @@ failure raises :class:`WeightSyncError` with the reason, it never hangs.
   finish, new ones wait) and resumed after the update, even when it fails.
   Against vLLM's own server (found at ``start``: it answers ``GET /weight_info``), always
   paused: the weights are reloaded in place through its RL routes and named by the step
-  (:mod:`.vllm_weights`); a failed load puts the previous weights back before resuming.
+  (:mod:`.vllm_integration.weights`); a failed load puts the previous weights back before resuming.
 - ``lora_only``: save the adapter and ``POST /lora/load`` (vLLM's custom server);
   a server without that endpoint (404) gets the merged weights via
   ``/update_weights`` instead. Against vLLM's own server the adapter is loaded under
   :data:`VLLM_ADAPTER_NAME` through ``/v1/load_lora_adapter`` at start (untrained) and
   replaced in place at each sync (environments request that name as their model;
-  ``atropos-grpo-run`` points them at it, see :mod:`.vllm_lora`).
+  ``atropos-grpo-run`` points them at it, see :mod:`.vllm_integration.lora`).
 - ``lora_restart``: merge the adapter and restart the server on the merged model.
 """
 
@@ -44,9 +44,9 @@ from atroposlib.utils.io import auth_headers
 
 from .checkpointing import save_model_dir
 from .config import TrainingConfig
-from .inference_process import InferenceProcess, InferenceServerError
-from .vllm_lora import VLLM_ADAPTER_NAME
-from .vllm_weights import (
+from .launch.inference_process import InferenceProcess, InferenceServerError
+from .vllm_integration.lora import VLLM_ADAPTER_NAME
+from .vllm_integration.weights import (
     VLLMWeightClient,
     VLLMWeightError,
     is_vllm_server,

@@ -1,4 +1,4 @@
-"""The rollout API's benchmark table is one table: README.md shows the API README's rows."""
+"""The rollout API's benchmark table is one table: docs/performance.md shows the API README's rows."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ def _bench():
     return sys.modules["api_bench"]
 
 
-def test_both_readmes_show_the_same_api_rows():
+def test_the_api_readme_and_the_performance_page_show_the_same_api_rows():
     bench = _bench()
     api = (ROOT / "atroposlib" / "api" / "README.md").read_text()
     block = api[api.index(bench.TABLE_START) : api.index(bench.TABLE_END)]
     rows = bench.table_rows(block)
     assert len(rows) >= 8
-    assert bench.table_rows((ROOT / "README.md").read_text()) == rows
+    assert bench.MAIN_README == ROOT / "docs" / "performance.md"
+    assert bench.table_rows(bench.MAIN_README.read_text()) == rows
 
 
 def test_write_readmes_replaces_both_tables(tmp_path, monkeypatch):
@@ -42,7 +43,7 @@ def test_write_readmes_replaces_both_tables(tmp_path, monkeypatch):
         f"intro\n{bench.TABLE_START}\nMeasured now.\n\n| what |\n|---|\n| API a | 9 |\n"
         f"| API b | 8 |\n{bench.TABLE_END}\nafter\n"
     )
-    # README.md keeps its own header and other rows; its API block becomes the new rows
+    # the performance page keeps its own header and other rows; its API block becomes the new rows
     assert main.read_text() == "| what |\n|---|\n| API a | 9 |\n| API b | 8 |\n| other | 2 |\n"
     # a different count of rows is refused rather than guessed at
     with pytest.raises(SystemExit):

@@ -14,8 +14,8 @@ import pytest
 
 from atroposlib.utils.model_check import model_problem
 from atroposlib.utils.ports import busy_port_message, next_free_port, port_in_use
-from example_trainer.launcher import busy_ports
-from example_trainer.run_config import RunConfig
+from example_trainer.launch.launcher import busy_ports
+from example_trainer.launch.run_config import RunConfig
 
 
 @pytest.fixture

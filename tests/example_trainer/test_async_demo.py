@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from example_trainer.launcher import Launcher
+from example_trainer.launch.launcher import Launcher
 from example_trainer.run import config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]

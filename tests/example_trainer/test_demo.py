@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 import environments.arithmetic_server as arith
-from example_trainer.evaluation import Evaluator
+from example_trainer.launch.evaluation import Evaluator
+from example_trainer.launch.run_config import EvalSection, RunConfig
+from example_trainer.launch.status import PlainProgress, eta_seconds, progress_text
 from example_trainer.plugins import load_function
-from example_trainer.run_config import EvalSection, RunConfig
-from example_trainer.status import PlainProgress, eta_seconds, progress_text
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "example_trainer" / "configs" / "demo_cpu.yaml"
@@ -135,7 +135,7 @@ def test_plain_progress_prints_at_marks_and_on_a_timer_only_when_steps_advance()
 
 
 def test_without_a_terminal_the_launcher_prints_plain_progress_lines(tmp_path, capsys):
-    from example_trainer.launcher import Launcher
+    from example_trainer.launch.launcher import Launcher
 
     cfg = RunConfig(
         run_dir=str(tmp_path / "run"), status_interval=0.05, trainer={"training_steps": 6}
@@ -163,7 +163,7 @@ def test_without_a_terminal_the_launcher_prints_plain_progress_lines(tmp_path, c
 
 
 def test_launcher_run_dir_is_new_per_run_and_config_dir_links_to_it(tmp_path):
-    from example_trainer.launcher import Launcher
+    from example_trainer.launch.launcher import Launcher
 
     cfg = RunConfig(run_dir=str(tmp_path / "demo"))
     first = Launcher(cfg).run_dir
@@ -178,8 +178,8 @@ def test_launcher_run_dir_is_new_per_run_and_config_dir_links_to_it(tmp_path):
 def test_live_table_shows_each_process_and_the_progress_line(tmp_path):
     from rich.console import Console
 
-    from example_trainer.processes import ProcessGroup
-    from example_trainer.status import status_table
+    from example_trainer.launch.processes import ProcessGroup
+    from example_trainer.launch.status import status_table
 
     procs = ProcessGroup(tmp_path)
     procs.start("trainer", [sys.executable, "-c", "pass"])

@@ -1,4 +1,4 @@
-"""Statements of README.md and example_trainer/README.md about the trainer, each checked
+"""Statements of docs/async-rl.md and example_trainer/README.md about the trainer, each checked
 against a hand computation or a run: what an absurd (−9999) sampler log-prob gets under each
 ``--off-policy-correction``/``--tis-mode``, what one of ``--training-steps`` is, the KL
 reference's dtype and memory under ``--precision``, the clamps of every KL estimator,
@@ -36,7 +36,7 @@ def _two_way(probs: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _loss_grad(logits, labels, weights) -> torch.Tensor:
     """The logits' gradient of ``−Σ_t w_t·logp_t / T``: the loss whose token ``t`` gets
-    ``w_t·∇logp`` (README's way of stating each mode's gradient)."""
+    ``w_t·∇logp`` (docs/async-rl.md's way of stating each mode's gradient)."""
     x = logits.detach().clone().requires_grad_(True)
     (-(torch.tensor([weights]) * token_logprobs(x, labels)).sum() / labels.numel()).backward()
     return x.grad
@@ -50,7 +50,7 @@ def _loss_grad(logits, labels, weights) -> torch.Tensor:
 
 C = 2.5
 ABSURD_CASES = [
-    # (mode, tis_mode, advantage, README's gradient weight of the −9999 token)
+    # (mode, tis_mode, advantage, the docs' gradient weight of the −9999 token)
     ("none", "clip-zone-zero", -1.5, 0.0),
     ("none", "clip-zone-zero", 1.5, 0.0),
     ("icepop", "clip-zone-zero", -1.5, 0.0),
@@ -76,7 +76,7 @@ def test_an_absurd_sampler_logprob_gets_the_gradient_readme_states(mode, tis_mod
     out.loss.backward()
     torch.testing.assert_close(logits.grad, _loss_grad(logits, labels, [adv, weight]))
     # The ratio to the sampler is e^20 (the clamp), not inf; `off_policy/clip_fraction` is
-    # README.md's "share truncated or dropped": that token, one of two.
+    # docs/async-rl.md's "share truncated or dropped": that token, one of two.
     m = out.metrics
     sampler_ratio = m["off_policy/mean_ratio"] if mode != "none" else m["grpo/mean_ratio"]
     assert float(sampler_ratio) == pytest.approx((1.0 + math.exp(20.0)) / 2, rel=1e-5)
@@ -85,7 +85,7 @@ def test_an_absurd_sampler_logprob_gets_the_gradient_readme_states(mode, tis_mod
 
 
 def test_no_correction_pushes_a_negative_advantage_with_the_whole_ratio():
-    # README.md, `--off-policy-correction none`: "a token with `A < 0` and a huge `r` pushes
+    # docs/async-rl.md, `--off-policy-correction none`: "a token with `A < 0` and a huge `r` pushes
     # with `r·A`"; `tis` bounds the same token by `C·|A|`.
     logits, labels = _two_way([0.5])
     inference = torch.tensor([[math.log(0.01)]])  # r = 50
@@ -102,7 +102,7 @@ def test_no_correction_pushes_a_negative_advantage_with_the_whole_ratio():
 def test_tis_truncate_weights_every_token_by_the_capped_ratio_to_the_sampler():
     # example_trainer/README.md, `--tis-mode truncate`: "every token's loss is multiplied by the
     # constant `w = min(exp(old − b), C)` and PPO's clip is taken against the trainer's own `old`
-    # log-probs ..., so a clip-zone token gets `min(r, C)·A·∇logp`"; README.md's `tis` row: that
+    # log-probs ..., so a clip-zone token gets `min(r, C)·A·∇logp`"; docs/async-rl.md's `tis`: that
     # token gets 0 under the default mode. Ratios to the sampler 1.5, 4 and 0.5, A = +1.
     logits, labels = _two_way([0.6, 0.8, 0.2])
     inference = torch.log(torch.tensor([[0.4, 0.2, 0.4]]))

@@ -86,7 +86,7 @@ def test_run_config_fields_are_documented():
 
 
 def test_device_precision_and_trainer_procs_reach_the_trainer_command(tmp_path):
-    from example_trainer.launcher import Launcher
+    from example_trainer.launch.launcher import Launcher
 
     cfg = config_from_args(
         [
@@ -109,7 +109,7 @@ def test_device_precision_and_trainer_procs_reach_the_trainer_command(tmp_path):
 
 
 def test_inference_command_is_server_command_with_device_and_dtype(tmp_path, monkeypatch):
-    from example_trainer.launcher import Launcher
+    from example_trainer.launch.launcher import Launcher
     from example_trainer.vllm_manager import server_command
 
     cfg = config_from_args(
@@ -151,8 +151,8 @@ def test_unsupported_trainer_settings_exit_2_before_anything_starts(argv, needle
 
 
 def test_warmup_runs_on_the_trainer_device(tmp_path, monkeypatch):
-    import example_trainer.warmup as warmup
-    from example_trainer.launcher import Launcher
+    import example_trainer.launch.warmup as warmup
+    from example_trainer.launch.launcher import Launcher
 
     seen = {}
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from example_trainer.summary import (
+from example_trainer.launch.summary import (
     after_score,
     format_seconds,
     new_run_dir,

@@ -23,7 +23,7 @@ import pytest
 
 from atroposlib.testing.ports import free_port
 from example_trainer import api
-from example_trainer.processes import ProcessGroup
+from example_trainer.launch.processes import ProcessGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def test_a_process_whose_main_thread_is_stuck_in_c_exits_after_sigterm():
     proc = _python(
         """
         import signal, time
-        from example_trainer import supervision
+        from example_trainer.launch import supervision
         supervision.install(grace=0.5, watch_parent=False)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         print("ready", flush=True)
@@ -73,7 +73,7 @@ def test_a_process_whose_cleanup_hangs_still_exits_and_takes_its_children():
     proc = _python(
         """
         import subprocess, sys, time
-        from example_trainer import supervision
+        from example_trainer.launch import supervision
         supervision.install(grace=0.5, watch_parent=False)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                  start_new_session=True)
@@ -102,7 +102,7 @@ def test_a_supervised_process_stops_when_its_parent_is_killed():
     parent = _python(
         """
         import os, subprocess, sys, time
-        code = ("from example_trainer import supervision; supervision.install(grace=5); "
+        code = ("from example_trainer.launch import supervision; supervision.install(grace=5); "
                 "print('ready', flush=True); import time; time.sleep(600)")
         env = {**os.environ, "ATROPOS_DIE_WITH_PARENT": "1"}
         child = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from example_trainer.processes import ProcessGroup
+from example_trainer.launch.processes import ProcessGroup
+from example_trainer.launch.run_config import TeacherSection
 from example_trainer.run import config_from_args
-from example_trainer.run_config import TeacherSection
 from example_trainer.teacher import MARKER, build_teacher, resolve_teacher, teacher_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_bad_teacher_section_exits_2_naming_the_field(tmp_path, capsys, teacher,
 
 
 def test_teacher_server_url_reaches_every_environment_and_only_with_a_teacher(tmp_path):
-    from example_trainer.launcher import Launcher
+    from example_trainer.launch.launcher import Launcher
 
     cfg = config_from_args(
         _config(tmp_path, {"model": "/teacher", "port": 9177, "served_model_name": "tch"})

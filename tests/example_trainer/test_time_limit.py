@@ -21,9 +21,9 @@ from atroposlib.testing.launch import run_api_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
 from example_trainer import api, trainers
-from example_trainer.launcher import STOP_GRACE, Launcher
-from example_trainer.run_config import RunConfig
-from example_trainer.summary import TIME_LIMIT_EXIT, write_summary
+from example_trainer.launch.launcher import STOP_GRACE, Launcher
+from example_trainer.launch.run_config import RunConfig
+from example_trainer.launch.summary import TIME_LIMIT_EXIT, write_summary
 from example_trainer.trainers import GRPOTrainer
 from example_trainer.weight_sync import WeightSync
 from tests.example_trainer.conftest import cpu_config, make_batch
@@ -164,7 +164,7 @@ def test_one_time_work_is_not_counted(tmp_path):
 def test_curve_has_a_loss_entropy_kl_panel(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from example_trainer.summary import LOSS_PANEL, plot_curve
+    from example_trainer.launch.summary import LOSS_PANEL, plot_curve
 
     titles = []
     real = matplotlib.figure.Figure.savefig

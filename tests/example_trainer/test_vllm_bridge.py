@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from atroposlib.http.openai_protocol import InvalidRequest
-from example_trainer.vllm_bridge import (
+from example_trainer.vllm_integration.bridge import (
     LOGPROB_FLOOR,
     available_adapters,
     generate_answer,

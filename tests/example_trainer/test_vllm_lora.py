@@ -16,11 +16,11 @@ from typing import Any, Iterator, List
 
 import pytest
 
-from example_trainer.evaluation import Evaluator
-from example_trainer.launcher import Launcher
+from example_trainer.launch.evaluation import Evaluator
+from example_trainer.launch.launcher import Launcher
+from example_trainer.launch.run_config import EvalSection
 from example_trainer.run import config_from_args
-from example_trainer.run_config import EvalSection
-from example_trainer.vllm_lora import (
+from example_trainer.vllm_integration.lora import (
     VLLM_ADAPTER_NAME,
     AdapterWaitError,
     lora_server_args,
@@ -174,7 +174,7 @@ def test_eval_requests_the_served_adapter_when_its_function_takes_a_model(
         calls.append(base_url)
         return 0.5
 
-    monkeypatch.setattr("example_trainer.evaluation.load_function", lambda spec: no_model)
+    monkeypatch.setattr("example_trainer.launch.evaluation.load_function", lambda spec: no_model)
     assert ev.evaluate("during", 2, str(tiny_model_dir)) == 0.5
     assert calls == [fake_vllm.url]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from environments.arithmetic_server import sft_examples
-from example_trainer.warmup import encode_example, sft_warmup
+from example_trainer.launch.warmup import encode_example, sft_warmup
 
 
 def test_warmup_stops_at_score_and_is_cached(tiny_model_dir, tmp_path):

@@ -13,8 +13,8 @@ import pytest
 from atroposlib.testing.ports import free_port
 from example_trainer.cli import config_from_args
 from example_trainer.config import TrainingConfig
-from example_trainer.launcher import Launcher, rendezvous_flags
-from example_trainer.run_config import RunConfig
+from example_trainer.launch.launcher import Launcher, rendezvous_flags
+from example_trainer.launch.run_config import RunConfig
 from example_trainer.weight_sync import HttpReloadSync, LoraOnlySync, WeightSyncError
 from tests.example_trainer.test_sync_and_api import _Server
 

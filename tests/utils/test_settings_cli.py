@@ -257,8 +257,8 @@ def test_every_field_of_each_command_is_one_of_its_flags():
 
 
 def test_the_launcher_flags_that_set_run_config_fields_are_built_from_them():
+    from example_trainer.launch.run_config import RunConfig
     from example_trainer.run import build_parser
-    from example_trainer.run_config import RunConfig
 
     parser = build_parser()
     own = {"help", "config", "training_steps", "no_warmup", "no_eval"}

@@ -21,11 +21,11 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.testing.vllm_server import RunningVLLM
 from example_trainer.config import TrainingConfig
-from example_trainer.launcher import Launcher
+from example_trainer.launch.launcher import Launcher
 from example_trainer.model import apply_lora
 from example_trainer.run import config_from_args
-from example_trainer.vllm_lora import VLLM_ADAPTER_NAME, served_models, wait_for_adapter
-from example_trainer.vllm_weights import VLLMWeightClient
+from example_trainer.vllm_integration.lora import VLLM_ADAPTER_NAME, served_models, wait_for_adapter
+from example_trainer.vllm_integration.weights import VLLMWeightClient
 from example_trainer.weight_sync import LoraOnlySync, merged_copy
 
 PROMPT = [11, 12, 13, 14, 15, 40, 41]

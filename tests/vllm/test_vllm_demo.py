@@ -133,7 +133,7 @@ def _alive(p: psutil.Process) -> bool:
 def test_inference_command_runs_vllm_from_its_venv(tmp_path: Path, monkeypatch) -> None:
     """The runner's vLLM command: the vLLM venv's interpreter (``ATROPOS_VLLM_PYTHON``), vLLM's
     OpenAI server module, the RL routes switched on, the config's flags and environment."""
-    from example_trainer.launcher import Launcher
+    from example_trainer.launch.launcher import Launcher
     from example_trainer.run import config_from_args
 
     monkeypatch.setenv("ATROPOS_VLLM_PYTHON", "/opt/vllm-venv/bin/python")

@@ -26,7 +26,11 @@ from atroposlib.envs.server_handling.vllm_server import VLLMServer
 from atroposlib.testing.vllm_server import RunningVLLM
 from example_trainer.config import TrainingConfig
 from example_trainer.model import apply_lora
-from example_trainer.vllm_weights import VLLMWeightClient, VLLMWeightError, write_tied_lm_head
+from example_trainer.vllm_integration.weights import (
+    VLLMWeightClient,
+    VLLMWeightError,
+    write_tied_lm_head,
+)
 from example_trainer.weight_sync import (
     VLLM_ADAPTER_NAME,
     HttpReloadSync,

@@ -3,7 +3,7 @@
 :class:`InferenceProcess` is one server child the trainer owns (the ``none`` and
 ``lora_restart`` weight-bridge modes restart it on each new checkpoint, see
 :mod:`example_trainer.weight_sync`); :func:`server_command` is the command line
-``atropos-grpo-run`` starts its own server with (:mod:`example_trainer.launcher`). Works
+``atropos-grpo-run`` starts its own server with (:mod:`example_trainer.launch.launcher`). Works
 with vLLM (``python -m vllm.entrypoints.openai.api_server``) and with
 ``atropos-serve-model``.
 

@@ -2,8 +2,8 @@
 
 ``run-api``, the inference server (unless the trainer owns it in the restart
 modes), the GRPO trainer (``torchrun`` when ``trainer_procs > 1``) and the
-environments, each a child of :class:`~example_trainer.processes.ProcessGroup`.
-The inference command line comes from :func:`~example_trainer.inference_process.server_command`,
+environments, each a child of :class:`~example_trainer.launch.processes.ProcessGroup`.
+The inference command line comes from :func:`~example_trainer.launch.inference_process.server_command`,
 the same one the trainer uses when it restarts a server.
 """
 
@@ -21,9 +21,18 @@ import httpx
 
 from atroposlib.utils.ports import busy_port_message, free_port
 
+from ..plugins import load_function
+from ..teacher import resolve_teacher, teacher_env_flags
+from ..vllm_integration.lora import (
+    VLLM_ADAPTER_NAME,
+    lora_server_args,
+    policy_model_name,
+    serves_adapter,
+    wait_for_adapter,
+)
+from ..vllm_integration.weights import VLLMWeightClient, VLLMWeightError
 from .evaluation import Evaluator
 from .inference_process import VLLM_SERVE_ENV, server_command, split_device
-from .plugins import load_function
 from .processes import ProcessGroup
 from .run_config import RunConfig
 from .status import PlainProgress, eta_seconds, progress_text, status_table
@@ -34,15 +43,6 @@ from .summary import (
     resumed_run_dir,
     write_summary,
 )
-from .teacher import resolve_teacher, teacher_env_flags
-from .vllm_lora import (
-    VLLM_ADAPTER_NAME,
-    lora_server_args,
-    policy_model_name,
-    serves_adapter,
-    wait_for_adapter,
-)
-from .vllm_weights import VLLMWeightClient, VLLMWeightError
 
 logger = logging.getLogger("atropos-grpo-run")
 
@@ -72,7 +72,7 @@ KEY_HYPERPARAMETERS = (
 
 
 def _default_training_steps() -> int:
-    from .config import TrainingConfig
+    from ..config import TrainingConfig
 
     return int(TrainingConfig.model_fields["training_steps"].default)
 
@@ -122,7 +122,7 @@ def as_flags(d: Dict[str, Any]) -> List[str]:
 
 def external_inference_urls(config: RunConfig) -> List[str]:
     """The inference servers that run elsewhere: ``inference_urls`` then the file's lines."""
-    from .config import check_server_url, read_urls_file
+    from ..config import check_server_url, read_urls_file
 
     urls = [check_server_url(u) for u in config.inference_urls]
     if config.inference_urls_file:

@@ -11,7 +11,7 @@ trials behind each score's confidence interval.
 
 A function with a ``model`` parameter is also given :attr:`Evaluator.served_model`, the model
 name that samples the policy being trained, once it is not the server's default (the LoRA
-adapter vLLM serves in ``lora_only``, see :mod:`.vllm_lora`); without one it scores whatever
+adapter vLLM serves in ``lora_only``, see :mod:`..vllm_integration.lora`); without one it scores whatever
 the server answers for requests that name no model.
 """
 
@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any, Dict, List
 
-from .plugins import load_function
+from ..plugins import load_function
 from .run_config import EvalSection
 
 logger = logging.getLogger(__name__)

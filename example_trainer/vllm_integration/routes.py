@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from atroposlib.http.openai_protocol import InvalidRequest, OpenAIError
-from example_trainer.vllm_bridge import (
+from example_trainer.vllm_integration.bridge import (
     BridgeState,
     LoraLoadRequest,
     LoraStatusResponse,

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from atroposlib.utils.settings_cli import Cli
 
-from .config import Precision
+from ..config import Precision
 
 
 class WarmupSection(BaseModel):

@@ -6,7 +6,7 @@ launcher dies without cleaning up (``PR_SET_PDEATHSIG`` on Linux), so even
 ``kill -9`` of the launcher leaves no orphans. Processes that leave their parent's
 group (``torchrun`` starts each rank in a session of its own) are found through
 ``/proc`` and stopped too, and trainer ranks watch for their parent's death
-themselves (:mod:`example_trainer.supervision`).
+themselves (:mod:`example_trainer.launch.supervision`).
 """
 
 from __future__ import annotations
