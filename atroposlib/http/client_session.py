@@ -31,6 +31,7 @@ in one place (``envs/server_handling/errors.py``, :mod:`atroposlib.http.httpx_tr
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import socket
 import ssl
@@ -110,6 +111,26 @@ class _CheckedResolver(AbstractResolver):
         await self._inner.close()
 
 
+def _check_literal_addresses(check: PeerCheck) -> aiohttp.TraceConfig:
+    """A trace that applies ``check`` to a URL naming an IP address (``aiohttp`` connects to
+    those without asking the resolver)."""
+
+    async def on_request_start(
+        session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestStartParams
+    ) -> None:
+        host = params.url.raw_host or ""
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return  # a name: the resolver checks the addresses it resolves to
+        if not check(host, host):
+            raise PeerRefused(f"{host} is not an allowed upstream")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_request_start)
+    return trace
+
+
 def make_session(
     *,
     limit: int = 0,
@@ -147,6 +168,7 @@ def make_session(
         timeout=aiohttp.ClientTimeout(total=None),
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent",),
+        trace_configs=[_check_literal_addresses(peer_check)] if peer_check is not None else None,
     )
 
 
