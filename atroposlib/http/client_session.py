@@ -5,10 +5,14 @@ the proxy's upstream calls, health probes) goes over an ``aiohttp.ClientSession`
 :func:`make_session`. ``aiohttp`` does the HTTP (its llhttp parser, keep-alive pool, TLS,
 proxies); this module only configures it and bounds what it reads:
 
-* ``trust_env=True``: ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and ``NO_PROXY`` are
-  honoured (an ``https`` URL behind a proxy is reached with ``CONNECT host:443``), and TLS
-  certificates are verified against the system trust store, which ``SSL_CERT_FILE`` and
-  ``SSL_CERT_DIR`` replace (OpenSSL's default paths);
+* the environment's proxies: ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` less ``NO_PROXY``
+  (:class:`EnvProxies`, read when the session is made, looked up once per URL and handed to
+  ``aiohttp`` as each request's ``proxy``; an ``https`` URL behind a proxy is reached with
+  ``CONNECT host:443``). Not ``aiohttp``'s ``trust_env``, which looks the proxy and a
+  ``.netrc`` up in a worker thread on every request: two thread hops, a few tenths of a
+  millisecond of CPU per call;
+* TLS certificates verified against the system trust store, which ``SSL_CERT_FILE`` and
+  ``SSL_CERT_DIR`` replace (OpenSSL's default paths, read when the session is made);
 * answer bodies are read by :func:`read_body`: a declared ``Content-Length`` above the
   limit is refused before the body is read, a streamed body as soon as it passes the limit,
   and a ``gzip``/``deflate`` body is inflated by us (``auto_decompress=False``) never past
@@ -16,15 +20,17 @@ proxies); this module only configures it and bounds what it reads:
 * headers are bounded by ``aiohttp``'s parser (:data:`MAX_HEADER_LINE`, :data:`MAX_HEADERS`);
 * with a ``peer_check``, the host name is resolved here and only the addresses the check
   allows are handed to the connector, so the check holds for the address connected to
-  (a name that later resolves elsewhere reaches nothing); such a session does not use
-  proxies, whose own resolution the check could not see.
+  (a name that later resolves elsewhere reaches nothing); such a session should not use
+  proxies, whose own resolution the check could not see (``LoopSession(...,
+  use_proxies=False)``).
 
 Errors that mean the server answered, wrongly, are this module's (:class:`ProtocolError`);
 connection failures and timeouts stay ``aiohttp``'s and ``asyncio``'s, which each user maps
 in one place (``envs/server_handling/errors.py``, :mod:`atroposlib.http.httpx_transport`).
 
     sessions = LoopSession(lambda: make_session(limit=64))
-    async with sessions.get().post(url, data=body) as response:
+    session = sessions.get()
+    async with session.post(url, data=body, proxy=sessions.proxies.for_url(url)) as response:
         payload = await read_body(response, DEFAULT_MAX_ANSWER_BYTES)
 """
 
@@ -35,8 +41,10 @@ import ipaddress
 import os
 import socket
 import ssl
+import urllib.request
 import zlib
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -45,6 +53,7 @@ __all__ = [
     "ACCEPT_ENCODING",
     "DEFAULT_MAX_ANSWER_BYTES",
     "AnswerTooLarge",
+    "EnvProxies",
     "LoopSession",
     "MalformedAnswer",
     "PeerCheck",
@@ -90,6 +99,38 @@ class PeerRefused(OSError):
     """Every address the host name resolves to is refused by the session's peer check."""
 
 
+_MAX_CACHED_URLS = 4096
+
+
+class EnvProxies:
+    """The proxy each URL is reached through, from the environment's proxy variables as they
+    were when this was made (``urllib``'s reading of them: ``<scheme>_proxy``,
+    ``all_proxy``, ``no_proxy``, either case); None for a direct connection."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._proxies = urllib.request.getproxies_environment() if enabled else {}
+        self._cache: dict[str, str | None] = {}
+
+    def __bool__(self) -> bool:
+        return any(k != "no" for k in self._proxies)
+
+    def for_url(self, url: str) -> str | None:
+        """The proxy URL for ``url``, or None."""
+        if not self:
+            return None
+        try:
+            return self._cache[url]
+        except KeyError:
+            pass
+        parts = urlsplit(url)
+        proxy = self._proxies.get(parts.scheme) or self._proxies.get("all")
+        if proxy and urllib.request.proxy_bypass_environment(parts.netloc, self._proxies):
+            proxy = None
+        if len(self._cache) < _MAX_CACHED_URLS:
+            self._cache[url] = proxy
+        return proxy
+
+
 class _CheckedResolver(AbstractResolver):
     """``aiohttp``'s default resolver, less the addresses the peer check refuses."""
 
@@ -109,6 +150,22 @@ class _CheckedResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+_TLS_CONTEXTS: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The verifying TLS context of the trust store the environment names now
+    (``SSL_CERT_FILE``, ``SSL_CERT_DIR``; read when a session is made, not when ``aiohttp``
+    was imported). Loading a store costs tens of milliseconds: one context per store."""
+    key = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    context = _TLS_CONTEXTS.get(key)
+    if context is None:
+        context = ssl.create_default_context()
+        context.set_alpn_protocols(("http/1.1",))
+        _TLS_CONTEXTS[key] = context
+    return context
 
 
 def _check_literal_addresses(check: PeerCheck) -> aiohttp.TraceConfig:
@@ -138,17 +195,14 @@ def make_session(
     headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientSession:
     """A session with our configuration (see the module's list); call it in the event loop
-    that will use it.
+    that will use it, and send each request with ``proxy=`` what :class:`EnvProxies` says
+    (:class:`LoopSession` keeps both).
 
     ``limit`` caps the connections open at once (0: no cap; requests beyond it wait for a
     connection); ``headers`` are sent with every request. Timeouts are given per request.
     """
-    # The trust store as it is now (SSL_CERT_FILE read when the session is made, not when
-    # aiohttp was imported); loading it costs milliseconds, once per session.
-    tls = ssl.create_default_context()
-    tls.set_alpn_protocols(("http/1.1",))
     connector = aiohttp.TCPConnector(
-        ssl=tls,
+        ssl=_tls_context(),
         limit=limit,
         limit_per_host=0,
         resolver=_CheckedResolver(peer_check) if peer_check is not None else None,
@@ -160,7 +214,7 @@ def make_session(
     return aiohttp.ClientSession(
         connector=connector,
         headers={"Accept-Encoding": ACCEPT_ENCODING, **(headers or {})},
-        trust_env=peer_check is None,
+        trust_env=False,  # proxies: EnvProxies, per request
         auto_decompress=False,
         max_line_size=MAX_HEADER_LINE,
         max_field_size=MAX_HEADER_LINE,
@@ -176,10 +230,16 @@ class LoopSession:
     """One session per event loop: made by ``factory`` on first use in the running loop,
     made anew when the loop changed (connections cannot cross loops)."""
 
-    def __init__(self, factory: Callable[[], aiohttp.ClientSession]) -> None:
+    def __init__(
+        self, factory: Callable[[], aiohttp.ClientSession], use_proxies: bool = True
+    ) -> None:
         self._factory = factory
+        self.use_proxies = use_proxies
+        """Whether sessions made from now on go through the environment's proxies."""
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.proxies = EnvProxies(False)
+        """The proxies of the current session (read from the environment with it)."""
 
     def get(self) -> aiohttp.ClientSession:
         """The running loop's session."""
@@ -187,6 +247,7 @@ class LoopSession:
         session = self._session
         if session is None or self._loop is not loop or session.closed:
             session = self._session = self._factory()
+            self.proxies = EnvProxies(self.use_proxies)
             self._loop = loop
         return session
 

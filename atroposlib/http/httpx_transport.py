@@ -118,13 +118,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         # within the bound, and sets the length of what it sends.
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _SET_HERE]
         try:
-            async with self._sessions.get().request(
+            session = self._sessions.get()
+            target = str(url)
+            async with session.request(
                 request.method,
-                yarl.URL(str(url), encoded=True),  # httpx has encoded it: sent as it is
+                yarl.URL(target, encoded=True),  # httpx has encoded it: sent as it is
                 data=await request.aread() or None,
                 headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
+                proxy=self._sessions.proxies.for_url(target),
             ) as answer:
                 body = await read_body(answer, self.max_answer_bytes)
                 status = answer.status

@@ -84,10 +84,14 @@ class JsonTransport:
         self.timeout = float(timeout)
         self.max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
         self.peer_check: PeerCheck | None = None
-        self._sessions = LoopSession(
-            lambda: make_session(limit=MAX_CONNECTIONS, peer_check=self.peer_check)
-        )
+        self._sessions = LoopSession(self._make_session)
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    def _make_session(self) -> aiohttp.ClientSession:
+        # A peer-checked transport connects directly: behind a proxy, the check would see
+        # the proxy's address, not the upstream's.
+        self._sessions.use_proxies = self.peer_check is None
+        return make_session(limit=MAX_CONNECTIONS, peer_check=self.peer_check)
 
     def session(self) -> aiohttp.ClientSession:
         """The ``aiohttp`` session of the running loop (recreated when the loop changed)."""
@@ -125,13 +129,15 @@ class JsonTransport:
             send_headers = {**send_headers, SESSION_ID_HEADER: sid}
         seconds = self.timeout if timeout is None else timeout
         with mapped_errors(method, url):
-            async with self.session().request(
+            client = self._sessions.get()
+            async with client.request(
                 method,
                 url,
                 data=payload or None,
                 headers=send_headers,
                 timeout=self._timeout(seconds),
                 allow_redirects=False,
+                proxy=self._sessions.proxies.for_url(url),
             ) as response:
                 status = response.status
                 resp_headers = response.headers
