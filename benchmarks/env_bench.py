@@ -13,10 +13,21 @@ ratio, and the env process's CPU time per group.
     python benchmarks/env_bench.py --server-type vllm    # token-level rollouts via /generate
     python benchmarks/env_bench.py --server-type none    # env runtime + API only
     python benchmarks/env_bench.py --fake-server uvicorn # the fake server under uvicorn
+    python benchmarks/env_bench.py --workers 64 --original .venv-original --rounds 3
+
+``--original DIR``: the same environment file run by the original atroposlib as well,
+alternating with ours round by round against the same kind of fake server and our
+``run-api``; ``DIR`` holds the original package, installed with
+
+    .venv/bin/python -m pip install --no-deps --target .venv-original \
+        atroposlib==0.4.0 pydantic-cli jsonlines
+
+(its other dependencies are ours, from ``.venv``). Both envs load the same tokenizer, saved
+to the log directory (the original loads one at start-up; no hub is asked).
 
 The env's OpenAI-protocol and ``/generate`` requests go through the server layer's one
-HTTP client (``server_handling/_transport.py``), its rollout-API calls through ``httpx`` over
-the same keep-alive client (``atroposlib/http/httpx_transport.py``).
+HTTP client (``server_handling/_transport.py``, an ``aiohttp`` session), its rollout-API
+calls through ``httpx``'s interface over the same stack (``atroposlib/http/httpx_transport.py``).
 CPU per group is also printed for the fake inference server and the API, to show
 which process limits the rate on a small machine.
 """
@@ -32,7 +43,8 @@ from pathlib import Path
 from typing import Any, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# The env process of an --original run imports the original package instead of ours.
+sys.path.insert(0, os.environ.get("ENV_BENCH_ORIGINAL") or str(ROOT))
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup  # noqa: E402
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig  # noqa: E402
@@ -104,6 +116,7 @@ def _measure(
     server_type: str,
     fake_mode: str,
     profile: str | None = None,
+    original: str | None = None,
 ) -> dict:
     import httpx
     import psutil
@@ -133,6 +146,7 @@ def _measure(
         wait_http(f"http://127.0.0.1:{api_port}/health", proc=api)
         api_url = f"http://127.0.0.1:{api_port}"
         register_trainer(api_url, batch_size=64)
+        tokenizer_dir = _saved_tokenizer(log_dir)
         env = start_process(
             [
                 sys.executable,
@@ -147,9 +161,19 @@ def _measure(
                 f"http://127.0.0.1:{infer_port}/v1",
                 "--openai.server_type",
                 "openai" if server_type == "none" else server_type,
+                "--env.tokenizer_name",
+                tokenizer_dir,
+                # The original starts no worker with 0 (ours reads 0 as "no bound"); the
+                # trainer pulls nothing here, so the bound must be far above the run's groups.
+                "--env.max_batches_offpolicy",
+                "1000000",
             ],
-            log_path=log_dir / "env.log",
+            log_path=log_dir / ("env-original.log" if original else "env.log"),
             env={
+                "ENV_BENCH_ORIGINAL": str(Path(original).resolve()) if original else "",
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (original and str(Path(original).resolve()), str(ROOT)) if p
+                ),
                 "ATROPOS_OUTBOX_DIR": str(log_dir / "outbox"),
                 **({"ENV_BENCH_PROFILE": str(profile)} if profile else {}),
                 "ENV_BENCH_SLEEP_MS": str(latency_ms) if server_type == "none" else "0",
@@ -160,7 +184,7 @@ def _measure(
         def queued() -> int:
             return int(httpx.get(f"{api_url}/status", timeout=10).json()["queue_size"])
 
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # start-up on a loaded machine
         while queued() == 0:
             if env.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("env did not start; see " + str(log_dir / "env.log"))
@@ -183,6 +207,7 @@ def _measure(
         ideal = workers / (latency_ms / 1000)
         per_group = {k: 1000 * (c1[k] - c0[k]) / max(1, groups) for k in watched}
         return {
+            "side": "original" if original else "ours",
             "workers": workers,
             "groups": groups,
             "groups_per_s": rate,
@@ -197,9 +222,44 @@ def _measure(
             stop_process(proc)
 
 
+def _run_original(flags: List[str]) -> None:
+    """Serve :class:`BenchEnv` on the original package: its ``env_manager`` loop, on the
+    configuration ``config_init`` gives with ``flags`` (``--env.x v``, ``--openai.x v``) set.
+
+    Not through the original's ``cli()``: under it, with the same flags, this env never
+    started a worker in our runs (the configuration it printed was the same)."""
+    env_config, server_config = BenchEnv.config_init()
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        scope, _, name = flag.removeprefix("--").partition(".")
+        target = env_config if scope == "env" else server_config
+        kind = type(getattr(target, name))
+        setattr(target, name, kind(value) if kind in (int, float) else value)
+    env = BenchEnv(config=env_config, server_configs=[server_config], slurm=False, testing=False)
+    asyncio.run(env.env_manager())
+
+
+def _saved_tokenizer(log_dir: Path) -> str:
+    """A small byte-level tokenizer saved under ``log_dir`` (made once)."""
+    path = log_dir / "tokenizer"
+    if not (path / "tokenizer_config.json").exists():
+        from atroposlib.testing.tokenizers import bytes_tokenizer
+
+        bytes_tokenizer().save_pretrained(str(path))
+    return str(path)
+
+
+def _median(values: List[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def main(argv: List[str] | None = None) -> None:
     """Run the benchmark and print one line per worker count."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["env"] and os.environ.get("ENV_BENCH_ORIGINAL"):
+        _run_original(argv[2:])
+        return
     if argv[:1] == ["env"]:
         sys.argv = [sys.argv[0], *argv[1:]]
         profile_path = os.environ.get("ENV_BENCH_PROFILE")
@@ -245,7 +305,19 @@ def main(argv: List[str] | None = None) -> None:
         default=None,
         help="write a cProfile of the env process to PATH.<workers> (pstats format)",
     )
+    parser.add_argument(
+        "--original",
+        default=None,
+        metavar="DIR",
+        help="also run the env on the original atroposlib found in DIR (see above), "
+        "alternating with ours",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measurements per worker count (and side)"
+    )
     args = parser.parse_args(argv)
+    if args.original and not (Path(args.original) / "atroposlib" / "envs" / "base.py").exists():
+        parser.error(f"--original {args.original}: no atroposlib package there (see --help)")
     os.environ.setdefault("WANDB_MODE", "disabled")
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -256,26 +328,44 @@ def main(argv: List[str] | None = None) -> None:
         f"server type: {args.server_type}, fake server: {args.fake_server}, latency {args.latency_ms} ms"
     )
     print(
-        f"{'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} {'env CPU ms/group':>17} "
-        f"{'infer CPU ms/grp':>17} {'api CPU ms/grp':>15}"
+        f"{'side':>8} {'workers':>8} {'groups/s':>10} {'ideal':>8} {'ratio':>7} "
+        f"{'env CPU ms/group':>17} {'infer CPU ms/grp':>17} {'api CPU ms/grp':>15}"
     )
+    sides = [None, args.original] if args.original else [None]
     for workers in args.workers:
-        r = _measure(
-            workers,
-            args.latency_ms,
-            args.seconds,
-            args.warmup,
-            log_dir,
-            args.server_type,
-            args.fake_server,
-            f"{args.profile}.{workers}" if args.profile else None,
-        )
-        print(
-            f"{r['workers']:>8} {r['groups_per_s']:>10.1f} {r['ideal']:>8.1f} {r['ratio']:>7.1%} "
-            f"{r['cpu_ms_per_group']:>17.2f} {r['infer_cpu_ms_per_group']:>17.2f} "
-            f"{r['api_cpu_ms_per_group']:>15.2f}",
-            flush=True,
-        )
+        results: dict[str, List[dict]] = {}
+        for _ in range(args.rounds):
+            for original in sides:
+                r = _measure(
+                    workers,
+                    args.latency_ms,
+                    args.seconds,
+                    args.warmup,
+                    log_dir,
+                    args.server_type,
+                    args.fake_server,
+                    f"{args.profile}.{workers}" if args.profile else None,
+                    original,
+                )
+                results.setdefault(r["side"], []).append(r)
+                print(
+                    f"{r['side']:>8} {r['workers']:>8} {r['groups_per_s']:>10.1f} "
+                    f"{r['ideal']:>8.1f} {r['ratio']:>7.1%} {r['cpu_ms_per_group']:>17.2f} "
+                    f"{r['infer_cpu_ms_per_group']:>17.2f} {r['api_cpu_ms_per_group']:>15.2f}",
+                    flush=True,
+                )
+        for side, runs in results.items():
+            ratios = [r["ratio"] for r in runs]
+            cpus = [r["cpu_ms_per_group"] for r in runs]
+            print(
+                f"{side}, {workers} workers, {len(runs)} runs: ratio {_median(ratios):.1%} "
+                f"({min(ratios):.1%}-{max(ratios):.1%}), env CPU {_median(cpus):.2f} "
+                f"({min(cpus):.2f}-{max(cpus):.2f}) ms/group"
+            )
+        if "original" in results:
+            ours = _median([r["cpu_ms_per_group"] for r in results["ours"]])
+            theirs = _median([r["cpu_ms_per_group"] for r in results["original"]])
+            print(f"env CPU per group, ours / original: {ours / theirs:.2f}x", flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

@@ -3,10 +3,9 @@
 One ``httpx.AsyncClient`` per environment, every call with a timeout, the
 ``Authorization: Bearer $ATROPOS_API_KEY`` header when that variable is set, and
 request bodies gzipped when that makes them smaller (docs/design.md, "Environment lifecycle").
-Plain ``http`` requests travel over :class:`~atroposlib.http.httpx_transport.RawHttpTransport`
-(the keep-alive client every call to an inference server uses, at a fraction of ``httpx``'s own
-transport's CPU per call); ``https`` (``httpx``'s certificate handling, unchanged) and URLs the
-environment's proxy variables route through a proxy use ``httpx``'s own transport.
+Requests travel over :class:`~atroposlib.http.httpx_transport.AiohttpTransport`: the
+``aiohttp`` stack every call to an inference server uses (proxies from the environment,
+``SSL_CERT_FILE``, answers bounded), at a fraction of ``httpx``'s own pool's CPU per call.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import httpx
 import orjson
 
 from atroposlib.envs.validation import is_plain_json
-from atroposlib.http.httpx_transport import RawHttpTransport, proxied
+from atroposlib.http.httpx_transport import AiohttpTransport
 from atroposlib.utils.io import auth_headers
 
 logger = logging.getLogger(__name__)
@@ -142,8 +141,8 @@ class RolloutAPIClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        if transport is None and self.base_url.startswith("http://") and not proxied(self.base_url):
-            transport = RawHttpTransport(
+        if transport is None:
+            transport = AiohttpTransport(
                 max_connections=MAX_CONNECTIONS, max_answer_bytes=MAX_ANSWER_BYTES
             )
         self._client = httpx.AsyncClient(

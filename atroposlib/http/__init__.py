@@ -1,5 +1,5 @@
 """The HTTP layer every server we ship shares (run-api, serve-model, the proxy, view-run),
-and the HTTP client environments use to reach them.
+and the HTTP client stack our processes use to reach them.
 
 One module per job:
 
@@ -14,9 +14,10 @@ One module per job:
 * :mod:`~atroposlib.http.headers`: header names our servers and clients agree on;
 * :mod:`~atroposlib.http.openai_protocol`: the OpenAI request models, and
   :mod:`~atroposlib.http.openai_errors`, the error envelope (imported through it);
-* :mod:`~atroposlib.http.client`: the keep-alive HTTP/1.1 client of environments (their
-  inference calls) with its own error taxonomy, and :mod:`~atroposlib.http.httpx_transport`, the same client as an
-  ``httpx`` transport (their rollout-API calls);
+* :mod:`~atroposlib.http.client_session`: the one client stack, ``aiohttp`` sessions with
+  our bounds (proxies and ``SSL_CERT_FILE`` from the environment, answers bounded, the
+  errors of an answer that is not HTTP), and :mod:`~atroposlib.http.httpx_transport`, the
+  same stack under ``httpx``'s interface (the environments' rollout-API calls);
 * :mod:`~atroposlib.http.trainer_client`: the trainer's side of the rollout API (register,
   pull and acknowledge batches), shared by the example trainer, the tools and the fake trainer.
 

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.http.answers import openai_error_bytes
-from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES
+from atroposlib.http.client_session import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.http.openai_protocol import install_error_handlers
 from atroposlib.http.server import ServerOptions, build_server
 from atroposlib.proxy.routes import router

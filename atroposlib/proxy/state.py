@@ -24,7 +24,7 @@ from atroposlib.envs.server_handling.server_baseline import config_value
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
 from atroposlib.http.answers import openai_error_type
-from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES
+from atroposlib.http.client_session import DEFAULT_MAX_ANSWER_BYTES
 from atroposlib.http.openai_protocol import OpenAIError
 from atroposlib.proxy.upstream import UpstreamPolicy
 

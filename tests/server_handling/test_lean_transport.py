@@ -1,4 +1,4 @@
-"""The inference client's one HTTP path: raw keep-alive client, JSON transport, the requests
+"""The inference client's one HTTP path: the JSON transport over aiohttp, the requests
 OpenAIServer builds, and the lean fake server."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from atroposlib.envs.server_handling._transport import JsonTransport
 from atroposlib.envs.server_handling.errors import is_transport_error
 from atroposlib.envs.server_handling.openai_server import OpenAIRequest, OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from atroposlib.http.client import RawHttpClient
 from atroposlib.testing.launch import fake_server_cmd
 from atroposlib.testing.ports import free_port
 from atroposlib.testing.processes import running_process
@@ -36,7 +35,7 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + (await reader.readexactly(length) if length else b"")
 
 
-async def test_raw_client_reuses_one_connection_and_reads_chunked_bodies():
+async def test_json_transport_reuses_one_connection_and_reads_chunked_bodies():
     connections = 0
 
     async def handler(reader, writer):
@@ -53,59 +52,63 @@ async def test_raw_client_reuses_one_connection_and_reads_chunked_bodies():
         writer.close()
 
     server, port = await _serve_raw(handler)
-    client = RawHttpClient()
+    transport = JsonTransport(timeout=5)
     try:
         for _ in range(3):
-            status, _, body = await client.request("POST", "127.0.0.1", port, "/x", {}, b"{}", 5)
-            assert (status, body) == (200, b'{"a": 1}')
+            assert await transport.post_json(f"http://127.0.0.1:{port}/x", {}) == {"a": 1}
         assert connections == 1
     finally:
-        client.close()
+        await transport.close()
         server.close()
 
 
-async def test_raw_client_survives_a_server_closing_idle_connections():
+async def test_json_transport_survives_a_server_closing_idle_connections():
     seen = 0
 
     async def handler(reader, writer):
         nonlocal seen
         await _read_request(reader)
         seen += 1
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
         await writer.drain()
         writer.close()  # the server drops keep-alive connections after each answer
 
     server, port = await _serve_raw(handler)
-    client = RawHttpClient()
+    transport = JsonTransport(timeout=5)
     try:
-        assert (await client.request("GET", "127.0.0.1", port, "/", {}, b"", 5))[2] == b"ok"
-        assert (await client.request("GET", "127.0.0.1", port, "/", {}, b"", 5))[2] == b"ok"
+        for _ in range(2):
+            await asyncio.sleep(0.05)  # the close reaches the client before the next call
+            assert await transport.post_json(f"http://127.0.0.1:{port}/", {}) == {}
         assert seen == 2
     finally:
-        client.close()
+        await transport.close()
         server.close()
 
 
-async def test_raw_client_times_out_instead_of_hanging_and_refusal_is_a_transport_error():
+async def test_json_transport_times_out_instead_of_hanging_and_refusal_is_a_transport_error():
+    from atroposlib.envs.server_handling.errors import ServerConnectionError, ServerTimeoutError
+
     async def handler(reader, writer):
         await _read_request(reader)
         await asyncio.sleep(30)
 
     server, port = await _serve_raw(handler)
-    client = RawHttpClient()
+    transport = JsonTransport(timeout=0.3)
     try:
-        with pytest.raises(asyncio.TimeoutError) as exc:
-            await client.request("POST", "127.0.0.1", port, "/", {}, b"", 0.3)
-        assert is_transport_error(exc.value)
-        with pytest.raises(OSError) as refused:
-            await client.request("GET", "127.0.0.1", free_port(), "/", {}, b"", 2)
-        assert is_transport_error(refused.value)
+        with pytest.raises(ServerTimeoutError) as exc:
+            await transport.post_json(f"http://127.0.0.1:{port}/", {})
+        assert is_transport_error(exc.value) and isinstance(exc.value, asyncio.TimeoutError)
+        with pytest.raises(ServerConnectionError, match="cannot reach") as refused:
+            await transport.post_json(f"http://127.0.0.1:{free_port()}/", {}, timeout=2)
+        assert is_transport_error(refused.value) and isinstance(refused.value, ConnectionError)
     finally:
-        client.close()
+        await transport.close()
         server.close()
 
 
-async def test_raw_client_reports_a_connection_cut_mid_answer():
+async def test_json_transport_reports_a_connection_cut_mid_answer():
+    from atroposlib.envs.server_handling.errors import ServerReadError
+
     async def handler(reader, writer):
         await _read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
@@ -113,12 +116,12 @@ async def test_raw_client_reports_a_connection_cut_mid_answer():
         writer.close()
 
     server, port = await _serve_raw(handler)
-    client = RawHttpClient()
+    transport = JsonTransport(timeout=5)
     try:
-        with pytest.raises(ConnectionResetError, match="mid-answer"):
-            await client.request("GET", "127.0.0.1", port, "/", {}, b"", 5)
+        with pytest.raises(ServerReadError, match="broke before its answer was complete"):
+            await transport.post_json(f"http://127.0.0.1:{port}/", {})
     finally:
-        client.close()
+        await transport.close()
         server.close()
 
 
@@ -263,10 +266,10 @@ def _self_signed(tmp_path) -> tuple[str, str]:
 async def test_https_goes_through_the_same_client_and_verifies_the_certificate(
     tmp_path, monkeypatch
 ):
-    """Before: ``https`` went to a separate aiohttp session with its own error types."""
+    """``https`` goes over the same session; a certificate that does not verify says so."""
     import ssl
 
-    from atroposlib.envs.server_handling.errors import ServerConnectionError
+    from atroposlib.envs.server_handling.errors import ServerTLSError
 
     cert, key = _self_signed(tmp_path)
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -287,9 +290,10 @@ async def test_https_goes_through_the_same_client_and_verifies_the_certificate(
     url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/generate"
     try:
         untrusted = JsonTransport(timeout=5)
-        with pytest.raises(ServerConnectionError) as refused:
+        with pytest.raises(ServerTLSError, match="TLS certificate verification failed") as refused:
             await untrusted.post_json(url, {"n": 1})
-        assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
+        assert "SSL_CERT_FILE" in str(refused.value)
+        assert isinstance(refused.value.__cause__.certificate_error, ssl.SSLCertVerificationError)
         assert is_transport_error(refused.value) and not requests
         await untrusted.close()
 

@@ -1,42 +1,51 @@
-"""The one HTTP client of the inference server layer: JSON over keep-alive HTTP/1.1.
+"""The one HTTP client of the inference server layer: JSON over ``aiohttp``.
 
 Every call to an inference server (OpenAI-protocol completions, native ``/generate``,
-health probes) goes through :class:`JsonTransport`: ``http`` and ``https`` alike over
-:class:`~atroposlib.http.client.RawHttpClient` (pooled keep-alive
-connections on asyncio protocols, tens of microseconds of CPU per call, where a general
-client such as the ``openai`` SDK over httpx spends milliseconds), JSON encoded and decoded
-with ``orjson``, every call bounded by a timeout.
+health probes) goes through :class:`JsonTransport`: ``http`` and ``https`` alike over an
+``aiohttp`` session (:func:`~atroposlib.http.client_session.make_session`: keep-alive
+connections, the environment's proxy variables and ``SSL_CERT_FILE`` honoured, answers
+read within ``max_answer_bytes``), JSON encoded and decoded with ``orjson``, every call
+bounded by a timeout.
 
 Failures are mapped in one place, :func:`~atroposlib.envs.server_handling.errors.mapped_errors`:
-the server could not be reached → ``ServerConnectionError``, the connection broke
-mid-answer → ``ServerReadError``, no answer in time → ``ServerTimeoutError``, an HTTP error answer → the ``openai.APIStatusError`` subclass for
-its status. Redirects are not followed: a 3xx answer raises ``openai.APIStatusError`` too (a
-POST to an inference server that moved is a configuration error, and following it would take
-requests to a host nobody allowed). Answers are bounded by ``max_answer_bytes``
-(:class:`~atroposlib.http.client.AnswerTooLarge` above it).
+the server could not be reached → ``ServerConnectionError`` (a TLS certificate that does not
+verify: ``ServerTLSError``, which says so), the connection broke mid-answer →
+``ServerReadError``, no answer in time → ``ServerTimeoutError``, an HTTP error answer → the
+``openai.APIStatusError`` subclass for its status. Redirects are not followed: a 3xx answer
+raises ``openai.APIStatusError`` too (a POST to an inference server that moved is a
+configuration error, and following it would take requests to a host nobody allowed). Answers
+are bounded by ``max_answer_bytes``
+(:class:`~atroposlib.http.client_session.AnswerTooLarge` above it).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
+import aiohttp
 import orjson
 from pydantic import BaseModel
 
 from atroposlib.envs.server_handling.errors import mapped_errors, status_error
 from atroposlib.envs.server_handling.session_affinity import CURRENT_SESSION
-from atroposlib.http.client import DEFAULT_MAX_ANSWER_BYTES, LoopClient, PeerCheck, RawHttpClient
+from atroposlib.http.client_session import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    LoopSession,
+    MalformedAnswer,
+    PeerCheck,
+    make_session,
+    read_body,
+)
 from atroposlib.http.headers import SESSION_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
-_MAX_CACHED_URLS = 1024
-
-Target = tuple[str, int, str, bool]
-"""``(host, port, path?query, tls)`` of a URL."""
+_MAX_CACHED_TIMEOUTS = 64
+MAX_CONNECTIONS = 4096
+"""Connections one transport keeps open at most (beyond it, requests wait for one)."""
 
 
 def _json_default(value: Any) -> Any:
@@ -73,35 +82,28 @@ class JsonTransport:
     def __init__(self, headers: dict[str, str] | None = None, timeout: float = 1200.0):
         self.headers = {**_JSON_HEADERS, **(headers or {})}
         self.timeout = float(timeout)
-        self._clients = LoopClient(lambda: RawHttpClient(self.max_answer_bytes, self.peer_check))
-        self._targets: dict[str, Target] = {}
         self.max_answer_bytes = DEFAULT_MAX_ANSWER_BYTES
         self.peer_check: PeerCheck | None = None
+        self._sessions = LoopSession(self._make_session)
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
-    def _target(self, url: str) -> Target:
-        """``(host, port, path?query, tls)`` of an ``http``/``https`` URL; ``ValueError``
-        for anything else.
+    def _make_session(self) -> aiohttp.ClientSession:
+        # A peer-checked transport connects directly: behind a proxy, the check would see
+        # the proxy's address, not the upstream's.
+        self._sessions.use_proxies = self.peer_check is None
+        return make_session(limit=MAX_CONNECTIONS, peer_check=self.peer_check)
 
-        ``host`` is a name or an address (an IPv6 literal without its brackets, as sockets
-        take it); an explicit port is kept as given, 0 included (it fails to connect rather
-        than silently reaching the scheme's default port).
-        """
-        target = self._targets.get(url)
-        if target is None:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"inference server URL {url!r}: expected http:// or https://")
-            tls = parts.scheme == "https"
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            port = parts.port
-            target = (parts.hostname, (443 if tls else 80) if port is None else port, path, tls)
-            if len(self._targets) < _MAX_CACHED_URLS:
-                self._targets[url] = target
-        return target
+    def session(self) -> aiohttp.ClientSession:
+        """The ``aiohttp`` session of the running loop (recreated when the loop changed)."""
+        return self._sessions.get()
 
-    def raw_client(self) -> RawHttpClient:
-        """The keep-alive client of the running loop (recreated when the loop changed)."""
-        return self._clients.get()
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=seconds)
+            if len(self._timeouts) < _MAX_CACHED_TIMEOUTS:
+                self._timeouts[seconds] = timeout
+        return timeout
 
     async def request(
         self,
@@ -111,29 +113,40 @@ class JsonTransport:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
         raise_status: bool = True,
-    ) -> tuple[int, dict[str, str], bytes]:
-        """Send one request; ``(status, lower-cased headers, body)`` of the answer.
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """Send one request; ``(status, headers, body)`` of the answer (headers looked up
+        case-insensitively).
 
         An answer with status >= 300 raises the ``openai`` status error for it unless
         ``raise_status`` is False; failures to reach the server raise
         ``ServerConnectionError`` / ``ServerTimeoutError``.
         """
-        host, port, path, tls = self._target(url)
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"inference server URL {url!r}: expected http:// or https://")
         send_headers = {**self.headers, **headers} if headers else self.headers
-        session = CURRENT_SESSION.get()
-        if session is not None:
-            send_headers = {**send_headers, SESSION_ID_HEADER: session}
+        sid = CURRENT_SESSION.get()
+        if sid is not None:
+            send_headers = {**send_headers, SESSION_ID_HEADER: sid}
+        seconds = self.timeout if timeout is None else timeout
         with mapped_errors(method, url):
-            status, resp_headers, raw = await self.raw_client().request(
+            client = self._sessions.get()
+            async with client.request(
                 method,
-                host,
-                port,
-                path,
-                send_headers,
-                payload,
-                self.timeout if timeout is None else timeout,
-                tls,
-            )
+                url,
+                data=payload or None,
+                headers=send_headers,
+                timeout=self._timeout(seconds),
+                allow_redirects=False,
+                proxy=self._sessions.proxies.for_url(url),
+            ) as response:
+                status = response.status
+                resp_headers = response.headers
+                if status < 200:  # aiohttp skips interim answers; this one is final
+                    raise MalformedAnswer(
+                        f"{method} {url}: the server answered {status} {response.reason} "
+                        "where an HTTP answer was expected"
+                    )
+                raw = await read_body(response, self.max_answer_bytes)
         if raise_status and status >= 300:
             raise status_error(method, url, status, resp_headers, raw)
         return status, resp_headers, raw
@@ -158,7 +171,7 @@ class JsonTransport:
         body: Any,
         timeout: float | None = None,
         headers: dict[str, str] | None = None,
-    ) -> tuple[Any, dict[str, str]]:
+    ) -> tuple[Any, Mapping[str, str]]:
         """As :meth:`post_json`, plus the answer's headers (names lower-cased), for backends
         that read metadata such as the policy version from them."""
         _, resp_headers, raw = await self.request("POST", url, encode_json(body), headers, timeout)
@@ -170,5 +183,5 @@ class JsonTransport:
         return status
 
     async def close(self) -> None:
-        """Close the idle connections (those of a closed loop are dropped with it)."""
-        self._clients.close()
+        """Close the connections (those of a closed loop are dropped with it)."""
+        await self._sessions.close()

@@ -5,7 +5,9 @@ Every call to an inference server goes through :class:`~._transport.JsonTranspor
 failures are mapped here, once, by :func:`mapped_errors`:
 
 - the server could not be reached → :class:`ServerConnectionError` (an
-  ``openai.APIConnectionError`` and a ``ConnectionError``);
+  ``openai.APIConnectionError`` and a ``ConnectionError``); its TLS certificate did not
+  verify → :class:`ServerTLSError` (one of those, whose message says so and names
+  ``SSL_CERT_FILE``);
 - the connection broke after the request was sent (reset, closed mid-answer) →
   :class:`ServerReadError` (a :class:`ServerConnectionError`, so what caught that still does);
 - no connection or no answer within the timeout → :class:`ServerTimeoutError` (an
@@ -14,9 +16,9 @@ failures are mapped here, once, by :func:`mapped_errors`:
   client raises for that status (``openai.BadRequestError`` for 400, ...), with the answer's
   headers and body on ``.response``.
 
-The keep-alive client's own errors are mapped by one table, :data:`CLIENT_ERRORS`; an
-answer that is not what HTTP allows (:class:`~atroposlib.http.client.ProtocolError`: too
-large, malformed) passes through unchanged: the server answered, wrongly.
+``aiohttp``'s errors are mapped by one table, :data:`CLIENT_ERRORS`; an answer that is not
+what HTTP allows (:class:`~atroposlib.http.client_session.ProtocolError`: too large,
+malformed) passes through unchanged: the server answered, wrongly.
 So code written against the ``openai`` client catches what it caught before, whichever
 backend answered. :func:`is_transport_error`, :func:`status_code` and :func:`is_transient`
 also recognise the errors of other HTTP clients (``httpx``, ``aiohttp``) that user code may
@@ -35,14 +37,14 @@ import httpx
 import openai
 import orjson
 
-from atroposlib.http import client as raw_errors
-from atroposlib.http.client import TransportError, error_for
+from atroposlib.http.client_session import ProtocolError, answer_error, describe
 
 __all__ = [
     "CLIENT_ERRORS",
     "NoHealthyServerError",
     "ServerConnectionError",
     "ServerReadError",
+    "ServerTLSError",
     "ServerTimeoutError",
     "ServerUnavailableError",
     "causes",
@@ -93,6 +95,11 @@ class ServerConnectionError(openai.APIConnectionError, ConnectionError):
             message=f"{method} {url}: cannot reach the inference server: {detail}",
             request=httpx.Request(method, url),
         )
+
+
+class ServerTLSError(ServerConnectionError):
+    """The inference server's TLS certificate did not verify against the trust store
+    (the system's, or ``SSL_CERT_FILE``'s): a configuration error, not an outage."""
 
 
 class ServerReadError(ServerConnectionError):
@@ -160,23 +167,28 @@ def status_error(
     return cls(message, response=response, body=data)
 
 
-CLIENT_ERRORS: dict[type[TransportError], type[openai.APIConnectionError]] = {
-    raw_errors.ConnectError: ServerConnectionError,
-    raw_errors.ConnectTimeout: ServerTimeoutError,
-    raw_errors.ReadError: ServerReadError,
-    raw_errors.ReadTimeout: ServerTimeoutError,
-}
-"""The error each failure of the keep-alive client becomes (the most specific entry for an
-error's class wins: :func:`~atroposlib.http.client.error_for`). ``ProtocolError`` is not
-here: an answer that is too large or malformed passes through."""
+CLIENT_ERRORS: tuple[tuple[type[BaseException], type[openai.APIConnectionError]], ...] = (
+    (aiohttp.ClientConnectorCertificateError, ServerTLSError),
+    (aiohttp.ClientConnectorError, ServerConnectionError),  # refused, DNS, TLS, proxy, peer
+    (aiohttp.ClientHttpProxyError, ServerConnectionError),  # the proxy refused CONNECT
+    (aiohttp.ServerTimeoutError, ServerTimeoutError),
+    (asyncio.TimeoutError, ServerTimeoutError),
+    (aiohttp.ServerDisconnectedError, ServerReadError),
+    (aiohttp.ClientPayloadError, ServerReadError),
+    (aiohttp.ClientOSError, ServerReadError),  # reset after the connection was made
+    (aiohttp.ClientConnectionError, ServerConnectionError),
+    (OSError, ServerConnectionError),
+)
+"""The error each failure of the ``aiohttp`` session becomes: the first entry whose class
+the failure is an instance of (most specific first). :class:`ProtocolError` is not here: an
+answer that is too large or malformed passes through, and so does ``aiohttp``'s refusal of
+an answer it could not parse (as a :class:`ProtocolError`)."""
 
 
-def _foreign_error(exc: BaseException) -> type[openai.APIConnectionError] | None:
-    """The error a failure of another HTTP client (or a bare ``OSError``) becomes."""
-    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-        return ServerTimeoutError
-    if isinstance(exc, (OSError, aiohttp.ClientConnectionError)):
-        return ServerConnectionError
+def _client_error(exc: BaseException) -> type[openai.APIConnectionError] | None:
+    for cls, error in CLIENT_ERRORS:
+        if isinstance(exc, cls):
+            return error
     return None
 
 
@@ -195,26 +207,35 @@ class _MappedErrors:
         return None
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        if exc is None or isinstance(exc, openai.APIError):  # openai's: already mapped
+        if exc is None or isinstance(exc, (openai.APIError, ProtocolError)):  # already ours
             return False
-        if isinstance(exc, TransportError):
-            cls = error_for(exc, CLIENT_ERRORS)
-            cause = exc.__cause__ or exc  # the low-level error, where there is one
-        else:
-            cls, cause = _foreign_error(exc), exc
+        if isinstance(exc, aiohttp.ClientResponseError) and not isinstance(
+            exc, aiohttp.ClientHttpProxyError
+        ):
+            # Raised before any answer was returned: aiohttp could not parse it.
+            raise answer_error(exc) from exc
+        cls = _client_error(exc)
         if cls is None:
             return False
-        raise cls(self.method, self.url, cause) from cause
+        cause = exc if cls is ServerTimeoutError else _Described(exc)
+        raise cls(self.method, self.url, cause) from exc
+
+
+class _Described(Exception):
+    """A low-level failure as :func:`~atroposlib.http.client_session.describe` tells it (the
+    mapped error's message quotes it; the failure itself is the ``__cause__``)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(describe(exc))
 
 
 def mapped_errors(method: str, url: str) -> contextlib.AbstractContextManager[None]:
     """Turn the low-level failures of a call to ``url`` into this module's errors.
 
-    The keep-alive client's errors become what :data:`CLIENT_ERRORS` says; of other
-    clients, timeouts become :class:`ServerTimeoutError` and connection failures (any
-    ``OSError``, and ``aiohttp``'s connection errors) :class:`ServerConnectionError`. Errors
-    that mean the server answered, wrongly (too large, not HTTP, not JSON), pass through
-    unchanged.
+    ``aiohttp``'s errors (and any ``OSError`` or timeout) become what :data:`CLIENT_ERRORS`
+    says. Errors that mean the server answered, wrongly (too large, not HTTP, not JSON),
+    pass through (``aiohttp``'s refusal of an unparsable answer as a
+    :class:`~atroposlib.http.client_session.ProtocolError`).
     """
     return _MappedErrors(method, url)
 

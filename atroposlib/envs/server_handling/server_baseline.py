@@ -35,6 +35,7 @@ from tenacity import (
 
 from atroposlib.envs.server_handling.adaptive_semaphore import AsyncSemWithAdaptiveWeight
 from atroposlib.envs.server_handling.errors import (
+    ServerTLSError,
     ServerUnavailableError,
     is_retryable,
     is_transport_error,
@@ -116,6 +117,9 @@ class APIServer(ABC):
     otherwise every attempt runs under an asyncio deadline of ``config.timeout``."""
     healthy_probe_interval: float = 1.0
     unhealthy_probe_interval: float = 0.25
+    last_health_error: BaseException | None = None
+    """The last health probe's failure (None once a probe answered): what
+    ``ServerUnavailableError`` reports when waiting for a healthy server runs out."""
 
     def __init__(self, config: ServerBaseline, reasoning_config: ReasoningConfig | None = None):
         self.config = config
@@ -210,10 +214,17 @@ class APIServer(ABC):
         while True:
             try:
                 healthy = await self._probe_health()
+                self.last_health_error = None
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a failed probe means unhealthy, never a dead loop
-                logger.debug("health probe of %s failed: %r", self.name, e)
+                if isinstance(e, ServerTLSError) and not isinstance(
+                    self.last_health_error, ServerTLSError
+                ):  # a configuration error, not an outage: say it once, loudly
+                    logger.warning("health probe of %s: %s", self.name, e)
+                else:
+                    logger.debug("health probe of %s failed: %r", self.name, e)
+                self.last_health_error = e
                 healthy = False
             self.server_healthy = healthy
             await asyncio.sleep(
@@ -230,7 +241,10 @@ class APIServer(ABC):
         try:
             await within(fut, timeout)
         except asyncio.TimeoutError as e:
-            raise ServerUnavailableError(self.name, e) from e
+            # The probe's own failure (a refused connection, a certificate that does not
+            # verify) says more than that the wait ran out.
+            cause = self.last_health_error or e
+            raise ServerUnavailableError(self.name, cause) from cause
 
     async def close(self) -> None:
         """Stop the health loop and release backend resources."""
