@@ -521,7 +521,7 @@ class Launcher:
     def record(self, model: str) -> Dict[str, Any]:
         """What ``summary.md`` lists besides the scores: why the run stopped, the final model
         and checkpoints, the key trainer settings and the whole configuration."""
-        from .config import TrainingConfig
+        from ..config import TrainingConfig
 
         save = Path(self.save_path)
         checkpoints = sorted(

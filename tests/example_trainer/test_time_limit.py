@@ -37,8 +37,8 @@ def test_trainer_ends_at_the_stop_file_and_saves_final_model(
     groups = make_batch(tiny_tokenizer, n_groups=8, group_size=2, seed=3)
     real_register = api.register_trainer
 
-    def register_then_queue(config, starting_step=0):
-        answer = real_register(config, starting_step)
+    def register_then_queue(config, starting_step=0, **kwargs):
+        answer = real_register(config, starting_step, **kwargs)
         for g in groups:
             assert httpx.post(f"{url}/scored_data", json=g, timeout=10).status_code == 200
         return answer
