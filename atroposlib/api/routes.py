@@ -87,6 +87,53 @@ async def _ingest(request: Request, many: bool) -> Response:
     return _json(answer)
 
 
+# The routes called in a loop come first: FastAPI tries routes in the order declared.
+@router.post("/scored_data", openapi_extra=_body_of(_GROUP_SCHEMA))
+async def scored_data(request: Request) -> Response:
+    """Accept one scored group (422 on inconsistent fields, 503 + Retry-After when full)."""
+    return await _ingest(request, many=False)
+
+
+@router.post("/scored_data_list", openapi_extra=_body_of(_GROUP_LIST_SCHEMA))
+async def scored_data_list(request: Request) -> Response:
+    """Accept several groups at once, all or none."""
+    return await _ingest(request, many=True)
+
+
+@router.get("/batch")
+async def batch(
+    request: Request, ack: str | None = Query(None, description=_ACK_DESCRIPTION)
+) -> Response:
+    """Serve the oldest full batch (one per call) and count a step; ``{"batch": null}`` when short.
+
+    The answer carries ``batch_id`` and ``step``; the batch stays recoverable
+    until acknowledged (see the API README, "Delivery").
+    """
+    return _json(handlers.serve_batch(request.app.state.store, ack))
+
+
+@router.get("/status-env")
+async def status_env(
+    request: Request, env_id: int | None = Query(None, description=_ENV_ID_DESCRIPTION)
+) -> Response:
+    """An env's throttling signal; ``env_id`` as query parameter or (old clients) JSON body."""
+    if env_id is None:
+        # The original's clients send ``{"env_id": N}`` as the body of the GET.
+        body = await request.body()
+        if not body.strip():
+            raise BodyValidationError(
+                [
+                    {
+                        "type": "missing",
+                        "loc": ["query", "env_id"],
+                        "msg": "env_id is required: GET /status-env?env_id=N",
+                    }
+                ]
+            )
+        env_id = handlers.parse_body(EnvIdentifier, body).env_id
+    return _json(handlers.status_env(request.app.state.store, env_id))
+
+
 @router.get("/")
 async def root() -> dict:
     """Liveness message of the original API."""
@@ -137,57 +184,11 @@ async def info(store: RolloutStore = Depends(rollout_store)) -> dict:
     return {"batch_size": store.batch_size, "max_token_len": store.max_token_len}
 
 
-@router.post("/scored_data", openapi_extra=_body_of(_GROUP_SCHEMA))
-async def scored_data(request: Request) -> Response:
-    """Accept one scored group (422 on inconsistent fields, 503 + Retry-After when full)."""
-    return await _ingest(request, many=False)
-
-
-@router.post("/scored_data_list", openapi_extra=_body_of(_GROUP_LIST_SCHEMA))
-async def scored_data_list(request: Request) -> Response:
-    """Accept several groups at once, all or none."""
-    return await _ingest(request, many=True)
-
-
-@router.get("/batch")
-async def batch(
-    request: Request, ack: str | None = Query(None, description=_ACK_DESCRIPTION)
-) -> Response:
-    """Serve the oldest full batch (one per call) and count a step; ``{"batch": null}`` when short.
-
-    The answer carries ``batch_id`` and ``step``; the batch stays recoverable
-    until acknowledged (see the API README, "Delivery").
-    """
-    return _json(handlers.serve_batch(request.app.state.store, ack))
-
-
 @router.post("/batch/ack", openapi_extra=_body_of(BatchAck))
 async def batch_ack(request: Request, store: RolloutStore = Depends(rollout_store)) -> dict:
     """Acknowledge (consume) the batch ``batch_id``; idempotent, 404 for an unknown id."""
     ack = handlers.parse_body(BatchAck, await request.body())
     return {"status": store.acknowledge(ack.batch_id), "batch_id": ack.batch_id}
-
-
-@router.get("/status-env")
-async def status_env(
-    request: Request, env_id: int | None = Query(None, description=_ENV_ID_DESCRIPTION)
-) -> Response:
-    """An env's throttling signal; ``env_id`` as query parameter or (old clients) JSON body."""
-    if env_id is None:
-        # The original's clients send ``{"env_id": N}`` as the body of the GET.
-        body = await request.body()
-        if not body.strip():
-            raise BodyValidationError(
-                [
-                    {
-                        "type": "missing",
-                        "loc": ["query", "env_id"],
-                        "msg": "env_id is required: GET /status-env?env_id=N",
-                    }
-                ]
-            )
-        env_id = handlers.parse_body(EnvIdentifier, body).env_id
-    return _json(handlers.status_env(request.app.state.store, env_id))
 
 
 @router.get("/latest_example")

@@ -181,12 +181,14 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
         title="AtroposLib API",
         lifespan=lifespan,
         telemetry={"tracing": False, "metrics": False},
+        # The router's routes themselves, in its order: FastAPI tries them one by one, and
+        # an included router would add a layer of matching to every request.
+        routes=list(router.routes),
     )
     app.state.store = store
     app.state.settings = settings
     app.state.group_commit = GroupCommit(store)
     install_error_handlers(app)
-    app.include_router(router)
     return app
 
 
