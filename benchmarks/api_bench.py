@@ -23,6 +23,17 @@ uvicorn settings that reads the same bodies and answers ``{"status":"received"}`
     .venv/bin/python benchmarks/api_bench.py --table --repeats 5 --write
         # the same, and writes the table into the API README's marked block and
         # the "API ..." rows of docs/performance.md
+    .venv/bin/python benchmarks/api_bench.py --original --repeats 3
+        # run-api and the original's API (atroposlib 0.4.0, from PyPI) alternately,
+        # the same phases against each, and the ratios of their server CPU: the
+        # bars are ingest >= 2x and /batch drain >= 10x cheaper than the original
+
+The original is the last atroposlib release on PyPI, unpacked under
+``.cache/original-atroposlib-0.4.0`` (``pip download atroposlib==0.4.0 --no-deps``, done
+on first use; ``--original DIR`` takes an unpacked copy elsewhere). It runs in this
+project's virtual environment (its API needs only FastAPI, pydantic and uvicorn; the
+same uvloop and httptools as run-api), as its ``run-api`` starts it, access log off. It
+takes ``/status-env``'s ``env_id`` only as a JSON body, so it is asked that way.
 """
 
 from __future__ import annotations
@@ -328,9 +339,18 @@ def setup(conn: Connection, port: int, group_size: int) -> int:
     return _json(conn, http_request("POST", "/register-env", port, body))["env_id"]
 
 
-def status_p50(conn: Connection, port: int, env_id: int, n: int = 500) -> float:
+def status_request(port: int, env_id: int, body_form: bool = False) -> bytes:
+    """``GET /status-env`` by query, or (``body_form``, the original's only form) JSON body."""
+    if body_form:
+        return http_request("GET", "/status-env", port, orjson.dumps({"env_id": env_id}))
+    return http_request("GET", f"/status-env?env_id={env_id}", port)
+
+
+def status_p50(
+    conn: Connection, port: int, env_id: int, n: int = 500, body_form: bool = False
+) -> float:
     """Median latency (ms) of sequential ``/status-env`` calls."""
-    request = http_request("GET", f"/status-env?env_id={env_id}", port)
+    request = status_request(port, env_id, body_form)
     lat = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -361,8 +381,8 @@ class Run:
     notes: List[str] = field(default_factory=list)
 
 
-def bench_api(port: int, pid: int, args: argparse.Namespace) -> Run:
-    """Every phase against one started ``run-api``."""
+def bench_api(port: int, pid: int, args: argparse.Namespace, body_form: bool = False) -> Run:
+    """Every phase against one started ``run-api`` (``body_form``: the original's API)."""
     run = Run()
     f = run.figures
     server = psutil.Process(pid)
@@ -388,10 +408,10 @@ def bench_api(port: int, pid: int, args: argparse.Namespace) -> Run:
         f["single_sys_us"] = p.server_sys / n * 1e6
         if p.failures:
             run.notes.append(f"{p.failures} posts to /scored_data failed")
-        f["status_full"] = status_p50(conn, port, env_id)
+        f["status_full"] = status_p50(conn, port, env_id, body_form=body_form)
         f["rss_full"] = server.memory_info().rss
         cpu0 = cpu_seconds(server)
-        status_p50(conn, port, env_id, n=200)
+        status_p50(conn, port, env_id, n=200, body_form=body_form)
         f["status_cpu_us"] = (cpu_seconds(server) - cpu0) / 200 * 1e6
         d = drain(conn, port, server, gzip=True)
     f["rss_peak"] = rss.peak
@@ -413,7 +433,7 @@ def bench_api(port: int, pid: int, args: argparse.Namespace) -> Run:
         env_id = setup(conn, port, 8)
         tiny_posts = [http_request("POST", "/scored_data", port, b) for b in tiny]
         blast(port, server, tiny_posts, target, args.procs, args.conns)
-        f[f"status_{target}"] = status_p50(conn, port, env_id)
+        f[f"status_{target}"] = status_p50(conn, port, env_id, body_form=body_form)
     conn.close()
     return run
 
@@ -567,6 +587,76 @@ def one_run(args: argparse.Namespace, persist: bool) -> Run:
             cmd += ["--pack-above-mb", str(args.pack_above_mb)]
         with start_server(cmd, port) as proc:
             return bench_api(port, proc.pid, args)
+
+
+ORIGINAL_VERSION = "0.4.0"
+ORIGINAL_DIR = ROOT / ".cache" / f"original-atroposlib-{ORIGINAL_VERSION}"
+_SERVE_ORIGINAL = (
+    "import sys; sys.path.insert(0, sys.argv[1]); import uvicorn; "
+    "uvicorn.run('atroposlib.api:app', host='127.0.0.1', port=int(sys.argv[2]), "
+    "log_level='warning', access_log=False)"
+)
+"""How the original's ``run-api`` starts its app (``uvicorn.run("atroposlib.api:app", ...)``),
+with its access log off as run-api's is, and its package first on ``sys.path``."""
+
+
+def original_dir(path: Path | None) -> Path:
+    """An unpacked original atroposlib: ``path``, or the release fetched once from PyPI."""
+    where = path or ORIGINAL_DIR
+    if (where / "atroposlib" / "api" / "server.py").is_file():
+        return where
+    if path is not None:
+        raise SystemExit(f"--original {path}: no atroposlib/api/server.py there")
+    import subprocess
+    import zipfile
+
+    wheels = where.parent / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels)]
+        + [f"atroposlib=={ORIGINAL_VERSION}"],
+        check=True,
+    )
+    (wheel,) = wheels.glob(f"atroposlib-{ORIGINAL_VERSION}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(where)
+    return where
+
+
+def original_run(args: argparse.Namespace) -> Run:
+    """The same phases against the original's API."""
+    port = free_port()
+    cmd = [PYTHON, "-c", _SERVE_ORIGINAL, str(args.original_dir), str(port)]
+    with start_server(cmd, port) as proc:
+        return bench_api(port, proc.pid, args, body_form=True)
+
+
+COMPARED = (
+    ("ingest /scored_data, server CPU per group", "single_us", 2.0),
+    ("ingest /scored_data_list, server CPU per group", "list_us", 2.0),
+    ("/batch drain, gzip, server CPU per batch", "drain_gzip_ms", 10.0),
+    ("/batch drain, identity, server CPU per batch", "drain_identity_ms", 10.0),
+)
+"""(what, figure, bar): the original's figure over ours must reach the bar."""
+
+
+def compare(ours: List[Run], original: List[Run]) -> bool:
+    """Print the original's cost over ours, run pair by run pair (median and range); True
+    when every median reaches its bar."""
+    print(f"\nthe original's server CPU over run-api's, {len(ours)} alternating pairs:")
+    held = True
+    for what, key, bar in COMPARED:
+        ratios = sorted(
+            o.figures[key] / r.figures[key] for r, o in zip(ours, original, strict=True)
+        )
+        median = statistics.median(ratios)
+        held = held and median >= bar
+        print(
+            f"  {what:46s} {median:6.1f}x ({ratios[0]:.1f}-{ratios[-1]:.1f}x)  "
+            f"bar >= {bar:.0f}x: {'holds' if median >= bar else 'MISSED'}   "
+            f"ours {statistics.median(r.figures[key] for r in ours):.2f}, original "
+            f"{statistics.median(o.figures[key] for o in original):.2f}"
+        )
+    return held
 
 
 def floor_run(args: argparse.Namespace) -> Run:
@@ -758,12 +848,31 @@ def main() -> None:
         action="store_true",
         help="with --table: write the table into the API README and docs/performance.md",
     )
+    p.add_argument(
+        "--original",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="alternate with the original's API (unpacked atroposlib; default: fetch 0.4.0 "
+        "from PyPI into .cache) and print the ratios against the bars",
+    )
     p.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_floor:
         serve_floor(args.serve_floor)
         return
     args_groups = args.groups
+    if args.original is not None:
+        args.original_dir = original_dir(Path(args.original) if args.original else None)
+        ours, original = [], []
+        for i in range(args.repeats):
+            ours.append(one_run(args, persist=False))
+            print_run(ours[-1], f"run-api, in memory, run {i + 1}")
+            original.append(original_run(args))
+            print_run(original[-1], f"the original's API ({ORIGINAL_VERSION}), run {i + 1}")
+        held = compare(ours, original)
+        print(f"load average {os.getloadavg()}")
+        raise SystemExit(0 if held else 1)
     if args.table:
         args.load_start = os.getloadavg()[0]
         mem, persist, floor = [], [], []

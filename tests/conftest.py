@@ -45,6 +45,20 @@ def fake_pool() -> Iterator[list[FakeServer]]:
 
 
 @pytest.fixture(scope="session")
+def rollout_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One in-memory ``run-api`` process per test session (per xdist worker), shared by the
+    tests that need a plain one; each resets it first (``rollout_api.reset()``).
+
+    A :class:`~atroposlib.testing.api.RunningApi`; tests that need other flags start their
+    own with :func:`~atroposlib.testing.api.running_api`.
+    """
+    from atroposlib.testing.api import running_api
+
+    with running_api(tmp_path_factory.mktemp("rollout_api") / "api.log") as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
 def tokenizer() -> Any:
     """The offline tiny tokenizer (ChatML template, eos <|im_end|>)."""
     from atroposlib.tiny_model import load_tiny_tokenizer

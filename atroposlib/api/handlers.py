@@ -1,4 +1,4 @@
-"""Request handling shared by the FastAPI routes and the raw-ASGI hot path.
+"""Request handling of the routes (:mod:`atroposlib.api.routes`) that take raw bodies.
 
 Each function takes the store and raw inputs (body bytes, ids) and returns
 the answer as JSON bytes; domain problems are raised as

@@ -3,7 +3,7 @@
 Much damage leaves SQLite's own view of the database sound: a WAL cut short
 or garbled after its intact prefix (SQLite stops reading there), or a main
 file with a torn page past the size its header declares. The salvaged state
-then differs from that view only by the groups the page parser read beyond it
+then differs from that view only by the groups the page probes read beyond it
 (and the unfinished batch it gives back), so one SQLite transaction on the
 database itself writes it: no second copy of the database, and a disk with
 room for a few pages but not for a copy still recovers.

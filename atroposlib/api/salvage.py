@@ -1,4 +1,4 @@
-"""Reading everything SQLite and the page parser can still read from a damaged ``--persist`` database.
+"""Reading everything SQLite can still read from a damaged ``--persist`` database.
 
 :func:`salvage` is the read half of ``run-api --persist-recover``
 (:mod:`atroposlib.api.recovery` decides how to write what it finds): meta,
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atroposlib.api.compression import crc32
-from atroposlib.api.pages import PageScan, scan_pages
+from atroposlib.api.page_probe import probe_pages, single_values
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +51,16 @@ def shm_frames(shm: Path) -> tuple[int, int] | None:
     return mx_frame, backfill
 
 
-def read_only(path: Path) -> sqlite3.Connection:
-    """A connection that reads the database and its WAL and never writes (no checkpoint on close)."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+def read_only(path: Path, lenient: bool = False) -> sqlite3.Connection:
+    """A connection that reads the database and its WAL and never writes (no checkpoint on close).
+
+    ``lenient`` turns on ``writable_schema``, with which SQLite reads a main file shorter
+    than its header says (otherwise every statement is refused as malformed).
+    """
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    if lenient:
+        conn.execute("PRAGMA writable_schema=ON")
+    return conn
 
 
 _SALVAGE_CHUNK = 256
@@ -274,26 +281,34 @@ def _salvage_rows(conn: sqlite3.Connection) -> tuple[list[tuple], RecoveryReport
     return salvager.rows, salvager.report
 
 
+def _missing(seq: int, report: RecoveryReport) -> bool:
+    """True for a seq SQLite's read counts as lost or cannot account for (an unknown range)."""
+    return seq in report.lost or any(a <= seq <= b for a, b in report.unknown)
+
+
 def salvage(path: Path) -> tuple[dict[str, Any], list[tuple], RecoveryReport]:
     """Everything readable in the damaged database: meta, intact group rows, and the report.
 
-    Two independent reads: SQLite's (table, then ledger, then one row at a time,
-    see :class:`_Salvager`), and a page-by-page parse of the latest image
-    (:func:`~atroposlib.api.pages.scan_pages`), which reaches rows SQLite cannot:
-    below a damaged interior page, in a truncated main file, in WAL frames after
-    a damaged one. A group either read finds intact is restored; every other
-    seq either read saw (a row, a ledger entry) is counted as lost.
+    Two reads, both SQLite's: the tables through their B-trees (table, then
+    ledger, then one row at a time, see :class:`_Salvager`), and, where that
+    read finds groups missing, every page of the file taken as a table root
+    (:func:`~atroposlib.api.page_probe.probe_pages`), which reaches the intact
+    leaves below a damaged interior page or in a main file cut short. A group
+    either read finds intact is restored; every other seq SQLite saw (a row, a
+    ledger entry) is counted as lost. Committed WAL frames past a damaged one
+    are beyond SQLite's reach: their groups are reported as an unknown number.
     """
     # The WAL index as the server left it: SQLite rebuilds it on open (stopping at a
     # damaged frame), so it is read first and put back after, for a later retry to see.
     shm = Path(f"{path}-shm")
     left = shm.read_bytes() if shm.is_file() else None
     frames = shm_frames(shm) if left is not None else None
+    intact_frames = 0
     meta: dict[str, Any] = {}
     rows: list[tuple] = []
     report = RecoveryReport()
     try:
-        conn = read_only(path)
+        conn = read_only(path, lenient=True)
         try:
             try:
                 for key, value in conn.execute("SELECT key, value FROM meta"):
@@ -306,6 +321,8 @@ def salvage(path: Path) -> tuple[dict[str, Any], list[tuple], RecoveryReport]:
             except sqlite3.Error as e:
                 logger.warning("SQLite reads no group of %s (%s)", path, e)
                 report.unknown.append((1, 1 << 62))
+            rebuilt = shm_frames(shm) if frames is not None else None
+            intact_frames = rebuilt[0] if rebuilt is not None else 0
         finally:
             conn.close()
     except sqlite3.Error as e:
@@ -314,32 +331,28 @@ def salvage(path: Path) -> tuple[dict[str, Any], list[tuple], RecoveryReport]:
     finally:
         if left is not None and shm.is_file() and shm.read_bytes() != left:
             shm.write_bytes(left)
-    try:
-        scan = scan_pages(path, frames[0] if frames is not None else None)
-    except (OSError, ValueError, IndexError, OverflowError, struct.error) as e:
-        # The page-by-page read is the second opinion: its failure costs only what it adds.
-        logger.warning("the page-by-page read of %s stopped (%s)", path, e)
-        scan = PageScan()
     have = {row[0] for row in rows}
-    for seq, (env_id, size, buffered, body, crc) in sorted(scan.groups.items()):
-        row = (seq, env_id, size, buffered, body, crc)
-        if seq not in have and body and _intact(row):
-            rows.append(row[:5])
-            have.add(seq)
-    report.lost = sorted((set(report.lost) | set(scan.groups) | scan.ledger) - have)
-    if scan.ledger_complete:
-        report.unknown = []  # the whole ledger was read: every stored seq is accounted for
+    if report.lost or report.unknown or not meta:
+        probed = probe_pages(path)
+        if probed is not None:
+            # Only seqs known to be missing: a page on the free list can hold groups
+            # deleted long ago, which must not come back.
+            for seq, row in sorted(probed.groups.items()):
+                if seq not in have and _missing(seq, report) and _intact(row):
+                    rows.append(row[:5])
+                    have.add(seq)
+            if not meta:
+                for key, value in single_values(probed.meta).items():
+                    try:
+                        meta[key] = json.loads(value)
+                    except ValueError:
+                        logger.warning("the registration record %r of %s is damaged", key, path)
+    report.lost = sorted(set(report.lost) - have)
     if frames is not None:
-        # Committed frames the WAL no longer holds (cut off, or the file emptied): their
-        # commits are the newest, so whatever they added follows every seq seen.
-        report.wal_frames_lost = max(0, frames[0] - max(scan.wal_frames, frames[1]))
+        # Committed frames SQLite no longer reads (cut off, emptied, or past a damaged
+        # frame): their commits are the newest, so whatever they added follows every seq seen.
+        report.wal_frames_lost = max(0, frames[0] - max(intact_frames, frames[1]))
         seen = [*have, *report.lost]
         report.after_seq = max(seen) if seen else 0
-    if not meta:
-        for key, value in scan.meta.items():
-            try:
-                meta[key] = json.loads(value)
-            except ValueError:
-                logger.warning("the registration record %r of %s is damaged", key, path)
     rows.sort(key=lambda row: row[0])
     return meta, rows, report

@@ -1,9 +1,12 @@
-"""The rollout API's HTTP routes (docs/design.md, "Rollout API routes"): parse, call the :class:`RolloutStore`, answer.
+"""The rollout API's app (docs/design.md, "Rollout API routes"): one store, its guards, its routes.
 
-``create_app(settings)`` builds one app around one store. The hot endpoints
-(``/scored_data``, ``/scored_data_list``, ``/batch``, ``/status-env``) are declared
-and answered only by :class:`~atroposlib.api.fastpath.HotPathMiddleware`, their
-schema merged into this app's; the routes here serve everything else.
+``create_app(settings)`` builds one app around one :class:`RolloutStore`, kept on
+``app.state.store``; every endpoint is a route of :data:`atroposlib.api.routes.router`
+(``GET /``, ``/health``, ``/metrics``, ``/wandb_info``, ``/info``, ``/batch``,
+``/status-env``, ``/latest_example``, ``/status``, ``/reset_data``; ``POST /register``,
+``/register-env``, ``/disconnect-env``, ``/scored_data``, ``/scored_data_list``,
+``/batch/ack``, ``/reset_data``). Around FastAPI sit the shared server guards
+(:func:`~atroposlib.http.server.build_server`) and response gzip.
 """
 
 from __future__ import annotations
@@ -13,21 +16,11 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel
+from fastapi import FastAPI
 
-from atroposlib.api import handlers
 from atroposlib.api.compression import GzipResponseMiddleware
 from atroposlib.api.errors import install_error_handlers
-from atroposlib.api.fastpath import (
-    SMALL_ANSWER_ROUTES,
-    BypassFor,
-    HotPathMiddleware,
-    openapi_paths,
-    openapi_schemas,
-)
-from atroposlib.api.metrics import CONTENT_TYPE, render_metrics
+from atroposlib.api.group_commit import GroupCommit
 from atroposlib.api.middleware import GZipRequestMiddleware
 from atroposlib.api.models import (
     EnvIdentifier,
@@ -38,6 +31,7 @@ from atroposlib.api.models import (
     Status,
 )
 from atroposlib.api.recovery import open_persistence
+from atroposlib.api.routes import SMALL_ANSWER_ROUTES, BatchAck, router
 from atroposlib.api.settings import APISettings
 from atroposlib.api.store import MIN_ENV_WEIGHT, RolloutStore
 from atroposlib.http.asgi import ASGIApp, Receive, Scope, Send
@@ -49,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "MIN_ENV_WEIGHT",
+    "BatchAck",
     "EnvIdentifier",
     "GZipRequestMiddleware",
     "Info",
@@ -60,36 +55,7 @@ __all__ = [
     "create_app",
 ]
 
-_JSON = "application/json"
 _GC_GEN0_THRESHOLD = 20_000
-_PLACEHOLDER_EXAMPLE = {
-    key: []
-    for key in (
-        "tokens",
-        "masks",
-        "scores",
-        "advantages",
-        "ref_logprobs",
-        "generation_params",
-        "inference_logprobs",
-        "messages",
-        "images",
-    )
-}
-
-
-def _body_of(schema: dict[str, Any] | type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI ``requestBody`` for a route that parses its raw body itself."""
-    if isinstance(schema, type):
-        schema = schema.model_json_schema()
-    return {"requestBody": {"required": True, "content": {_JSON: {"schema": schema}}}}
-
-
-class BatchAck(BaseModel):
-    """``POST /batch/ack`` body: the ``batch_id`` of a ``/batch`` answer the trainer is done with."""
-
-    batch_id: str
-
 
 _OPEN_PATHS = ("/", "/health")
 _BROWSER_GUARDED_GETS = {
@@ -101,15 +67,29 @@ _BROWSER_GUARDED_GETS = {
 with the advice the 403 carries."""
 
 
+class _SkipFor:
+    """Send the requests of ``routes`` (method, path) straight to ``direct``, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, direct: ASGIApp, routes: frozenset) -> None:
+        self.app = app
+        self.direct = direct
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["method"], scope["path"]) in self.routes:
+            await self.direct(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
 class RolloutAPI(FastAPI):
-    """A FastAPI app whose guards and hot path wrap FastAPI's own middleware stack.
+    """A FastAPI app whose guards wrap FastAPI's own middleware stack.
 
     Requests pass the browser guard (foreign Origin, non-loopback Host, non-JSON
     bodies, browser GETs that change state), CORS (when origins are
     configured), bearer auth, the body guard (413, in-flight bound, gzip
-    inflation), response gzip and the hot path before
-    reaching FastAPI, so the endpoints called in a loop skip FastAPI's
-    per-request machinery while every endpoint gets the same guards.
+    inflation) and response gzip before reaching FastAPI's routes, so every
+    endpoint gets the same guards.
     """
 
     def __init__(self, *, settings: APISettings, store: RolloutStore, **kwargs: Any) -> None:
@@ -132,10 +112,10 @@ class RolloutAPI(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         settings = self.atropos_settings
-        hot = HotPathMiddleware(super().build_middleware_stack(), self.atropos_store)
-        gzipped = GzipResponseMiddleware(hot, minimum_size=1000, level=settings.gzip_level)
+        routes = super().build_middleware_stack()
+        gzipped = GzipResponseMiddleware(routes, minimum_size=1000, level=settings.gzip_level)
         # Ingest and /status-env answers are a few bytes: skip gzip's per-request work for them.
-        app: ASGIApp = BypassFor(gzipped, hot, SMALL_ANSWER_ROUTES)
+        app: ASGIApp = _SkipFor(gzipped, routes, SMALL_ANSWER_ROUTES)
         api_key = settings.api_key or load_api_key(None, settings.api_key_file, component="run-api")
         # Outermost the browser guard, so that a page in the user's browser cannot reach
         # anything (docs/design.md, "Security model"); then CORS, auth and the body bounds.
@@ -201,103 +181,15 @@ def create_app(settings: APISettings | None = None, store: RolloutStore | None =
         title="AtroposLib API",
         lifespan=lifespan,
         telemetry={"tracing": False, "metrics": False},
+        # The router's routes themselves, in its order: FastAPI tries them one by one, and
+        # an included router would add a layer of matching to every request.
+        routes=list(router.routes),
     )
+    app.state.store = store
+    app.state.settings = settings
+    app.state.group_commit = GroupCommit(store)
     install_error_handlers(app)
-    _add_routes(app, store)
     return app
-
-
-def _json(payload: bytes) -> Response:
-    return Response(payload, media_type=_JSON)
-
-
-def _add_routes(app: FastAPI, store: RolloutStore) -> None:
-    """The routes FastAPI answers, and the schema of those the hot path answers
-    (:data:`~atroposlib.api.fastpath.HOT_ENDPOINTS`, declared there once)."""
-    fastapi_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        schema = fastapi_openapi()
-        schema["paths"].update(openapi_paths())
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_schemas())
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-    @app.get("/")
-    async def root() -> dict:
-        """Liveness message of the original API."""
-        return {"message": "AtroposLib API"}
-
-    @app.get("/health")
-    async def health() -> dict:
-        """Health check (open even with --api-key)."""
-        return {"status": "ok"}
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics() -> Response:
-        """Prometheus text: queue per env, ingest and batch counters, step, envs."""
-        return Response(render_metrics(store), media_type=CONTENT_TYPE)
-
-    @app.post("/register", openapi_extra=_body_of(Registration))
-    async def register(request: Request) -> dict:
-        """Register the trainer. Only the first call since start or reset sets the config."""
-        return {
-            "uuid": store.register_trainer(handlers.parse_body(Registration, await request.body()))
-        }
-
-    @app.post("/register-env", openapi_extra=_body_of(RegisterEnv))
-    async def register_env(request: Request) -> dict:
-        """Register an environment once the trainer has polled /batch."""
-        answer = store.register_env(handlers.parse_body(RegisterEnv, await request.body()))
-        return answer if answer is not None else {"status": "wait for trainer to start"}
-
-    @app.post("/disconnect-env", openapi_extra=_body_of(EnvIdentifier))
-    async def disconnect_env(request: Request) -> dict:
-        """Mark an environment disconnected (404 for an unknown env_id)."""
-        store.disconnect_env(handlers.parse_body(EnvIdentifier, await request.body()).env_id)
-        return {"status": "success"}
-
-    @app.get("/wandb_info")
-    async def wandb_info() -> dict:
-        """The trainer's W&B group and project (None before registration)."""
-        return {"group": store.wandb_group, "project": store.wandb_project}
-
-    @app.get("/info")
-    async def info() -> dict:
-        """Batch size and max token length (-1 before registration)."""
-        return {"batch_size": store.batch_size, "max_token_len": store.max_token_len}
-
-    @app.post("/batch/ack", openapi_extra=_body_of(BatchAck))
-    async def batch_ack(request: Request) -> dict:
-        """Acknowledge (consume) the batch ``batch_id``; idempotent, 404 for an unknown id."""
-        ack = handlers.parse_body(BatchAck, await request.body())
-        return {"status": store.acknowledge(ack.batch_id), "batch_id": ack.batch_id}
-
-    @app.get("/latest_example")
-    async def latest_example() -> Response:
-        """The last group put on the queue, or empty placeholders."""
-        if store.latest is None:
-            return JSONResponse(_PLACEHOLDER_EXAMPLE)
-        return _json(store.latest)
-
-    @app.get("/status")
-    async def status() -> dict:
-        """Current step and queued groups, plus buffered groups, the unacknowledged batch
-        and the envs silent for longer than --env-timeout."""
-        return store.status()
-
-    @app.post("/reset_data", response_class=PlainTextResponse)
-    async def reset_data() -> PlainTextResponse:
-        """Forget queue, envs and registration."""
-        store.reset()
-        return PlainTextResponse("Reset successful")
-
-    @app.get("/reset_data", response_class=PlainTextResponse, include_in_schema=False)
-    async def reset_data_get() -> PlainTextResponse:
-        """The original's GET form, for old clients; refused to browsers (see the guard)."""
-        store.reset()
-        return PlainTextResponse("Reset successful")
 
 
 _app: FastAPI | None = None

@@ -12,6 +12,8 @@ depends on a fake. Each helper is written once here and imported by tests and be
 - ``ports``: a free loopback port, and ``start_on_free_port``, which starts a server again on
   another port when its port was taken before it could bind.
 - ``launch``: the command lines of run-api, serve-model, the OpenAI proxy and the fake server.
+- ``api``: ``running_api``, run-api as a process (free port, healthy on entry, its log
+  file), the one way tests and the shared ``rollout_api``/``keyed_api`` fixtures start it.
 - ``proxy``: ``running_proxy``, the OpenAI proxy as a process (its ``servers.json``, its
   tokenizer saved, a free port, healthy on entry), for the tests that need one.
 - ``vllm_server``: vLLM's own OpenAI server from ``.venv-vllm`` on a tiny model it can serve

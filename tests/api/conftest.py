@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 from typing import Any, ContextManager, Iterator
@@ -9,8 +10,8 @@ from typing import Any, ContextManager, Iterator
 import httpx
 import pytest
 
+from atroposlib.testing.api import running_api
 from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import PYTHON, running_process
 
 TRAINER = {
     "wandb_group": "grp",
@@ -87,40 +88,31 @@ class Api:
 def start_api(
     tmp_path: Path, *flags: str, env: dict | None = None, port: int | None = None
 ) -> tuple[ContextManager[subprocess.Popen], str]:
-    """``(context manager running python -m atroposlib.cli.run_api flags, base URL)``."""
+    """``(context manager running run-api with flags, base URL)``: the port is chosen first,
+    so the URL is known before the server starts (see :func:`running_api`)."""
     port = port or free_port()
-    cmd = [
-        PYTHON,
-        "-m",
-        "atroposlib.cli.run_api",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *flags,
-    ]
-    return running_process(
-        cmd,
-        health_url=f"http://127.0.0.1:{port}/health",
-        log_path=tmp_path / f"api-{port}.log",
-        env=env,
-    ), f"http://127.0.0.1:{port}"
+
+    @contextlib.contextmanager
+    def running() -> Iterator[subprocess.Popen]:
+        with running_api(tmp_path / f"api-{port}.log", *flags, env=env, port=port) as api:
+            yield api.proc
+
+    return running(), f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    """One in-memory server per test module; tests call ``api.reset()`` first."""
-    ctx, url = start_api(
-        tmp_path_factory.mktemp("api"), "--max-request-mb", "1", "--max-queue-mb", "2"
-    )
-    with ctx as proc:
-        a = Api(url, proc=proc)
+    """One in-memory server with small bounds (1 MiB bodies, a 2 MiB queue) per test session,
+    shared by the API tests; each resets it first (``fresh``)."""
+    log = tmp_path_factory.mktemp("api") / "api.log"
+    with running_api(log, "--max-request-mb", "1", "--max-queue-mb", "2") as running:
+        a = Api(running.url, proc=running.proc)
         yield a
         a.client.close()
 
 
 @pytest.fixture
 def fresh(api: Api) -> Api:
-    """The module's server, reset."""
+    """The session's server, reset."""
     api.reset()
     return api

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+from typing import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
 from atroposlib.api import APISettings, create_app
 from atroposlib.cli.run_api import build_parser
-from tests.api.conftest import TRAINER, Api, group
+from tests.api.conftest import TRAINER, Api, group, start_api
 
 
 def test_root_and_health_answer(api: Api):
@@ -18,8 +19,19 @@ def test_root_and_health_answer(api: Api):
     assert api.client.get("/health").json() == {"status": "ok"}
 
 
-def test_before_registration_info_wandb_status_and_batch_have_defaults(fresh: Api):
-    c = fresh.client
+@pytest.fixture
+def never_registered(tmp_path) -> Iterator[Api]:
+    """A server no trainer ever registered with (``/reset_data`` keeps ``max_token_len``, as
+    the original's does, so the shared one will not do)."""
+    ctx, url = start_api(tmp_path)
+    with ctx as proc:
+        a = Api(url, proc=proc)
+        yield a
+        a.client.close()
+
+
+def test_before_registration_info_wandb_status_and_batch_have_defaults(never_registered: Api):
+    c = never_registered.client
     assert c.get("/info").json() == {"batch_size": -1, "max_token_len": -1}
     assert c.get("/wandb_info").json() == {"group": None, "project": None}
     assert c.get("/status").json().items() >= {"current_step": 0, "queue_size": 0}.items()

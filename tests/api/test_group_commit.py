@@ -10,8 +10,8 @@ from typing import Any, List
 
 import pytest
 
+from atroposlib.api import APISettings, create_app
 from atroposlib.api.errors import StorageError
-from atroposlib.api.fastpath import HotPathMiddleware
 from atroposlib.api.persistence import SqlitePersistence
 from atroposlib.api.store import RolloutStore
 from tests.api.conftest import group
@@ -75,13 +75,31 @@ def test_a_failed_group_commit_reaches_every_deferred_post_and_memory_matches_di
 
 
 def _post(path: str, body: bytes) -> tuple[dict, dict]:
+    headers = [
+        (b"host", b"127.0.0.1"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
     return (
-        {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""},
+        {
+            "type": "http",
+            "http_version": "1.1",
+            "scheme": "http",
+            "method": "POST",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "headers": headers,
+            "query_string": b"",
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        },
         {"type": "http.request", "body": body, "more_body": False},
     )
 
 
-async def _call(app: HotPathMiddleware, path: str, body: bytes) -> tuple[int, dict, bytes]:
+async def _call(app: Any, path: str, body: bytes) -> tuple[int, dict, bytes]:
+    """One POST straight through the app's ASGI stack (guards, routes, group commit)."""
     scope, message = _post(path, body)
     sent: List[dict] = []
 
@@ -108,10 +126,7 @@ def _hot(tmp_path, monkeypatch, fail: bool = False):
 
     monkeypatch.setattr(store._db, "commit_many", counting)
 
-    async def fallback(scope, receive, send):  # pragma: no cover - only hot routes are called
-        raise AssertionError(scope["path"])
-
-    return HotPathMiddleware(fallback, store), store, path, calls
+    return create_app(APISettings(), store), store, path, calls
 
 
 def test_posts_of_one_loop_turn_share_one_transaction(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""``GET /status-env``: declared once on the hot path, in both its forms (``?env_id=N`` and the
+"""``GET /status-env``: one route, in both its forms (``?env_id=N`` and the
 original's JSON body ``{"env_id": N}``), with FastAPI's 422 wording and its schema entry.
 
 The expected answers were read from a run-api whose FastAPI route still served the JSON-body
@@ -8,10 +8,13 @@ refused, as FastAPI writes it (a very long one described, not echoed).
 
 from __future__ import annotations
 
+import gzip
+import socket
+
 import pytest
 from fastapi.routing import APIRoute
 
-from atroposlib.api import APISettings, create_app
+from atroposlib.api.routes import router
 from tests.api.conftest import Api
 
 
@@ -195,6 +198,65 @@ def test_status_env_schema_entry_is_the_one_fastapi_wrote(fresh: Api):
     assert components["ValidationError"]["required"] == ["loc", "msg", "type"]
 
 
-def test_status_env_has_no_fastapi_route():
-    app = create_app(APISettings())
-    assert not [r for r in app.routes if isinstance(r, APIRoute) and r.path == "/status-env"]
+def test_status_env_is_one_route_of_the_router():
+    routes = [r for r in router.routes if isinstance(r, APIRoute) and r.path == "/status-env"]
+    assert [r.methods for r in routes] == [{"GET"}]
+
+
+def _raw_exchange(base_url: str, request: bytes) -> list[bytes]:
+    """The status lines a real run-api answers ``request`` with (read until it goes quiet)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(request)
+        sock.settimeout(0.5)
+        data = b""
+        while b'"env_weight"' not in data and b'"detail"' not in data:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    return [line for line in data.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+
+_BODY = b'{"env_id": 0}'
+_GZ = gzip.compress(_BODY, mtime=0)
+_FORMS = {
+    "query": b"GET /status-env?env_id=0 HTTP/1.1\r\n{host}\r\n",
+    "JSON body": b"GET /status-env HTTP/1.1\r\n{host}"
+    + b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n"
+    + _BODY,
+    "body, no Content-Type": b"GET /status-env HTTP/1.1\r\n{host}Content-Length: 13\r\n\r\n"
+    + _BODY,
+    "chunked body": b"GET /status-env HTTP/1.1\r\n{host}Content-Type: application/json\r\n"
+    + b"Transfer-Encoding: chunked\r\n\r\nd\r\n"
+    + _BODY
+    + b"\r\n0\r\n\r\n",
+    "gzip body": b"GET /status-env HTTP/1.1\r\n{host}Content-Type: application/json\r\n"
+    + b"Content-Encoding: gzip\r\nContent-Length: "
+    + str(len(_GZ)).encode()
+    + b"\r\n\r\n"
+    + _GZ,
+    "Expect: 100-continue": b"GET /status-env HTTP/1.1\r\n{host}Content-Type: application/json\r\n"
+    + b"Expect: 100-continue\r\nContent-Length: 13\r\n\r\n"
+    + _BODY,
+    "absolute URI": b"GET http://{hostport}/status-env?env_id=0 HTTP/1.1\r\n{host}\r\n",
+    "HTTP/1.0": b"GET /status-env?env_id=0 HTTP/1.0\r\n{host}\r\n",
+    "query and body": b"GET /status-env?env_id=0 HTTP/1.1\r\n{host}"
+    + b"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n"
+    + _BODY,
+    "fragment": b"GET /status-env?env_id=0#x HTTP/1.1\r\n{host}\r\n",
+}
+
+
+@pytest.mark.parametrize("form", list(_FORMS))
+def test_every_request_form_of_status_env_is_answered_200_by_a_real_server(
+    registered: Api, form: str
+):
+    hostport = registered.base_url.removeprefix("http://").encode()
+    request = _FORMS[form].replace(b"{host}", b"Host: " + hostport + b"\r\n")
+    request = request.replace(b"{hostport}", hostport)
+    statuses = _raw_exchange(registered.base_url, request)
+    assert statuses and statuses[-1].startswith(b"HTTP/1.1 200"), statuses

@@ -20,9 +20,8 @@ from typing import Dict, List
 import httpx
 import pytest
 
-from atroposlib.testing.launch import run_api_cmd as api_cmd
 from atroposlib.testing.ports import free_port
-from atroposlib.testing.processes import running_process, start_process, stop_process, wait_http
+from atroposlib.testing.processes import start_process, stop_process, wait_http
 from atroposlib.testing.trainer import FakeTrainer
 from tests.envs.serve_helpers import env_cmd, fake_server_cmd
 
@@ -194,12 +193,10 @@ def test_no_reachable_server_exits_2_naming_the_url(tmp_path):
 
 
 @pytest.fixture
-def api(tmp_path):
-    port = free_port()
-    with running_process(
-        api_cmd(port), health_url=f"http://127.0.0.1:{port}/health", log_path=tmp_path / "api.log"
-    ):
-        yield port
+def api(rollout_api) -> int:
+    """The port of the session's run-api, reset (no trainer, no envs, empty queue)."""
+    rollout_api.reset()
+    return rollout_api.port
 
 
 def serve_cmd(env_file: Path, api_port: int, serve: Dict[str, str], *extra: str) -> List[str]:

@@ -26,7 +26,7 @@ from atroposlib.testing.processes import running_process
 from atroposlib.testing.tokenizers import llama_style_tokenizer
 from tests.compat.originals import OriginalUnavailable, original_environments
 from tests.compat.test_env_files import groups_in, run_env
-from tests.server_handling.test_original_interface import RecordingServer
+from tests.envs.server_handling.test_original_interface import RecordingServer
 
 # The extra is outside "all" (verifiers pins its own dependencies): without it, skip.
 pytest.importorskip("verifiers", reason="needs the verifiers extra (atroposlib[verifiers])")

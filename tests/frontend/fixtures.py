@@ -86,12 +86,8 @@ def api_key() -> str:
 def keyed_api(tmp_path_factory: pytest.TempPathFactory):
     """One real ``run-api`` for the tools' tests, requiring ``Authorization: Bearer API_KEY``."""
     pytest.importorskip("atroposlib.cli.run_api")
-    from atroposlib.testing.launch import run_api_cmd
-    from atroposlib.testing.ports import free_port
-    from atroposlib.testing.processes import running_process
+    from atroposlib.testing.api import running_api
 
-    port = free_port()
     log = tmp_path_factory.mktemp("api") / "api.log"
-    cmd = run_api_cmd(port, "--api-key", API_KEY)
-    with running_process(cmd, health_url=f"http://127.0.0.1:{port}/health", log_path=log):
-        yield f"http://127.0.0.1:{port}"
+    with running_api(log, "--api-key", API_KEY) as api:
+        yield api.url

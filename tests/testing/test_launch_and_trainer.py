@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from atroposlib.cli.serve_model import build_parser as serve_model_parser
-from atroposlib.testing.launch import fake_server_cmd, run_api_cmd, serve_model_cmd
+from atroposlib.testing.launch import fake_server_cmd, serve_model_cmd
 from atroposlib.testing.ports import start_on_free_port
 from atroposlib.testing.processes import stop_process
 from atroposlib.testing.trainer import FakeTrainer, register_trainer, trainer_registration
@@ -24,13 +24,10 @@ def _group(first_token: int) -> dict:
 
 
 @pytest.fixture
-def api(tmp_path):
-    """``(port, url)`` of a real run-api started from ``run_api_cmd``."""
-    proc, port = start_on_free_port(run_api_cmd, log_path=tmp_path / "api.log")
-    try:
-        yield port, f"http://127.0.0.1:{port}"
-    finally:
-        stop_process(proc)
+def api(rollout_api):
+    """``(port, url)`` of the session's run-api, reset."""
+    rollout_api.reset()
+    return rollout_api.port, rollout_api.url
 
 
 def test_fake_trainer_pulls_each_batch_once_and_acknowledges_it(api):

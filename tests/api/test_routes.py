@@ -1,4 +1,4 @@
-"""The hot path: one declaration per endpoint (handler and schema), answered nowhere else."""
+"""run-api's routes: every endpoint is a route of the one router, documented as FastAPI writes it."""
 
 from __future__ import annotations
 
@@ -9,35 +9,54 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from atroposlib.api import APISettings, create_app
-from atroposlib.api.fastpath import HOT_ENDPOINTS, openapi_paths
+from atroposlib.api import routes as api_routes
 from atroposlib.api.models import ScoredData
 from atroposlib.api.persistence import SqlitePersistence
 from atroposlib.api.store import RolloutStore
 from tests.api.store_helpers import REG, env_request
 
-_HOT = {(e.method, e.path) for e in HOT_ENDPOINTS}
+_ENDPOINTS = {
+    ("GET", "/"),
+    ("GET", "/health"),
+    ("GET", "/metrics"),
+    ("POST", "/register"),
+    ("POST", "/register-env"),
+    ("POST", "/disconnect-env"),
+    ("GET", "/wandb_info"),
+    ("GET", "/info"),
+    ("POST", "/scored_data"),
+    ("POST", "/scored_data_list"),
+    ("GET", "/batch"),
+    ("POST", "/batch/ack"),
+    ("GET", "/status-env"),
+    ("GET", "/latest_example"),
+    ("GET", "/status"),
+    ("POST", "/reset_data"),
+    ("GET", "/reset_data"),
+}
 
 
-def test_the_hot_endpoints_have_no_fastapi_route():
+def _methods_and_paths(routes) -> set[tuple[str, str]]:
+    return {(m, r.path) for r in routes if isinstance(r, APIRoute) for m in r.methods}
+
+
+def test_every_endpoint_is_a_route_of_the_one_router():
+    assert _methods_and_paths(api_routes.router.routes) == _ENDPOINTS
     app = create_app(APISettings())
-    routes = {
-        (method, r.path) for r in app.routes if isinstance(r, APIRoute) for method in r.methods
-    }
-    assert _HOT == {
-        ("POST", "/scored_data"),
-        ("POST", "/scored_data_list"),
-        ("GET", "/batch"),
-        ("GET", "/status-env"),
-    }
-    assert not routes & _HOT
+    assert _methods_and_paths(app.routes) == _ENDPOINTS  # the router's, and none of its own
+    documented = {(m.upper(), p) for p, ops in app.openapi()["paths"].items() for m in ops}
+    assert documented == _ENDPOINTS - {("GET", "/reset_data")}  # the old GET form is unlisted
 
 
-def test_the_schema_documents_each_hot_endpoint_as_a_route_would():
+def test_the_schema_documents_the_raw_body_endpoints_as_a_route_would():
     schema = create_app(APISettings()).openapi()
-    assert {(m.upper(), p) for p, ops in openapi_paths().items() for m in ops} == _HOT
     post = schema["paths"]["/scored_data"]["post"]
     body = post["requestBody"]["content"]["application/json"]["schema"]
-    assert body == ScoredData.model_json_schema() and post["requestBody"]["required"] is True
+    model = ScoredData.model_json_schema()
+    # As FastAPI writes any model's schema (its OpenAPI model drops null defaults).
+    assert set(body["properties"]) == set(model["properties"]) == set(ScoredData.model_fields)
+    assert body["required"] == model["required"] and body["title"] == model["title"]
+    assert post["requestBody"]["required"] is True
     assert post["operationId"] == "scored_data_scored_data_post"
     listed = schema["paths"]["/scored_data_list"]["post"]["requestBody"]["content"]
     assert listed["application/json"]["schema"]["items"] == body
@@ -58,7 +77,7 @@ def test_the_schema_documents_each_hot_endpoint_as_a_route_would():
         ("GET", "/scored_data_list", "POST"),
     ],
 )
-def test_other_methods_on_a_hot_path_are_405_with_allow(method: str, path: str, allow: str):
+def test_other_methods_on_a_route_are_405_with_allow(method: str, path: str, allow: str):
     with TestClient(create_app(APISettings()), base_url="http://127.0.0.1") as client:
         answer = client.request(method, path)
     assert answer.status_code == 405 and answer.headers["allow"] == allow
@@ -73,9 +92,7 @@ def test_other_methods_on_a_hot_path_are_405_with_allow(method: str, path: str, 
         ("POST", "/scored_data_list/", "/scored_data_list"),
     ],
 )
-def test_a_hot_path_with_a_trailing_slash_is_redirected_as_a_route_would_be(
-    method: str, path: str, location: str
-):
+def test_a_path_with_a_trailing_slash_is_redirected(method: str, path: str, location: str):
     app = create_app(APISettings())
     with TestClient(app, base_url="http://127.0.0.1", follow_redirects=False) as client:
         answer = client.request(method, path, json={})
@@ -84,7 +101,7 @@ def test_a_hot_path_with_a_trailing_slash_is_redirected_as_a_route_would_be(
 
 
 def test_a_post_is_committed_before_its_answer(tmp_path):
-    """The one handler of /scored_data defers to the group commit and answers after it."""
+    """The route of /scored_data defers to the group commit and answers after it."""
     db = tmp_path / "api.db"
     store = RolloutStore(10**9, SqlitePersistence(db))
     store.register_trainer(REG)
