@@ -55,7 +55,7 @@ def test_negative_max_staleness_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         config_from_args(["--max-staleness", "-1"])
     assert exc.value.code == 2
-    assert "max_staleness" in capsys.readouterr().err
+    assert "--max-staleness" in capsys.readouterr().err
 
 
 def test_bench_command_passes_staleness_to_the_launcher_and_correction_to_the_trainer(tmp_path):
