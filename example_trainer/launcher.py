@@ -49,7 +49,15 @@ def _default_training_steps() -> int:
 
 def resolve_model(model: str, tiny_size: Dict[str, int] | None = None) -> str:
     """``tiny`` → the offline tiny model directory (built once; ``tiny_size`` overrides its
-    shape, cached under a name of its own); anything else unchanged."""
+    shape, cached under a name of its own); ``smollm2`` → the real SmolLM2-135M-Instruct
+    (``atropos-real-model``, converted once); anything else unchanged."""
+    if model == "smollm2":
+        from atroposlib.tiny_model.real_model import RealModelUnavailable, ensure_real_model
+
+        try:
+            return ensure_real_model()
+        except RealModelUnavailable as exc:
+            raise SystemExit(f"atropos-grpo-run: error: {exc}") from None
     if model != "tiny":
         return model
     from atroposlib.tiny_model import ensure_tiny_model
