@@ -84,6 +84,19 @@ def resolve_model(model: str, tiny_size: Dict[str, int] | None = None) -> str:
     return str(target)
 
 
+def training_description(config: Any) -> str:
+    """What the trainer updates, for the summary: the LoRA adapter (its rank, alpha and
+    modules) in the LoRA modes, else every weight."""
+    if config.weight_bridge_mode in ("lora_only", "lora_restart"):
+        t = config.trainer
+        modules = ", ".join(t.get("lora_target_modules") or ["q_proj", "v_proj"])
+        return (
+            f"LoRA (peft; r {t.get('lora_r', 16)}, alpha {t.get('lora_alpha', 32)}, on {modules}; "
+            f"weight_bridge_mode {config.weight_bridge_mode})"
+        )
+    return f"full fine-tuning (weight_bridge_mode {config.weight_bridge_mode})"
+
+
 def as_flags(d: Dict[str, Any]) -> List[str]:
     """``{"training_steps": 5, "use_wandb": True}`` → ``["--training-steps", "5", "--use-wandb", "true"]``."""
     out: List[str] = []
@@ -456,6 +469,7 @@ class Launcher:
             phases=self.phases,
             total_steps=self.total_steps,
             teacher=self.teacher_info,
+            training=training_description(self.config),
         )
         return status
 

@@ -123,12 +123,14 @@ def write_summary(
     phases: Dict[str, float] | None = None,
     total_steps: int | None = None,
     teacher: Dict[str, Any] | None = None,
+    training: str | None = None,
 ) -> Dict[str, Any]:
     """``summary.json``, ``summary.md`` and ``curve.png`` in ``run_dir``; prints the result.
 
     ``eval_set`` describes what the evals scored (``held_out``, ``size``,
     ``train_size``); ``phases`` the seconds spent per phase (warm-up, RL, eval);
-    ``teacher`` a distillation run's teacher (``model``, its ``eval``, ``build_seconds``).
+    ``teacher`` a distillation run's teacher (``model``, its ``eval``, ``build_seconds``);
+    ``training`` what was trained (LoRA or full fine-tuning).
     """
     rows = read_metrics(run_dir / "metrics.jsonl")
     before = next((e["score"] for e in evals if e["label"] == "before"), None)
@@ -156,6 +158,8 @@ def write_summary(
     }
     if teacher is not None:
         summary["teacher"] = teacher
+    if training is not None:
+        summary["training"] = training
     phase_text = ", ".join(f"{name} {format_seconds(sec)}" for name, sec in (phases or {}).items())
     if phases and "eval" in phases and "RL" in phases:
         phase_text += "; evals during RL overlap it"
@@ -167,6 +171,8 @@ def write_summary(
         + (f" ({phase_text})" if phase_text else ""),
         f"- trainer steps: {summary['steps']}" + (f" / {total_steps}" if total_steps else ""),
     ]
+    if training is not None:
+        lines.append(f"- training: {training}")
     if eval_set:
         lines.append(
             f"- eval set: {eval_set.get('size')} problems, "
