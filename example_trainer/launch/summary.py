@@ -136,6 +136,7 @@ def write_summary(
     total_steps: int | None = None,
     teacher: Dict[str, Any] | None = None,
     record: Dict[str, Any] | None = None,
+    training: str | None = None,
 ) -> Dict[str, Any]:
     """``summary.json``, ``summary.md`` and ``curve.png`` in ``run_dir``; prints the result.
 
@@ -144,6 +145,7 @@ def write_summary(
     ``teacher`` a distillation run's teacher (``model``, its ``eval``, ``build_seconds``);
     ``record`` why the run stopped and what it left (``stop_reason``, ``final_model``,
     ``checkpoints``, ``hyperparameters``, ``config``: see ``Launcher.record``).
+    ``training`` what was trained (LoRA or full fine-tuning).
     """
     record = record or {}
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -178,6 +180,8 @@ def write_summary(
     }
     if teacher is not None:
         summary["teacher"] = teacher
+    if training is not None:
+        summary["training"] = training
     phase_text = ", ".join(f"{name} {format_seconds(sec)}" for name, sec in (phases or {}).items())
     if phases and "eval" in phases and "RL" in phases:
         phase_text += "; evals during RL overlap it"
@@ -191,6 +195,8 @@ def write_summary(
     ]
     if summary["stop_reason"]:
         lines.append(f"- stopped because: {summary['stop_reason']}")
+    if training is not None:
+        lines.append(f"- training: {training}")
     if eval_set:
         lines.append(
             f"- eval set: {eval_set.get('size')} problems, "
